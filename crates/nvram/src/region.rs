@@ -1,0 +1,103 @@
+//! The one narrow interface through which every byte of the NVRAM region is read and stored.
+//!
+//! Persistence model (the contract every implementation honours, and the one the crash tests
+//! simulate):
+//!
+//! 1. `write` / `store_u64` change the region's *visible* contents at once, but a store is
+//!    *durable* (survives a crash) only after the cache lines it touched were flushed with
+//!    `flush` and a later `fence` completed. `persist(range)` = `flush(range)` + `fence()`.
+//! 2. Until then a crash may keep or lose each aligned 8-byte word of an unpersisted store
+//!    independently (8-byte stores are the largest the hardware makes atomic); a store that
+//!    straddles words can therefore tear.
+//! 3. `store_u64` at an 8-byte aligned offset is a single atomic store: after a crash the word
+//!    holds either its old or its new value, never a mix. Commit points are such stores.
+//! 4. Callers never access overlapping byte ranges concurrently when one of the accesses is a
+//!    store: the layers above serialise conflicting accesses with their own locks (strict
+//!    two-phase locking in the transaction layer). Disjoint ranges may be used from many threads.
+//!
+//! Typical use, the undo-log append of `txn`: `write(record)`, `persist(record)`, then
+//! `store_u64(tail, new_tail)`, `persist(tail)`; only then may the snapshotted bytes change.
+
+use std::fmt::Debug;
+
+/// Size of a cache line: the granularity of `flush` and of crash tracking.
+pub const CACHE_LINE: u64 = 64;
+/// Size of the largest store the hardware performs atomically (and the tearing granularity).
+pub const WORD: u64 = 8;
+
+/// How stores are made durable by an implementation; reported by `inspect` and `stat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PersistMode {
+    /// Real persistent memory mapped with MAP_SYNC: flush = clwb/clflushopt, fence = sfence.
+    Dax,
+    /// A file on tmpfs (/dev/shm): the page cache is the persistence domain for process crashes,
+    /// so flush is free and fence only orders stores. A power cut loses the region.
+    Shm,
+    /// A file on an ordinary file system: fence = msync(MS_SYNC) of the flushed pages.
+    Msync,
+    /// The in-memory simulation used by tests (crash images on demand).
+    Simulated,
+    /// A read-only view (offline `check` / `inspect`): stores are refused.
+    ReadOnly,
+}
+
+/// Counters of persistence calls, for benchmarks (persist calls per transaction).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RegionCounters {
+    pub flush_calls: u64,
+    pub fence_calls: u64,
+    pub bytes_written: u64,
+}
+
+/// The region: a fixed-size byte array with explicit durability. See the module docs.
+pub trait Region: Send + Sync + Debug {
+    /// Length in bytes; fixed for the region's lifetime.
+    fn len(&self) -> u64;
+    /// Copies `buf.len()` bytes at `off` into `buf`. Panics when out of bounds.
+    fn read(&self, off: u64, buf: &mut [u8]);
+    /// Stores `data` at `off` (visible at once, durable after flush + fence).
+    fn write(&self, off: u64, data: &[u8]);
+    /// One atomic 8-byte store at an 8-byte aligned `off`.
+    fn store_u64(&self, off: u64, value: u64);
+    /// One atomic 8-byte load at an 8-byte aligned `off`.
+    fn load_u64(&self, off: u64) -> u64;
+    /// Starts writing back the cache lines that overlap `[off, off + len)`.
+    fn flush(&self, off: u64, len: u64);
+    /// Waits until every line flushed before this call is durable.
+    fn fence(&self);
+    /// How durability is achieved.
+    fn mode(&self) -> PersistMode;
+    /// Persistence call counters since the region was opened.
+    fn counters(&self) -> RegionCounters;
+
+    /// Makes `[off, off + len)` durable: flush + fence.
+    fn persist(&self, off: u64, len: u64) {
+        self.flush(off, len);
+        self.fence();
+    }
+
+    /// Never true for a valid region; present because `len` is.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads an owned copy of `[off, off + len)`.
+    fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        self.read(off, &mut buf);
+        buf
+    }
+}
+
+/// Panics unless `[off, off + len)` lies inside a region of `region_len` bytes.
+pub(crate) fn check_bounds(region_len: u64, off: u64, len: u64) {
+    let end = off.checked_add(len).expect("region range overflows u64");
+    assert!(end <= region_len, "region access [{off}, {end}) beyond region length {region_len}");
+}
+
+/// Panics unless `off` is 8-byte aligned and inside the region.
+pub(crate) fn check_word(region_len: u64, off: u64) {
+    assert!(off % WORD == 0, "8-byte atomic access at unaligned offset {off}");
+    check_bounds(region_len, off, WORD);
+}
