@@ -1,0 +1,314 @@
+//! The `nvstack device` command line: clap definitions and [`run`].
+//!
+//! The daemon is started by re-executing the current binary as
+//! `<exe> device serve IMAGE DIR ... --foreground`, so the binary that embeds
+//! [`DeviceCommand`] must route `device <subcommand>` to [`run`].
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+
+use crate::attach::{self, AttachRequest, Mkfs};
+use crate::cache::CutMode;
+use crate::engine::Timing;
+use crate::error::DeviceError;
+use crate::model::presets::{ModelOverrides, Preset};
+use crate::serve::{self, ServeConfig};
+
+/// Parses a size: bytes, or a number with K, M, G, T (binary multiples; `KiB`/`K`/`k` alike).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("not a size: {s:?} (e.g. 512M, 4G)"))?;
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size too large: {s:?}"))
+}
+
+/// Options of the serving daemon (also accepted by `attach`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeOptions {
+    /// Device model: hdd-7200, hdd-15k, hdd-7200-500g, ssd, none.
+    #[arg(long, default_value = "hdd-7200")]
+    pub model: Preset,
+    /// sleep: complete requests in wall time as modeled; account: only accumulate busy time.
+    #[arg(long, value_enum, default_value = "account")]
+    pub timing: Timing,
+    #[command(flatten)]
+    pub overrides: ModelOverrides,
+    /// Write a per-request trace to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write a per-LBN write histogram to this file at detach.
+    #[arg(long)]
+    pub histogram: Option<PathBuf>,
+    /// LBN size of the histogram, bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub lbn_bytes: u64,
+    /// Most bytes held in the volatile write cache (0 = write-through); past it, the oldest
+    /// held writes are written back.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub volatile_max: u64,
+    /// FUSE worker threads (the actuator stays serialized).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+fn abs(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl ServeOptions {
+    /// The same options as command-line words, for re-executing `device serve`.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--model".to_string(),
+            self.model.name().to_string(),
+            "--timing".to_string(),
+            self.timing.as_str().to_string(),
+            "--lbn-bytes".to_string(),
+            self.lbn_bytes.to_string(),
+            "--volatile-max".to_string(),
+            self.volatile_max.to_string(),
+            "--threads".to_string(),
+            self.threads.to_string(),
+        ];
+        if let Some(t) = &self.trace {
+            a.extend(["--trace".to_string(), abs(t).display().to_string()]);
+        }
+        if let Some(h) = &self.histogram {
+            a.extend(["--histogram".to_string(), abs(h).display().to_string()]);
+        }
+        let o = &self.overrides;
+        let mut opt = |name: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.extend([name.to_string(), v]);
+            }
+        };
+        opt("--rpm", o.rpm.map(|v| v.to_string()));
+        opt("--avg-seek-ms", o.avg_seek_ms.map(|v| v.to_string()));
+        opt("--track-to-track-ms", o.track_to_track_ms.map(|v| v.to_string()));
+        opt("--full-stroke-ms", o.full_stroke_ms.map(|v| v.to_string()));
+        opt("--media-mb-s", o.media_mb_s.map(|v| v.to_string()));
+        opt("--heads", o.heads.map(|v| v.to_string()));
+        opt("--capacity-sectors", o.capacity_sectors.map(|v| v.to_string()));
+        opt("--overhead-us", o.overhead_us.map(|v| v.to_string()));
+        a
+    }
+}
+
+/// `nvstack device <subcommand>`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum DeviceCommand {
+    /// Create a sparse image file.
+    Create {
+        image: PathBuf,
+        /// Size, e.g. 256M, 4G.
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Serve IMAGE as DIR/disk.img through FUSE (in the background unless --foreground).
+    Serve {
+        image: PathBuf,
+        dir: PathBuf,
+        #[command(flatten)]
+        options: ServeOptions,
+        /// Run in this process until DIR is unmounted.
+        #[arg(long)]
+        foreground: bool,
+    },
+    /// Serve IMAGE, put a loop device on it, optionally mkfs, and mount it at MOUNTPOINT.
+    Attach {
+        image: PathBuf,
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        options: ServeOptions,
+        /// Size of the image if it has to be created (default 256M); must match otherwise.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Make this file system on the device first.
+        #[arg(long, value_enum)]
+        mkfs: Option<Mkfs>,
+        /// Options for mount -o, e.g. data=journal.
+        #[arg(long)]
+        mount_options: Option<String>,
+    },
+    /// Print the device's counters (modeled busy time, requests, bytes, seek distance).
+    Stat {
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Power cut: drop/tear volatile writes, then unmount without anything reaching the image.
+    Cut {
+        mountpoint: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value = "seeded")]
+        mode: CutMode,
+    },
+    /// Arm a power cut after F more flushes and then W more writes (or at the next flush).
+    ArmCut {
+        mountpoint: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        after_flushes: u64,
+        #[arg(long, default_value_t = 0)]
+        after_writes: u64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, value_enum, default_value = "seeded")]
+        mode: CutMode,
+    },
+    /// Make every volatile write durable now.
+    Flush { mountpoint: PathBuf },
+    /// Unmount, remove the loop device, flush and stop the daemon.
+    Detach { mountpoint: PathBuf },
+}
+
+fn print_human(v: &serde_json::Value) {
+    if let Some(map) = v.as_object() {
+        for (k, val) in map {
+            println!("{k:24} {val}");
+        }
+    }
+}
+
+/// Runs one `nvstack device` subcommand.
+pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
+    match cmd {
+        DeviceCommand::Create { image, size } => attach::create_image(&image, size),
+        DeviceCommand::Serve { image, dir, options, foreground } => {
+            if foreground {
+                serve::serve(&ServeConfig {
+                    image,
+                    dir,
+                    model: options.model,
+                    overrides: options.overrides,
+                    timing: options.timing,
+                    trace: options.trace,
+                    histogram: options.histogram,
+                    volatile_bytes_max: options.volatile_max,
+                    lbn_bytes: options.lbn_bytes,
+                    threads: options.threads,
+                })
+            } else {
+                let size = std::fs::metadata(&image)
+                    .map_err(|e| DeviceError::io("cannot stat image", &image, e))?
+                    .len();
+                let dir = abs(&dir);
+                let log = dir.with_extension("serve.log");
+                let child =
+                    attach::spawn_daemon(&abs(&image), &dir, &options.to_args(), &log, size)?;
+                println!(
+                    "serving {} at {} (pid {}, log {})",
+                    image.display(),
+                    dir.display(),
+                    child.id(),
+                    log.display()
+                );
+                Ok(())
+            }
+        }
+        DeviceCommand::Attach { image, mountpoint, options, size, mkfs, mount_options } => {
+            let st = attach::attach(&AttachRequest {
+                image,
+                mountpoint,
+                serve_args: options.to_args(),
+                size_bytes: size,
+                mkfs,
+                mount_options,
+            })?;
+            println!(
+                "attached {} at {} ({}, model {}, timing {})",
+                st.image.display(),
+                st.mountpoint.display(),
+                st.loop_device.as_deref().unwrap_or("?"),
+                options.model,
+                options.timing.as_str()
+            );
+            Ok(())
+        }
+        DeviceCommand::Stat { mountpoint, json } => {
+            let v = attach::stat(&mountpoint)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+            } else {
+                print_human(&v);
+            }
+            Ok(())
+        }
+        DeviceCommand::Cut { mountpoint, seed, mode } => {
+            let report = attach::cut(&mountpoint, seed, mode)?;
+            println!("{}", serde_json::to_string(&report).expect("json"));
+            Ok(())
+        }
+        DeviceCommand::ArmCut { mountpoint, after_flushes, after_writes, seed, mode } => {
+            attach::arm_cut(&mountpoint, after_flushes, after_writes, seed, mode)
+        }
+        DeviceCommand::Flush { mountpoint } => attach::flush(&mountpoint),
+        DeviceCommand::Detach { mountpoint } => {
+            for w in attach::detach(&mountpoint)? {
+                eprintln!("nvstack device: {w}");
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Top {
+        #[command(subcommand)]
+        cmd: DeviceCommand,
+    }
+
+    #[test]
+    fn sizes_parse() {
+        let table =
+            [("512", 512), ("4K", 4096), ("64M", 64 << 20), ("1GiB", 1 << 30), ("2g", 2 << 30)];
+        for (s, want) in table {
+            assert_eq!(parse_size(s), Ok(want), "{s}");
+        }
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn the_documented_interfaces_parse() {
+        let lines = [
+            "t attach img /mnt --model hdd-15k --timing sleep --size 64M --mkfs ext4 --mount-options data=journal",
+            "t stat /mnt --json",
+            "t cut /mnt --seed 7",
+            "t detach /mnt",
+            "t serve img dir --model ssd --timing account --trace t.txt --foreground",
+            "t arm-cut /mnt --after-flushes 2 --after-writes 10 --seed 3 --mode scatter",
+        ];
+        for l in lines {
+            Top::try_parse_from(l.split_whitespace()).unwrap_or_else(|e| panic!("{l}: {e}"));
+        }
+    }
+
+    #[test]
+    fn serve_options_round_trip_through_args() {
+        let top = Top::try_parse_from(
+            "t serve img dir --model hdd-15k --timing sleep --avg-seek-ms 3.5 --heads 8"
+                .split_whitespace(),
+        )
+        .unwrap();
+        let DeviceCommand::Serve { options, .. } = top.cmd else { panic!() };
+        let mut argv = vec!["t".to_string(), "serve".into(), "img".into(), "dir".into()];
+        argv.extend(options.to_args());
+        let again = Top::try_parse_from(argv).unwrap();
+        let DeviceCommand::Serve { options: o2, .. } = again.cmd else { panic!() };
+        assert_eq!(o2.overrides, options.overrides);
+        assert_eq!((o2.model, o2.timing), (Preset::Hdd15k, Timing::Sleep));
+    }
+}
