@@ -1,0 +1,156 @@
+"""Command line of the harness (bench/run)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+from .util import BENCH_DIR, BenchError, parse_size
+
+EPILOG = """\
+stages (each reads only what the previous one wrote):
+  run/smoke  -> OUT/runs/**/ (raw stdout/stderr, cmd.txt, env.json, repro.sh, result.json)
+  parse OUT  -> OUT/<experiment>.csv
+  plot OUT   -> OUT/*.png and OUT/summary.md (never runs a benchmark)
+
+examples:
+  bench/run list                                   experiments, file systems, capabilities
+  bench/run smoke --out /tmp/smoke                 2 FS x small Postmark, minutes (root)
+  bench/run smoke --out /tmp/smoke --device none   same on a plain loop device
+  bench/run run thesis-postmark --dry-run          print the matrix, run nothing
+  bench/run run thesis-postmark --out bench/results/tp --scale 0.1 --reps 2
+  bench/run parse bench/results/tp && bench/run plot bench/results/tp
+
+fairness: every run gets a memory budget M (a cgroup v1 memory limit holding the benchmark,
+and for nvstack also the daemon and its NVRAM region); caches are dropped before each timed
+workload; see bench/README.md.
+"""
+
+
+def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
+    p.add_argument("--out", type=Path, default=default_out,
+                   help="result directory (runs/, CSV, PNG, summary.md)"
+                        + ("" if default_out else "; default bench/results/<experiment>-<time>"))
+    p.add_argument("--device", help="disk model for `nvstack device attach` (hdd-7200, hdd-15k, "
+                   "hdd-7200-500g, ssd) or `none` for a plain loop device; default: the "
+                   "experiment's model, falling back to `none` (noted loudly) if unavailable")
+    p.add_argument("--timing", choices=["sleep", "account"], default="sleep",
+                   help="modeled disk: really sleep for modeled service time, or only account it")
+    p.add_argument("--memory", help="memory budget M per run, e.g. 256M (default: experiment's)")
+    p.add_argument("--nvram", help="NVRAM region size for nvstack runs (default M/2, inside M)")
+    p.add_argument("--scale", type=float, help="multiply the papers' counts (default: experiment's)")
+    p.add_argument("--reps", type=int, help="repetitions per configuration")
+    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"),
+                   help="where disk images and mount points live (removed after each run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="execute nothing: write the run directories (inputs, repro.sh) and "
+                        "print the matrix")
+    p.add_argument("--echo", action="store_true", help="print every command as it runs")
+    p.add_argument("--no-plot", action="store_true", help="stop after the runs (no parse/plot)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bench/run", description="nvstack benchmark harness: "
+                                 "run experiments, parse raw outputs to CSV, plot figures.",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = sub.add_parser("smoke", help="run the smoke matrix (ext2, ext4-ordered x small "
+                       "Postmark), then parse and plot", formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, None)
+    p = sub.add_parser("run", help="run one experiment (see `list`), then parse and plot")
+    p.add_argument("experiment")
+    _common(p, None)
+    p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv")
+    p.add_argument("rundir", type=Path)
+    p = sub.add_parser("plot", help="CSVs -> PNG figures + summary.md (never runs benchmarks)")
+    p.add_argument("resultdir", type=Path)
+    sub.add_parser("list", help="experiments, file-system configurations, workloads, and which "
+                   "tools are available here")
+    return ap
+
+
+def cmd_list() -> int:
+    from . import cgroup, nvstack
+    from .experiments import EXPERIMENTS
+    from .fs import CONFIGS
+    from .util import which
+    caps = nvstack.probe()
+    print("experiments:")
+    for e in EXPERIMENTS.values():
+        print(f"  {e.name:20s} {e.description}\n  {'':20s} fs: {', '.join(e.fs)}\n"
+              f"  {'':20s} M={e.memory} scale={e.scale} reps={e.reps} device={e.device}; {e.estimate}")
+    print("\nfile-system configurations:")
+    for c in CONFIGS.values():
+        print(f"  {c.name:30s} {c.label:22s} {c.description}")
+    print("\navailable here:")
+    for tool in ("postmark", "fio", "bonnie++", "losetup", "mke2fs", "mkfs.vfat", "tar", "xz"):
+        print(f"  {tool:12s} {which(tool) or 'MISSING'}")
+    print(f"  nvstack      {caps.binary or 'MISSING'}; device: "
+          f"{'yes' if caps.device else 'no (' + caps.reasons.get('device', '') + ')'}; mount: "
+          f"{'yes' if caps.mount else 'no (' + caps.reasons.get('mount', '') + ')'}")
+    print(f"  cgroup v1 memory controller writable: {cgroup.available()}")
+    return 0
+
+
+def cmd_run(name: str, args) -> int:
+    from . import parse, plot, runner, summary
+    from .experiments import EXPERIMENTS
+    if name not in EXPERIMENTS:
+        raise BenchError(f"unknown experiment {name!r}; `bench/run list` shows them")
+    exp = EXPERIMENTS[name]
+    out = args.out or BENCH_DIR / "results" / f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    st = runner.Settings(out=out.resolve(), device=args.device or exp.device, timing=args.timing,
+                         memory=parse_size(args.memory) if args.memory else None,
+                         scale=args.scale, reps=args.reps, workdir=args.workdir.resolve(),
+                         dry_run=args.dry_run, echo=args.echo,
+                         nvram=parse_size(args.nvram) if args.nvram else None)
+    results = runner.run_experiment(exp, st, args.device)
+    counts = {s: sum(r["status"] == s for r in results)
+              for s in ("ok", "failed", "skipped", "dry-run")}
+    print(f"{len(results)} runs: {counts['ok']} ok, {counts['failed']} failed, "
+          f"{counts['skipped']} skipped, {counts['dry-run']} dry-run -> {out}")
+    if args.no_plot:
+        return 0
+    parse.parse_tree(st.out)
+    pngs = plot.plot_dir(st.out)
+    path = summary.write(st.out)
+    print(f"wrote {len(list(st.out.glob('*.csv')))} CSV, {len(pngs)} PNG, {path}")
+    return 1 if counts["failed"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "list":
+            return cmd_list()
+        if args.cmd == "smoke":
+            return cmd_run("smoke", args)
+        if args.cmd == "run":
+            return cmd_run(args.experiment, args)
+        if args.cmd == "parse":
+            from . import parse
+            written = parse.parse_tree(args.rundir)
+            for exp, path in written.items():
+                print(f"{exp}: {path}")
+            if not written:
+                print(f"no runs found under {args.rundir}/runs", file=sys.stderr)
+                return 1
+            return 0
+        if args.cmd == "plot":
+            from . import plot, summary
+            pngs = plot.plot_dir(args.resultdir)
+            path = summary.write(args.resultdir)
+            for p in pngs:
+                print(p)
+            print(path)
+            return 0
+    except BenchError as exc:
+        print(f"bench/run: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nbench/run: interrupted; mounts, loop devices and cgroups were cleaned up",
+              file=sys.stderr)
+        return 130
+    return 2

@@ -1,0 +1,80 @@
+"""Experiments as data: which file systems x which workloads, at which scale and budget.
+
+Scale rule: `scale` multiplies the papers' counts (files, transactions, bytes written, run
+time); file sizes stay as in the paper. The memory budget M is given per experiment (the
+thesis machine had 1 GiB); journal size J = 256 MiB x M / 1 GiB (the thesis' 256 MB log on a
+1 GB machine); NVRAM region = M / 2 (inside M). Every value lands in each run's env.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+THESIS_LOWER_EXT2 = ["nvstack-ext2", "nvstack-ext2-trans", "nvstack-ext2-tempffs",
+                     "nvstack-ext2-wb", "nvstack-ext2-tempffs-trans", "nvstack-ext2-wb-trans",
+                     "nvstack-ext2-tempffs-wb", "nvstack-ext2-tempffs-wb-trans"]
+THESIS_FS = ["ext2", "ext4-journal", "ext4-journal-ram"] + THESIS_LOWER_EXT2
+THESIS_FS_EXT4 = ["ext4-ordered"] + [n.replace("ext2", "ext4") for n in THESIS_LOWER_EXT2]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    fs: list[str]
+    workloads: list[tuple[str, str]]      # (workload module, its config name)
+    baseline: str                         # summary ratios are relative to this configuration
+    reps: int = 3
+    memory: str = "1G"                    # budget M
+    scale: float = 1.0
+    device: str = "hdd-7200"              # preferred; falls back to plain loop if unavailable
+    disk: str = "8G"
+    estimate: str = ""                    # how long, for the README and `list`
+    notes: list[str] = field(default_factory=list)
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+    Experiment("smoke", "2 file systems x 1 small Postmark: checks the whole pipeline",
+               ["ext2", "ext4-ordered"], [("postmark", "smoke")], baseline="ext2", reps=2,
+               memory="128M", scale=1.0, disk="2G", estimate="~1 min on a plain loop device; "
+               "a few minutes on the modeled hdd-7200"),
+    Experiment("thesis-postmark", "thesis Figs 4.3/4.10/4.15/4.18: Postmark 512 B-10 KB, "
+               "200k tx, 5k-30k files, Table 4.2 configurations",
+               THESIS_FS, [("postmark", "thesis")], baseline="ext2",
+               memory="256M", scale=0.25, estimate="~6-10 h at scale 0.25 (11 FS x 6 x 3 reps)"),
+    Experiment("thesis-postmark-2m", "thesis Fig 4.19: Postmark 512 B-2 MB, 25k files",
+               THESIS_FS, [("postmark", "thesis-2m")], baseline="ext2",
+               memory="256M", scale=0.25, estimate="~3-6 h at scale 0.25"),
+    Experiment("thesis-bonnie", "thesis Figs 4.1/4.7/4.13/4.16: Bonnie++ char write, block "
+               "write, rewrite; file = 2 x M", THESIS_FS, [("bonnie", "thesis")],
+               baseline="ext2", memory="256M", scale=0.25, estimate="~2-4 h"),
+    Experiment("thesis-untar", "thesis Figs 4.2/4.8/4.14/4.17: untar of linux-source",
+               THESIS_FS, [("untar", "linux-source")], baseline="ext2", memory="256M",
+               estimate="~1-3 h (needs bench/install.sh --with-linux-source)"),
+    Experiment("tempffs-postmark", "TempFFS paper Fig 3: ext2 vs TempFFS, Postmark file sweep",
+               ["ext2", "nvstack-ext2", "nvstack-ext2-tempffs"], [("postmark", "tempffs")],
+               baseline="ext2", memory="256M", scale=0.25, estimate="~2 h"),
+    Experiment("vma", "VMA journaling paper: seq_write, rnd_write, file_delete, postmark, untar "
+               "under ext4 writeback/ordered/journal vs nvstack journal mode",
+               ["ext4-writeback", "ext4-ordered", "ext4-journal", "nvstack-ext4-journal"],
+               [("fio", "seq_write"), ("fio", "rnd_write"), ("filedelete", "vma"),
+                ("postmark", "vma"), ("untar", "linux-source")],
+               baseline="ext4-journal", memory="512M", scale=0.25, estimate="~2-3 h"),
+    Experiment("nbw", "Non-blocking writes paper Fig 10: Filebench personalities at sub-4 KB "
+               "sizes (fio), cold cache", ["ext4-ordered", "nvstack-ext4"],
+               [("fio", "nbw-seq-write"), ("fio", "nbw-random-write"),
+                ("fio", "nbw-random-readwrite")], baseline="ext4-ordered", memory="1G",
+               scale=0.1, estimate="~1 h at scale 0.1 (6 s per run + 512 MB layout)",
+               notes=["the nvstack fetch modes (sync/async/lazy) need nvstack options that do "
+                      "not exist yet; only the blocking baseline and nvstack defaults run"]),
+    Experiment("nvfat", "NVFAT paper Fig 4: Async- and Sync-PostMark on FAT (Sync = -o sync)",
+               ["vfat"], [("postmark", "nvfat-async"), ("postmark", "nvfat-sync")],
+               baseline="vfat", memory="64M", disk="64M", estimate="~1 h (Sync is slow)",
+               notes=["NVFAT itself (the device's metadata write cache) needs a `device attach` "
+                      "option that is not in the CLI contract yet; only the VFAT baseline runs"]),
+    Experiment("fuse-tax", "nvstack with every feature off vs its lower ext4 (TESTING-NOTES bar)",
+               ["ext4-ordered", "nvstack-ext4"],
+               [("postmark", "vma"), ("fio", "rnd_write"), ("fio", "seq_write")],
+               baseline="ext4-ordered", memory="1G", scale=0.25, device="none",
+               estimate="~10 min"),
+]}

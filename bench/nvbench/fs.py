@@ -1,0 +1,318 @@
+"""File-system configurations as data, and how to set each one up and tear it down.
+
+Kernel configurations (the papers' baselines):
+  ext2              ext2
+  ext4-ordered      ext4, data=ordered (metadata journaling; Linux default)
+  ext4-writeback    ext4, data=writeback (VMA paper's 'writeback mode')
+  ext4-journal      ext4, data=journal, internal journal of J bytes (the thesis' "Ext3")
+  ext4-journal-ram  ext4, data=journal, external journal of J bytes on a loop device over a
+                    /dev/shm file (the thesis' "Mext3": logs on MRAM)
+  vfat              FAT (the NVFAT paper's baseline)
+
+nvstack configurations: nvstack mounted over a lower ext2/ext4 with the thesis' Table 4.2
+features as flags: TempFFS = --tempfiles on, WB = --writeback relo, Trans = --consistency undo;
+`nvstack-<lower>` with every feature off (tempfiles off, writeback file, consistency none) is the
+FUSE-tax baseline. `nvstack-<lower>-journal` is the VMA-journaling mode.
+
+Block devices: `--device none` = a plain loop device over an image file (losetup --find --show);
+`--device MODEL` = `nvstack device attach` (FUSE-served image with a modeled disk).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cgroup import MemoryCgroup
+from .nvstack import Capabilities
+from .shell import Shell
+from .util import BenchError, fmt_size
+
+DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "none")
+
+
+@dataclass(frozen=True)
+class FsConfig:
+    name: str
+    label: str                      # the paper's name for it (Table 4.2 etc.)
+    description: str
+    mkfs: str                       # ext2 | ext4 | vfat: the kernel FS (the lower FS for nvstack)
+    mount_options: str = ""
+    journal: str | None = None      # None | "internal" | "ram"  (ext4 only)
+    nvstack: dict | None = None     # {"consistency", "tempfiles", "writeback"} for nvstack configs
+    consistent: bool = False        # gives file-system consistency + data integrity after a crash
+
+    @property
+    def needs(self) -> list[str]:
+        """Tools beyond the kernel: 'mount' for nvstack configurations."""
+        return ["mount"] if self.nvstack else []
+
+
+def _kernel() -> list[FsConfig]:
+    return [
+        FsConfig("ext2", "Ext2", "ext2, no journal", "ext2"),
+        FsConfig("ext4-ordered", "Ext4-ordered", "ext4 data=ordered (metadata journaling)", "ext4",
+                 "data=ordered", journal="internal"),
+        FsConfig("ext4-writeback", "Ext4-writeback", "ext4 data=writeback", "ext4",
+                 "data=writeback", journal="internal"),
+        FsConfig("ext4-journal", "Ext3", "ext4 data=journal, internal journal (thesis' Ext3)",
+                 "ext4", "data=journal", journal="internal", consistent=True),
+        FsConfig("ext4-journal-ram", "Mext3",
+                 "ext4 data=journal, external journal on a RAM-backed loop device (thesis' Mext3)",
+                 "ext4", "data=journal", journal="ram", consistent=True),
+        FsConfig("vfat", "VFAT", "FAT file system (NVFAT paper baseline)", "vfat"),
+    ]
+
+
+# Thesis Table 4.2: (suffix, label, tempfiles, writeback, consistency)
+TABLE_4_2 = [
+    ("", "FUSE-{L}", "off", "file", "none"),
+    ("-trans", "{L}_Trans", "off", "file", "undo"),
+    ("-tempffs", "TempFFS", "on", "file", "none"),
+    ("-wb", "WB", "off", "relo", "none"),
+    ("-tempffs-trans", "TempFFS_{L}_Trans", "on", "file", "undo"),
+    ("-wb-trans", "WB_{L}_Trans", "off", "relo", "undo"),
+    ("-tempffs-wb", "TempFFS_WB", "on", "relo", "none"),
+    ("-tempffs-wb-trans", "TempFFS_WB_{L}_Trans", "on", "relo", "undo"),
+    ("-journal", "VMA-{L}", "off", "file", "journal"),
+]
+
+
+def _nvstack() -> list[FsConfig]:
+    out = []
+    for lower in ("ext2", "ext4"):
+        L = lower.capitalize()
+        for suffix, label, tempfiles, wb, cons in TABLE_4_2:
+            desc = (f"nvstack over {lower}: tempfiles {tempfiles}, writeback {wb}, "
+                    f"consistency {cons}" + (" (every feature off: the FUSE tax)" if not suffix else ""))
+            out.append(FsConfig(
+                f"nvstack-{lower}{suffix}", label.format(L=L), desc, lower,
+                "data=ordered" if lower == "ext4" else "",
+                journal="internal" if lower == "ext4" else None,
+                nvstack={"consistency": cons, "tempfiles": tempfiles, "writeback": wb},
+                consistent=cons in ("undo", "journal")))
+    return out
+
+
+CONFIGS: dict[str, FsConfig] = {c.name: c for c in _kernel() + _nvstack()}
+
+
+@dataclass
+class Layout:
+    """Where one run puts things. Everything lives under workdir except the RAM files."""
+    workdir: Path
+    run_id: str
+
+    @property
+    def image(self) -> Path:
+        return self.workdir / "disk.img"
+
+    @property
+    def lower_mnt(self) -> Path:
+        return self.workdir / "lower"
+
+    @property
+    def mnt(self) -> Path:
+        return self.workdir / "mnt"
+
+    @property
+    def journal_image(self) -> Path:
+        return Path("/dev/shm") / f"nvbench-{self.run_id}-journal.img"
+
+    @property
+    def nvram(self) -> Path:
+        return Path("/dev/shm") / f"nvbench-{self.run_id}.nvram"
+
+
+@dataclass
+class Target:
+    """A configured, mounted file system for one run. Use setup()/teardown() (teardown is
+    idempotent and runs every undo step even if an earlier one fails)."""
+    shell: Shell
+    config: FsConfig
+    device: str                     # "none" or a model name
+    layout: Layout
+    disk_bytes: int
+    journal_bytes: int
+    nvram_bytes: int
+    timing: str = "sleep"
+    caps: Capabilities | None = None
+    cgroup: MemoryCgroup | None = None
+    rundir: Path | None = None
+    _undo: list = field(default_factory=list)
+    daemon: object = None
+    path: Path | None = None        # where the workload runs
+    device_mnt: Path | None = None  # mount point of the (modeled) device, for `device stat`
+
+    # ----- setup -----------------------------------------------------------------------------
+    def setup(self) -> Path:
+        sh, lay, cfg = self.shell, self.layout, self.config
+        sh.note(f"file system {cfg.name} ({cfg.label}): {cfg.description}; device {self.device}")
+        sh.run(["mkdir", "-p", str(lay.workdir)])
+        self._undo.append(lambda: sh.run(["rm", "-rf", "--one-file-system", str(lay.workdir)],
+                                         check=False))
+        kernel_mnt = lay.lower_mnt if cfg.nvstack else lay.mnt
+        sh.run(["mkdir", "-p", str(kernel_mnt)])
+        jdev = self._journal_device() if cfg.journal == "ram" else None
+        if self.device == "none":
+            self._plain_loop(kernel_mnt, jdev)
+        else:
+            self._modeled(kernel_mnt, jdev)
+        self.device_mnt = kernel_mnt
+        if cfg.nvstack:
+            self.path = self._nvstack_mount(kernel_mnt)
+        else:
+            self.path = kernel_mnt
+        return self.path
+
+    def _mount_options(self, jdev: str | None) -> str:
+        opts = [o for o in self.config.mount_options.split(",") if o]
+        if jdev:
+            opts.append(f"journal_path={jdev}")
+        return ",".join(opts)
+
+    def _mkfs_argv(self, dev: str, jdev: str | None) -> list[str]:
+        cfg = self.config
+        if cfg.mkfs == "vfat":
+            return ["mkfs.vfat", dev]
+        argv = ["mke2fs", "-q", "-F", "-t", cfg.mkfs, "-b", "4096"]
+        if cfg.journal == "internal" and cfg.consistent:
+            argv += ["-J", f"size={max(4, self.journal_bytes >> 20)}"]
+        if jdev:
+            argv += ["-J", f"device={jdev}"]
+        return argv + [dev]
+
+    def _journal_device(self) -> str:
+        sh, img = self.shell, self.layout.journal_image
+        sh.run(["truncate", "-s", fmt_size(self.journal_bytes), str(img)])
+        self._undo.append(lambda: sh.run(["rm", "-f", str(img)], check=False))
+        jdev = sh.run(["losetup", "--find", "--show", str(img)], capture_as="JLOOP").stdout.strip()
+        self._undo.append(lambda: sh.run(["losetup", "-d", jdev], check=False))
+        sh.run(["mke2fs", "-q", "-F", "-O", "journal_dev", "-b", "4096", jdev])
+        return jdev
+
+    def _plain_loop(self, mnt: Path, jdev: str | None) -> None:
+        sh, img = self.shell, self.layout.image
+        sh.run(["truncate", "-s", fmt_size(self.disk_bytes), str(img)])
+        dev = sh.run(["losetup", "--find", "--show", str(img)], capture_as="LOOP").stdout.strip()
+        self._undo.append(lambda: sh.run(["losetup", "-d", dev], check=False))
+        sh.run(self._mkfs_argv(dev, jdev))
+        opts = self._mount_options(jdev)
+        sh.run(["mount", "-t", self.config.mkfs, *(["-o", opts] if opts else []), dev, str(mnt)])
+        self._undo.append(lambda: _umount(sh, mnt))
+
+    def _modeled(self, mnt: Path, jdev: str | None) -> None:
+        sh, img, cfg = self.shell, self.layout.image, self.config
+        nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
+        argv = [nv, "device", "attach", str(img), str(mnt), "--model", self.device,
+                "--timing", self.timing, "--size", fmt_size(self.disk_bytes)]
+        if jdev or (cfg.journal == "internal" and cfg.consistent):
+            # mkfs options `device attach --mkfs` cannot express: format the image file
+            # ourselves, then attach it without --mkfs (attach keeps an existing image).
+            sh.run(["truncate", "-s", fmt_size(self.disk_bytes), str(img)])
+            sh.run(self._mkfs_argv(str(img), jdev))
+        else:
+            argv += ["--mkfs", cfg.mkfs]
+        opts = self._mount_options(jdev)
+        if opts:
+            argv += ["--mount-options", opts]
+        sh.run(argv, timeout=300)
+        self._undo.append(lambda: sh.run([nv, "device", "detach", str(mnt)], check=False,
+                                         timeout=600))
+
+    def _nvstack_mount(self, lower_mnt: Path) -> Path:
+        sh, lay, opt = self.shell, self.layout, self.config.nvstack
+        nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
+        lower = lower_mnt / "data"
+        sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
+        argv = [nv, "mount", str(lower), str(lay.mnt), "--nvram", str(lay.nvram),
+                "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"],
+                "--tempfiles", opt["tempfiles"], "--writeback", opt["writeback"], "--foreground"]
+        if self.cgroup is not None:
+            argv = self.cgroup.wrap(argv)   # daemon and NVRAM region pay from the same budget
+        logdir = self.rundir or lay.workdir
+        self.daemon = sh.spawn(argv, logdir / "daemon.stdout", logdir / "daemon.stderr", "DAEMON")
+        self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))
+        self._undo.append(lambda: self._stop_daemon(nv))   # undone first: umount, then rm
+        # wait for the mount (repro.sh polls the same way)
+        sh.sh(f"for i in $(seq 300); do mountpoint -q {lay.mnt} && break; sleep 0.1; done; "
+              f"mountpoint -q {lay.mnt}", check=False)
+        if not sh.dry_run:
+            deadline = time.monotonic() + 30
+            while not _is_mounted(lay.mnt):
+                if self.daemon.poll() is not None or time.monotonic() > deadline:
+                    err = (logdir / "daemon.stderr").read_text()[-2000:]
+                    raise BenchError(f"nvstack mount did not come up: {err}")
+                time.sleep(0.1)
+        return lay.mnt
+
+    def _stop_daemon(self, nv: str) -> None:
+        sh, mnt = self.shell, self.layout.mnt
+        sh.run([nv, "umount", str(mnt)], check=False, timeout=600)
+        if self.daemon is None:
+            return
+        try:
+            self.daemon.wait(timeout=60)
+        except Exception:  # noqa: BLE001 - the daemon is ours; stop it by pid
+            self.daemon.terminate()
+            try:
+                self.daemon.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                self.daemon.kill()
+                self.daemon.wait()
+        if _is_mounted(mnt):
+            sh.run(["fusermount3", "-uz", str(mnt)], check=False)
+
+    # ----- measurement helpers ---------------------------------------------------------------
+    def device_stat(self, dest: Path) -> None:
+        """`nvstack device stat --json` into dest (modeled disk only)."""
+        if self.device == "none" or self.device_mnt is None:
+            return
+        nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
+        self.shell.run([nv, "device", "stat", str(self.device_mnt), "--json"], stdout=dest,
+                       check=False)
+
+    def nvstack_stat(self, dest: Path) -> None:
+        if not self.config.nvstack:
+            return
+        nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
+        self.shell.run([nv, "stat", str(self.layout.mnt), "--json"], stdout=dest, check=False)
+
+    # ----- teardown --------------------------------------------------------------------------
+    def teardown(self) -> list[str]:
+        """Undo every setup step in reverse; returns the errors (never raises)."""
+        errors = []
+        while self._undo:
+            step = self._undo.pop()
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - keep undoing on Ctrl-C too
+                errors.append(str(exc))
+        return errors
+
+
+def _is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == target for line in f)
+    except OSError:
+        return False
+
+
+def _umount(sh: Shell, mnt: Path) -> None:
+    for attempt in range(10):
+        res = sh.run(["umount", str(mnt)], check=False, log=attempt == 0)
+        if res.returncode == 0 or sh.dry_run:
+            return
+        time.sleep(0.5)
+    sh.run(["umount", "-l", str(mnt)], check=False)
+
+
+def resolve(names: list[str]) -> list[FsConfig]:
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise BenchError(f"unknown file system configuration(s): {', '.join(unknown)}; "
+                         f"see `bench/run list`")
+    return [CONFIGS[n] for n in names]

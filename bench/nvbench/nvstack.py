@@ -1,0 +1,75 @@
+"""Finding the nvstack binary and what it can do yet.
+
+Binary: $NVSTACK_BIN, else target/release/nvstack in the repository root, else PATH.
+Capabilities are probed, never assumed: `nvstack device attach --help` and
+`nvstack mount --help` must exit 0. A configuration needing a missing capability is skipped
+with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+from .util import REPO_DIR, which
+
+
+@dataclass
+class Capabilities:
+    binary: str | None
+    device: bool = False
+    mount: bool = False
+    version: str | None = None
+    reasons: dict = field(default_factory=dict)
+
+    def missing(self, need: str) -> str | None:
+        """None if `need` ('device' | 'mount') is available, else the reason."""
+        if getattr(self, need):
+            return None
+        return self.reasons.get(need, f"nvstack {need} not available")
+
+
+def find_binary() -> str | None:
+    env = os.environ.get("NVSTACK_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    local = REPO_DIR / "target" / "release" / "nvstack"
+    if os.access(local, os.X_OK):
+        return str(local)
+    return which("nvstack")
+
+
+def _ok(argv: list[str]) -> tuple[bool, str]:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, str(exc)
+    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [""]
+    return p.returncode == 0, f"exit {p.returncode}: {tail[0][:200]}"
+
+
+_cache: Capabilities | None = None
+
+
+def probe(refresh: bool = False) -> Capabilities:
+    global _cache
+    if _cache is not None and not refresh:
+        return _cache
+    binary = find_binary()
+    caps = Capabilities(binary)
+    if binary is None:
+        why = "nvstack binary not found ($NVSTACK_BIN, target/release/nvstack, PATH)"
+        caps.reasons = {"device": why, "mount": why}
+    else:
+        caps.device, why_d = _ok([binary, "device", "attach", "--help"])
+        caps.mount, why_m = _ok([binary, "mount", "--help"])
+        caps.reasons = {"device": f"`nvstack device attach --help` failed ({why_d})",
+                        "mount": f"`nvstack mount --help` failed ({why_m})"}
+        try:
+            p = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+            caps.version = p.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    _cache = caps
+    return caps

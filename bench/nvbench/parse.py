@@ -1,0 +1,256 @@
+"""Raw run directories -> rows -> one CSV per experiment. Reads files only; runs nothing.
+
+Row columns (long format, one row per run x metric): see COLUMNS. A skipped or failed run
+gives one row with an empty metric and its reason, so the summary can list it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+from . import workloads
+
+COLUMNS = ["experiment", "workload", "config", "variant", "fs", "fs_label", "device", "rep",
+           "metric", "value", "unit", "higher_is_better", "primary", "status", "reason",
+           "memory_bytes", "scale", "run_dir"]
+
+# ----- tool parsers ----------------------------------------------------------------------------
+_PM_UNITS = {"bytes": 1, "kilobytes": 1024, "megabytes": 1 << 20, "gigabytes": 1 << 30}
+
+
+def parse_postmark(text: str) -> dict[str, float]:
+    """Postmark 1.5x verbose or terse report -> metrics. Times are whole seconds (as printed)."""
+    out: dict[str, float] = {}
+    m = re.search(r"^\s*(\d+) seconds total", text, re.M)
+    if m:
+        out["pm_total_seconds"] = float(m.group(1))
+        t = re.search(r"^\s*(\d+) seconds of transactions \((\d+(?:\.\d+)?) per second\)", text, re.M)
+        if t:
+            out["pm_transaction_seconds"] = float(t.group(1))
+            out["pm_transactions_per_second"] = float(t.group(2))
+        for key, pat in (("created", r"(\d+) created"), ("read", r"(\d+) read \("),
+                         ("appended", r"(\d+) appended"), ("deleted", r"(\d+) deleted")):
+            f = re.search(r"^\s*" + pat, text, re.M)
+            if f:
+                out[f"pm_files_{key}"] = float(f.group(1))
+        for key in ("read", "written"):
+            d = re.search(r"^\s*([\d.]+) (bytes|kilobytes|megabytes|gigabytes) " + key, text, re.M)
+            if d:
+                out[f"pm_bytes_{key}"] = float(d.group(1)) * _PM_UNITS[d.group(2)]
+        return out
+    # terse: one line of 13 numbers
+    for line in text.splitlines():
+        nums = line.split()
+        if len(nums) == 13 and all(re.fullmatch(r"[\d.]+", n) for n in nums):
+            v = [float(n) for n in nums]
+            out.update(pm_total_seconds=v[0], pm_transaction_seconds=v[1],
+                       pm_transactions_per_second=v[2], pm_read_bytes_per_second=v[11],
+                       pm_write_bytes_per_second=v[12])
+            return out
+    raise ValueError("no postmark report found")
+
+
+# bonnie++ 1.97+ CSV (format 1.98): index -> metric
+_BONNIE_FIELDS = {9: "put_char_kBps", 10: "put_char_cpu", 11: "put_block_kBps",
+                  12: "put_block_cpu", 13: "rewrite_kBps", 14: "rewrite_cpu",
+                  15: "get_char_kBps", 16: "get_char_cpu", 17: "get_block_kBps",
+                  18: "get_block_cpu", 19: "seeks_per_s", 20: "seeks_cpu"}
+_BONNIE_LAT = {38: "put_char_latency_us", 39: "put_block_latency_us", 40: "rewrite_latency_us",
+               41: "get_char_latency_us", 42: "get_block_latency_us", 43: "seeks_latency_us"}
+
+
+def _latency_us(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    if not m:
+        return None
+    return float(m.group(1)) * {"us": 1, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def parse_bonnie(text: str) -> dict[str, float]:
+    """The CSV line of `bonnie++ -q` -> metrics; '+++++' (too fast to measure) is omitted."""
+    for line in text.splitlines():
+        f = line.strip().split(",")
+        if len(f) >= 44 and f[0].startswith("1.9"):
+            out = {}
+            for i, name in _BONNIE_FIELDS.items():
+                if re.fullmatch(r"\d+(?:\.\d+)?", f[i]):
+                    out[name] = float(f[i])
+            for i, name in _BONNIE_LAT.items():
+                v = _latency_us(f[i])
+                if v is not None:
+                    out[name] = v
+            out["bonnie_file_size"] = f[5]  # kept as text: dropped by rows()
+            return out
+    raise ValueError("no bonnie++ CSV line found")
+
+
+def parse_fio(text: str) -> dict[str, float]:
+    """fio --output-format=json -> totals over all jobs (bandwidth KiB/s, IOPS, runtime s)."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no fio JSON found")
+    data = json.loads(text[start:])
+    jobs = data.get("jobs", [])
+    if not jobs:
+        raise ValueError("fio JSON has no jobs")
+    out = {"read_kBps": 0.0, "write_kBps": 0.0, "read_iops": 0.0, "write_iops": 0.0,
+           "read_bytes": 0.0, "write_bytes": 0.0}
+    runtime_ms = 0.0
+    lat_sum = {"read": 0.0, "write": 0.0}
+    for job in jobs:
+        if job.get("error"):
+            raise ValueError(f"fio job {job.get('jobname')} error {job['error']}")
+        for d in ("read", "write"):
+            s = job.get(d, {})
+            out[f"{d}_kBps"] += float(s.get("bw", 0))
+            out[f"{d}_iops"] += float(s.get("iops", 0))
+            out[f"{d}_bytes"] += float(s.get("io_bytes", 0))
+            lat_sum[d] += float(s.get("clat_ns", {}).get("mean", 0)) * float(s.get("total_ios", 0))
+        runtime_ms = max(runtime_ms, float(job.get("job_runtime", 0)))
+    out["total_iops"] = out["read_iops"] + out["write_iops"]
+    out["runtime_s"] = runtime_ms / 1000.0
+    for d in ("read", "write"):
+        ios = sum(float(j.get(d, {}).get("total_ios", 0)) for j in jobs)
+        if ios:
+            out[f"{d}_clat_mean_us"] = lat_sum[d] / ios / 1000.0
+    return out
+
+
+_DEV_KEYS = ("requests", "bytes_written", "bytes_read", "busy_ms", "seek_distance_sectors")
+
+
+def parse_device_stat(before: dict | None, after: dict) -> dict[str, float]:
+    """`nvstack device stat --json` before/after the timed workload -> deltas (dev_*)."""
+    out = {}
+    for key, val in _flatten(after).items():
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            base = _flatten(before or {}).get(key, 0)
+            out[f"dev_{key}"] = float(val) - float(base if isinstance(base, (int, float)) else 0)
+    return out
+
+
+def parse_nvstack_stat(stat: dict) -> dict[str, float]:
+    return {f"nv_{k}": float(v) for k, v in _flatten(stat).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+TOOL_PARSERS = {"postmark": parse_postmark, "bonnie": parse_bonnie, "fio": parse_fio}
+
+# metric -> (unit, higher_is_better) for the metrics that get plotted/summarised
+UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
+         "pm_transactions_per_second": ("tx/s", True), "pm_total_seconds": ("s", False),
+         "put_char_kBps": ("KiB/s", True), "put_block_kBps": ("KiB/s", True),
+         "rewrite_kBps": ("KiB/s", True), "get_block_kBps": ("KiB/s", True),
+         "write_kBps": ("KiB/s", True), "read_kBps": ("KiB/s", True),
+         "write_iops": ("ops/s", True), "read_iops": ("ops/s", True),
+         "total_iops": ("ops/s", True), "runtime_s": ("s", False),
+         "dev_busy_ms": ("ms", False), "dev_bytes_written": ("B", False),
+         "dev_requests": ("", False), "dev_seek_distance_sectors": ("sectors", False)}
+
+
+def primary_metric(workload: str, config: str) -> tuple[str, str, bool]:
+    mod = workloads.get(workload)
+    if hasattr(mod, "primary"):
+        return mod.primary(config)
+    return mod.PRIMARY
+
+
+# ----- run directories -> rows -------------------------------------------------------------------
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_run(rundir: Path) -> list[dict]:
+    result = _load(rundir / "result.json")
+    spec = _load(rundir / "spec.json")
+    env = _load(rundir / "env.json") or {}
+    if not result or not spec:
+        return []
+    label = ((env.get("run") or {}).get("fs") or {}).get("label", spec["fs"])
+    base = {"experiment": spec["experiment"], "workload": spec["workload"],
+            "config": spec["config"], "variant": spec["variant"], "fs": spec["fs"],
+            "fs_label": label, "device": spec["device"], "rep": spec["rep"],
+            "status": result["status"], "reason": result.get("reason", ""),
+            "memory_bytes": spec["memory_bytes"], "scale": spec["scale"],
+            "run_dir": str(rundir)}
+    if result["status"] != "ok":
+        return [{**base, "metric": "", "value": "", "unit": "", "higher_is_better": "",
+                 "primary": ""}]
+    metrics: dict[str, float] = {}
+    for key in ("wall_seconds", "sync_seconds"):
+        if result.get(key) is not None:
+            metrics[key] = float(result[key])
+    parser = TOOL_PARSERS.get(spec["workload"])
+    if parser:
+        try:
+            metrics.update(parser((rundir / "stdout.txt").read_text()))
+        except (OSError, ValueError) as exc:
+            return [{**base, "status": "failed", "reason": f"parse error: {exc}", "metric": "",
+                     "value": "", "unit": "", "higher_is_better": "", "primary": ""}]
+    after = _load(rundir / "device_stat_after.json")
+    if isinstance(after, dict):
+        metrics.update(parse_device_stat(_load(rundir / "device_stat_before.json"), after))
+    nv = _load(rundir / "nvstack_stat.json")
+    if isinstance(nv, dict):
+        metrics.update(parse_nvstack_stat(nv))
+    cg = _load(rundir / "cgroup.json")
+    if isinstance(cg, dict):
+        for k in ("max_usage_in_bytes", "failcnt"):
+            if k in cg:
+                metrics[f"cgroup_{k}"] = float(cg[k])
+    pmetric = primary_metric(spec["workload"], spec["config"])[0]
+    rows = []
+    for name, value in sorted(metrics.items()):
+        if not isinstance(value, (int, float)):
+            continue
+        unit, hib = UNITS.get(name, ("", ""))
+        if name == pmetric:
+            unit, hib = primary_metric(spec["workload"], spec["config"])[1:]
+        rows.append({**base, "metric": name, "value": repr(float(value)), "unit": unit,
+                     "higher_is_better": "" if hib == "" else int(bool(hib)),
+                     "primary": int(name == pmetric)})
+    return rows
+
+
+def parse_tree(out: Path) -> dict[str, Path]:
+    """All runs under out/runs -> out/<experiment>.csv; returns {experiment: csv path}."""
+    by_exp: dict[str, list[dict]] = {}
+    for result in sorted((out / "runs").rglob("result.json")):
+        for row in parse_run(result.parent):
+            by_exp.setdefault(row["experiment"], []).append(row)
+    written = {}
+    for exp, rows in by_exp.items():
+        path = out / f"{exp}.csv"
+        write_csv(path, rows)
+        written[exp] = path
+    return written
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

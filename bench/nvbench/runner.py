@@ -1,0 +1,360 @@
+"""Running an experiment: one run = one directory with everything needed to trust and redo it.
+
+OUT/experiment.json                                   matrix metadata, notes (device fallback...)
+OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
+    spec.json      what was asked (fs, workload params, budget, device, scale)
+    env.json       kernel, CPU, memory, tool versions, git commit, scale factors, budget, device
+    cmd.txt        the exact timed command
+    stdout.txt / stderr.txt   raw output of the timed command
+    <inputs>       postmark.cfg, job.fio, ... (exactly what the tool read)
+    result.json    status ok | failed | skipped, reason, wall_seconds (external clock), sync_seconds
+    device_stat_before.json / device_stat_after.json   modeled disk counters (if any)
+    nvstack_stat.json, cgroup.json
+    repro.sh       the same commands as a standalone script (cleanup on EXIT)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import cgroup as cgroup_mod
+from . import fs as fs_mod
+from . import nvstack, workloads
+from .experiments import Experiment
+from .shell import Shell
+from .util import REPO_DIR, BenchError, dpkg_version, first_line, fmt_size, parse_size, slug, which
+
+THESIS_MEMORY = 1 << 30
+THESIS_JOURNAL = 256 << 20
+
+
+@dataclass
+class RunSpec:
+    experiment: str
+    workload: str
+    config: str
+    variant: str
+    params: dict
+    fs: str
+    rep: int
+    device: str
+    timing: str
+    memory_bytes: int
+    disk_bytes: int
+    journal_bytes: int
+    nvram_bytes: int
+    scale: float
+
+    def reldir(self) -> Path:
+        return (Path("runs") / self.experiment / f"{self.workload}-{self.config}" /
+                slug(self.variant) / self.fs / f"rep{self.rep}")
+
+    def run_id(self) -> str:
+        return f"{os.getpid()}-{slug(self.fs)}-{self.rep}"
+
+
+@dataclass
+class Settings:
+    out: Path
+    device: str
+    timing: str = "sleep"
+    memory: int | None = None
+    scale: float | None = None
+    reps: int | None = None
+    workdir: Path = Path("/var/tmp/nvbench-work")
+    dry_run: bool = False
+    echo: bool = False
+    nvram: int | None = None
+
+
+def _variants(mod, config: str, scale: float, memory: int):
+    if mod.__name__.endswith("bonnie"):
+        return mod.variants(config, scale, memory)
+    return mod.variants(config, scale)
+
+
+def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
+    """The runs of an experiment, interleaved: rep-major, then workload variant, then fs."""
+    memory = st.memory or parse_size(exp.memory)
+    scale = st.scale if st.scale is not None else exp.scale
+    reps = st.reps or exp.reps
+    journal = max(16 << 20, THESIS_JOURNAL * memory // THESIS_MEMORY)
+    journal -= journal % (1 << 20)
+    nvram = st.nvram or memory // 2
+    specs = []
+    for rep in range(1, reps + 1):
+        for wname, config in exp.workloads:
+            mod = workloads.get(wname)
+            for variant, params in _variants(mod, config, scale, memory):
+                for fsname in exp.fs:
+                    specs.append(RunSpec(exp.name, wname, config, variant, params, fsname, rep,
+                                         st.device, st.timing, memory, parse_size(exp.disk),
+                                         journal, nvram, scale))
+    return specs
+
+
+# ----- environment --------------------------------------------------------------------------
+_host_env: dict | None = None
+
+
+def host_env() -> dict:
+    global _host_env
+    if _host_env is not None:
+        return _host_env
+    cpu = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem = None
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(REPO_DIR), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    caps = nvstack.probe()
+    try:
+        import matplotlib
+        mpl = matplotlib.__version__
+    except ImportError:
+        mpl = None
+    _host_env = {
+        "kernel": platform.release(), "uname": " ".join(platform.uname()),
+        "cpu_model": cpu, "cpus": os.cpu_count(), "memory_total_bytes": mem,
+        "python": sys.version.split()[0], "matplotlib": mpl,
+        "tools": {"postmark": dpkg_version("postmark"), "fio": first_line(["fio", "--version"]),
+                  "bonnie++": dpkg_version("bonnie++"), "e2fsprogs": dpkg_version("e2fsprogs"),
+                  "dosfstools": dpkg_version("dosfstools"), "util-linux": dpkg_version("util-linux"),
+                  "tar": first_line(["tar", "--version"])},
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "nvstack": {"binary": caps.binary, "version": caps.version, "device": caps.device,
+                    "mount": caps.mount},
+        "cgroup_v1_memory": cgroup_mod.available(),
+    }
+    return _host_env
+
+
+# ----- one run --------------------------------------------------------------------------------
+def skip_reason(spec: RunSpec, inv, cfg: fs_mod.FsConfig, caps: nvstack.Capabilities,
+                mod) -> str | None:
+    for tool in inv.tools:
+        if not which(tool):
+            return f"tool `{tool}` not installed (bench/install.sh)"
+    if spec.workload == "untar" and not spec.params.get("tarball"):
+        return "no tarball /usr/src/linux-source-*.tar.* (bench/install.sh --with-linux-source)"
+    for need in cfg.needs:
+        why = caps.missing(need)
+        if why:
+            return why
+    if spec.device != "none" and caps.missing("device"):
+        return caps.missing("device")
+    if cfg.mkfs == "vfat" and not which("mkfs.vfat"):
+        return "mkfs.vfat not installed (dosfstools)"
+    extra = getattr(mod, "mount_option", lambda p: None)(spec.params)
+    if extra and cfg.nvstack:
+        return f"variant needs mount option `{extra}` on the measured FS; nvstack has none yet"
+    return None
+
+
+def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
+    """Run one spec; always returns result dict and leaves the run directory complete."""
+    rundir = st.out / spec.reldir()
+    rundir.mkdir(parents=True, exist_ok=True)
+    caps = nvstack.probe()
+    cfg = fs_mod.CONFIGS[spec.fs]
+    mod = workloads.get(spec.workload)
+    sh = Shell(dry_run=st.dry_run, echo=st.echo)
+    sh.param(str(rundir), "RUN", "$(mktemp -d /tmp/nvbench-repro.XXXXXX)")
+    layout = fs_mod.Layout(st.workdir / spec.run_id(), spec.run_id())
+    target_path = layout.mnt
+    inv = _invocation(mod, spec, target_path, rundir, st)
+    extra = getattr(mod, "mount_option", lambda p: None)(spec.params)
+    if extra and not cfg.nvstack:
+        opts = ",".join(o for o in (cfg.mount_options, extra) if o)
+        cfg = fs_mod.FsConfig(**{**asdict(cfg), "mount_options": opts})
+    budget_enforced = cgroup_mod.available() or st.dry_run
+    cg_limit = spec.memory_bytes - (spec.journal_bytes if cfg.journal == "ram" else 0)
+    env = {**host_env(), "run": {
+        "experiment": spec.experiment, "workload": spec.workload, "config": spec.config,
+        "variant": spec.variant, "params": spec.params, "fs": asdict(cfg), "rep": spec.rep,
+        "scale": spec.scale, "memory_budget_bytes": spec.memory_bytes,
+        "memory_scale_vs_thesis": round(spec.memory_bytes / THESIS_MEMORY, 4),
+        "cgroup_limit_bytes": cg_limit, "memory_budget_enforced": budget_enforced,
+        "ram_journal_charged_by_lowering_limit": cfg.journal == "ram",
+        "nvram_bytes": spec.nvram_bytes if cfg.nvstack else None,
+        "journal_bytes": spec.journal_bytes if cfg.journal else None,
+        "device_model": spec.device, "device_timing": spec.timing if spec.device != "none" else None,
+        "disk_bytes": spec.disk_bytes, "workdir": str(layout.workdir), "dry_run": st.dry_run,
+        "started": _dt.datetime.now().isoformat(timespec="seconds"), "notes": notes}}
+    _write_json(rundir / "spec.json", {**asdict(spec)})
+    _write_json(rundir / "env.json", env)
+    result = {"status": "ok", "reason": "", "wall_seconds": None, "sync_seconds": None,
+              "exit_code": None, "spec": asdict(spec)}
+    why = skip_reason(spec, inv, cfg, caps, mod)
+    if why:
+        result.update(status="skipped", reason=why)
+        _write_json(rundir / "result.json", result)
+        return result
+
+    cg = cgroup_mod.MemoryCgroup(sh, cg_limit) if budget_enforced else None
+    wrap = cg.wrap if cg else (lambda argv: argv)
+    target = fs_mod.Target(sh, cfg, spec.device, layout, spec.disk_bytes, spec.journal_bytes,
+                           spec.nvram_bytes, spec.timing, caps, cg, rundir)
+    try:
+        if cg:
+            cg.create()
+        target.setup()
+        for name, text in inv.files.items():
+            sh.write_file(rundir / name, text)
+        for argv in inv.pre:
+            sh.run(wrap(argv), timeout=3600)
+        sh.sh("sync; echo 3 > /proc/sys/vm/drop_caches")
+        target.device_stat(rundir / "device_stat_before.json")
+        timed = wrap(inv.argv)
+        (rundir / "cmd.txt").write_text(sh.render(timed) + "\n")
+        sh.note("timed workload (wall clock measured outside the tool):")
+        res = sh.run(timed, check=False, stdout=rundir / "stdout.txt",
+                     stderr=rundir / "stderr.txt", timeout=6 * 3600, time_it=True)
+        result["wall_seconds"] = round(res.seconds, 4)
+        result["exit_code"] = res.returncode
+        syn = sh.sh("sync", check=False)
+        result["sync_seconds"] = round(syn.seconds, 4)
+        target.device_stat(rundir / "device_stat_after.json")
+        target.nvstack_stat(rundir / "nvstack_stat.json")
+        if st.dry_run:
+            result.update(status="dry-run", reason="dry run: nothing was executed")
+        elif res.returncode != 0:
+            result.update(status="failed", reason=f"workload exit {res.returncode}: "
+                          + _tail(rundir / "stderr.txt"))
+    except BenchError as exc:
+        result.update(status="failed", reason=str(exc)[:2000])
+    except BaseException:
+        result.update(status="failed", reason="interrupted (Ctrl-C or signal)")
+        raise
+    finally:
+        sh.phase = "cleanup"
+        if cg:
+            _write_json(rundir / "cgroup.json", cg.stats())
+        errs = target.teardown()
+        if cg:
+            cg.remove()
+        if errs:
+            result["teardown_errors"] = errs
+        _write_json(rundir / "result.json", result)
+        header = (f"experiment {spec.experiment}, fs {spec.fs}, workload {spec.workload}/"
+                  f"{spec.config} {spec.variant}, rep {spec.rep}\n"
+                  f"git commit {env.get('git_commit')}; run as root; outputs go where the "
+                  f"original run wrote them")
+        repro = rundir / "repro.sh"
+        repro.write_text(sh.repro_script(header))
+        repro.chmod(0o755)
+    return result
+
+
+def _invocation(mod, spec, target_path, rundir, st):
+    if spec.workload == "untar":
+        return mod.invocation(spec.params, target_path, rundir, st.workdir / "cache")
+    return mod.invocation(spec.params, target_path, rundir)
+
+
+def _tail(path: Path, n: int = 400) -> str:
+    try:
+        return path.read_text()[-n:].strip()
+    except OSError:
+        return ""
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# ----- a whole experiment ---------------------------------------------------------------------
+def choose_device(requested: str | None, exp: Experiment, notes: list[str]) -> str:
+    dev = requested or exp.device
+    if dev == "none":
+        return dev
+    caps = nvstack.probe()
+    why = caps.missing("device")
+    if why is None:
+        return dev
+    if requested:
+        raise BenchError(f"--device {dev} requested but the modeled disk is not available: {why}")
+    notes.append(f"**NOTE: the modeled disk (`{dev}`) is not available ({why}); this run fell "
+                 f"back to a plain loop device over an image file (`--device none`). Timings "
+                 f"are of this VM's disk and page cache, not of the {dev} model.**")
+    return "none"
+
+
+def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) -> list[dict]:
+    notes = list(exp.notes)
+    st.device = choose_device(requested_device, exp, notes)
+    if not st.dry_run and not cgroup_mod.available():
+        notes.append("**NOTE: cgroup v1 memory controller not writable: memory budget NOT "
+                     "enforced.**")
+    if not st.dry_run and os.geteuid() != 0:
+        raise BenchError("running benchmarks needs root (mounts, loop devices, cgroups); "
+                         "use --dry-run to see the matrix")
+    specs = matrix(exp, st)
+    st.out.mkdir(parents=True, exist_ok=True)
+    meta = {"experiment": exp.name, "description": exp.description, "baseline": exp.baseline,
+            "fs": exp.fs, "workloads": exp.workloads, "device": st.device,
+            "device_requested": requested_device or exp.device, "timing": st.timing,
+            "memory_bytes": specs[0].memory_bytes if specs else None,
+            "scale": specs[0].scale if specs else None, "reps": st.reps or exp.reps,
+            "runs": len(specs), "notes": notes, "dry_run": st.dry_run,
+            "command": " ".join(sys.argv),
+            "started": _dt.datetime.now().isoformat(timespec="seconds")}
+    _write_json(st.out / "experiment.json", meta)
+    _install_signal_handlers()
+    results = []
+    for i, spec in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {spec.experiment} {spec.workload}/{spec.config} "
+              f"{spec.variant} fs={spec.fs} rep={spec.rep} ...", end=" ", flush=True)
+        r = execute(spec, st, notes)
+        wall = f" {r['wall_seconds']:.2f}s" if r.get("wall_seconds") is not None else ""
+        print(f"{r['status']}{wall}" + (f" ({r['reason'][:120]})" if r["reason"] else ""),
+              flush=True)
+        results.append(r)
+    meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+    meta["status_counts"] = {s: sum(r["status"] == s for r in results)
+                             for s in ("ok", "failed", "skipped", "dry-run")}
+    _write_json(st.out / "experiment.json", meta)
+    return results
+
+
+def _install_signal_handlers() -> None:
+    """SIGTERM/SIGHUP behave like Ctrl-C so every `finally` (teardown) runs."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(s, handler)
+        except (ValueError, OSError):
+            pass
+    try:  # a background start may inherit SIGINT ignored: Ctrl-C/kill -INT must still clean up
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError):
+        pass
+
+
+def describe(specs: list[RunSpec]) -> str:
+    lines = []
+    for s in specs:
+        lines.append(f"{s.reldir()}  M={fmt_size(s.memory_bytes)} scale={s.scale} "
+                     f"device={s.device} params={json.dumps(s.params, sort_keys=True)}")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Workloads: each turns (parameters, target directory) into input files + a timed command,
+and knows which tool it needs. Parsing of the tools' outputs lives in nvbench/parse.py.
+
+A workload's parameters are a dict; `scale` multiplies the counts the papers used (files,
+transactions, bytes written); every scaled value and the factor itself are written into the
+run's env.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Invocation:
+    argv: list[str]                                     # the timed command
+    files: dict[str, str] = field(default_factory=dict)  # rundir-relative name -> content
+    pre: list[list[str]] = field(default_factory=list)   # untimed, in the cgroup, before drop caches
+    tools: list[str] = field(default_factory=list)       # executables that must exist
+    note: str = ""
+
+
+def scaled(value: float, scale: float, minimum: int = 1) -> int:
+    return max(minimum, int(round(value * scale)))
+
+
+def get(name: str):
+    from . import bonnie, filedelete, fio, postmark, untar
+    table = {"postmark": postmark, "bonnie": bonnie, "fio": fio, "untar": untar,
+             "filedelete": filedelete}
+    if name not in table:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def target_subdir(target: Path, name: str) -> Path:
+    return target / f"nvbench-{name}"

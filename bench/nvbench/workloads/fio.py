@@ -1,0 +1,94 @@
+"""fio jobs reproducing the Filebench personalities of the papers (job files as data).
+
+VMA journaling paper (sec. 5.1):
+  seq_write    one empty file, 8 KB appends until 600 MB (then fsync)
+  rnd_write    4 KB random writes to a (pre-written) 512 MB file until 128 MB written (then fsync)
+Non-blocking writes paper (sec. 5): 60 s on a 5 GB pre-allocated (pre-written) file, cold cache,
+operation sizes below 4 KB (the fetch-before-write case):
+  nbw-seq-write      sequential writes of IOSIZE
+  nbw-random-write   random writes of IOSIZE
+  nbw-random-readwrite  two threads on the same file: one random reader, one random writer
+
+`scale` multiplies file sizes, bytes written and run time. fio prints JSON
+(--output-format=json); parse.py reads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import Invocation, scaled, target_subdir
+
+TOOL = "fio"
+MB = 1 << 20
+
+# name -> (global options, [job sections]); sizes in bytes, times in seconds (unscaled)
+JOBS: dict[str, dict] = {
+    "seq_write": {"global": {"ioengine": "psync", "fallocate": "none", "end_fsync": 1},
+                  "jobs": [{"name": "seq_write", "rw": "write", "bs": "8k", "size": 600 * MB,
+                            "filename": "seq_write.dat"}],
+                  "primary": ("runtime_s", "s", False)},
+    "rnd_write": {"global": {"ioengine": "psync", "end_fsync": 1, "overwrite": 1},
+                  "jobs": [{"name": "rnd_write", "rw": "randwrite", "bs": "4k", "size": 512 * MB,
+                            "io_size": 128 * MB, "filename": "rnd_write.dat",
+                            "randrepeat": 1}],
+                  "primary": ("runtime_s", "s", False)},
+    "nbw-seq-write": {"global": {"ioengine": "psync", "overwrite": 1, "time_based": 1,
+                                 "runtime": 60, "invalidate": 1},
+                      "jobs": [{"name": "seqwrite", "rw": "write", "bs": "{iosize}",
+                                "size": 5120 * MB, "filename": "nbw.dat"}],
+                      "primary": ("write_iops", "ops/s", True)},
+    "nbw-random-write": {"global": {"ioengine": "psync", "overwrite": 1, "time_based": 1,
+                                    "runtime": 60, "invalidate": 1},
+                         "jobs": [{"name": "randwrite", "rw": "randwrite", "bs": "{iosize}",
+                                   "size": 5120 * MB, "filename": "nbw.dat"}],
+                         "primary": ("write_iops", "ops/s", True)},
+    "nbw-random-readwrite": {"global": {"ioengine": "psync", "overwrite": 1, "time_based": 1,
+                                        "runtime": 60, "invalidate": 1},
+                             "jobs": [{"name": "randread", "rw": "randread", "bs": "{iosize}",
+                                       "size": 5120 * MB, "filename": "nbw.dat"},
+                                      {"name": "randwrite", "rw": "randwrite", "bs": "{iosize}",
+                                       "size": 5120 * MB, "filename": "nbw.dat"}],
+                             "primary": ("total_iops", "ops/s", True)},
+}
+NBW_IOSIZES = [128, 512, 1024, 2048, 4096]
+_SCALED = ("size", "io_size", "runtime")
+
+
+def primary(config: str) -> tuple[str, str, bool]:
+    return JOBS[config]["primary"]
+
+
+def variants(config: str, scale: float) -> list[tuple[str, dict]]:
+    if config.startswith("nbw-"):
+        return [(f"iosize={s}", {"config": config, "scale": scale, "iosize": s})
+                for s in NBW_IOSIZES]
+    return [("default", {"config": config, "scale": scale})]
+
+
+def job_file(p: dict, directory: Path) -> str:
+    """Render the fio job file for params p (scale applied to sizes, bytes and run time)."""
+    spec = JOBS[p["config"]]
+    scale = p["scale"]
+
+    def val(k, v):
+        if k in _SCALED and isinstance(v, int):
+            v = scaled(v, scale, 1)
+            if k != "runtime":
+                v = max(4096, v - v % 4096)
+        return str(v).format(iosize=p.get("iosize", 4096))
+
+    out = [f"# nvbench fio job {p['config']} scale {scale}", "[global]",
+           f"directory={directory}"]
+    out += [f"{k}={val(k, v)}" for k, v in spec["global"].items()]
+    for job in spec["jobs"]:
+        out.append(f"\n[{job['name']}]")
+        out += [f"{k}={val(k, v)}" for k, v in job.items() if k != "name"]
+    return "\n".join(out) + "\n"
+
+
+def invocation(p: dict, target: Path, rundir: Path) -> Invocation:
+    d = target_subdir(target, "fio")
+    return Invocation(argv=["fio", "--output-format=json", str(rundir / "job.fio")],
+                      files={"job.fio": job_file(p, d)}, pre=[["mkdir", "-p", str(d)]],
+                      tools=[TOOL])

@@ -1,0 +1,93 @@
+"""Postmark (Debian `postmark`, v1.51/1.53): the papers' configurations as data.
+
+Each configuration keeps the paper's numbers unscaled; `command_file(config, scale, dir)`
+multiplies the counts (files, transactions) by `scale` and keeps file sizes as in the paper.
+Postmark prints whole seconds only, so the runner times it externally.
+
+Sources:
+  thesis     Chen 2008 thesis sec. 4.1: 200k transactions, 5k-30k files, 512 B - 10 KB,
+             other parameters Postmark defaults (Figs 4.3, 4.10, 4.15, 4.18 at 25k files).
+  thesis-2m  thesis Fig 4.19: 25k files, 512 B - 2 MB (TempFFS size threshold is 1 MB).
+  tempffs    TempFFS paper sec. 4: same as `thesis` (200k transactions, 512 B - 10 KB).
+  vma        VMA journaling sec. 5.1: 10k files in 200 directories, default sizes
+             (500 B - 9.77 KB), 25k transactions.
+  nvfat      NVFAT sec. 4: 1000 files, 10 directories, 512 B - 16 KB, 10k transactions,
+             no stdio buffering, 512 B reads/writes. Async = as is; Sync = every write
+             synchronous (here: the measured file system mounted with `-o sync`).
+  smoke      a small thesis-shaped run for the smoke matrix (seconds per run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import Invocation, scaled, target_subdir
+
+CONFIGS: dict[str, dict] = {
+    "thesis": {"files": [5000, 10000, 15000, 20000, 25000, 30000], "transactions": 200_000,
+               "size": (512, 10 * 1024), "subdirectories": 0},
+    "thesis-2m": {"files": [25000], "transactions": 200_000, "size": (512, 2 * 1024 * 1024),
+                  "subdirectories": 0},
+    "tempffs": {"files": [5000, 10000, 15000, 20000, 25000, 30000], "transactions": 200_000,
+                "size": (512, 10 * 1024), "subdirectories": 0},
+    "vma": {"files": [10000], "transactions": 25_000, "size": (500, 10000),
+            "subdirectories": 200},
+    "nvfat-async": {"files": [1000], "transactions": 10_000, "size": (512, 16 * 1024),
+                    "subdirectories": 10, "buffering": False, "read": 512, "write": 512},
+    "nvfat-sync": {"files": [1000], "transactions": 10_000, "size": (512, 16 * 1024),
+                   "subdirectories": 10, "buffering": False, "read": 512, "write": 512,
+                   "sync": True},
+    "smoke": {"files": [4000], "transactions": 100_000, "size": (512, 10 * 1024),
+              "subdirectories": 0},
+}
+
+TOOL = "postmark"
+PRIMARY = ("wall_seconds", "s", False)
+
+
+def variants(config: str, scale: float) -> list[tuple[str, dict]]:
+    """[(variant name, params)] for one paper configuration: one variant per file count."""
+    c = CONFIGS[config]
+    out = []
+    for files in c["files"]:
+        p = {"config": config, "scale": scale,
+             "paper_files": files, "paper_transactions": c["transactions"],
+             "files": scaled(files, scale), "transactions": scaled(c["transactions"], scale),
+             "size_min": c["size"][0], "size_max": c["size"][1],
+             "subdirectories": scaled(c["subdirectories"], scale, 0) if c["subdirectories"] else 0,
+             "buffering": c.get("buffering"), "read": c.get("read"), "write": c.get("write"),
+             "sync": bool(c.get("sync")), "seed": 42}
+        out.append((f"files={p['files']}", p))
+    return out
+
+
+def command_file(p: dict, location: Path) -> str:
+    """The postmark command file for params p (from variants())."""
+    lines = [f"# nvbench postmark config {p['config']} scale {p['scale']}: paper "
+             f"{p['paper_files']} files / {p['paper_transactions']} transactions",
+             f"set location {location}",
+             f"set number {p['files']}",
+             f"set transactions {p['transactions']}",
+             f"set size {p['size_min']} {p['size_max']}"]
+    if p["subdirectories"]:
+        lines.append(f"set subdirectories {p['subdirectories']}")
+    if p.get("read"):
+        lines.append(f"set read {p['read']}")
+    if p.get("write"):
+        lines.append(f"set write {p['write']}")
+    if p.get("buffering") is not None:
+        lines.append(f"set buffering {'true' if p['buffering'] else 'false'}")
+    lines += [f"set seed {p['seed']}", "set report verbose", "show", "run", "quit"]
+    return "\n".join(lines) + "\n"
+
+
+def invocation(p: dict, target: Path, rundir: Path) -> Invocation:
+    loc = target_subdir(target, "postmark")
+    return Invocation(argv=["postmark", str(rundir / "postmark.cfg")],
+                      files={"postmark.cfg": command_file(p, loc)},
+                      pre=[["mkdir", "-p", str(loc)]], tools=[TOOL])
+
+
+def mount_option(p: dict) -> str | None:
+    """Extra mount option of the measured FS this variant needs (Sync-PostMark)."""
+    return "sync" if p.get("sync") else None

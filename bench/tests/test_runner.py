@@ -1,0 +1,139 @@
+"""The experiment matrix and repro.sh, in dry-run mode (no root, no mounts, nothing executed)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvbench import fs, nvstack, runner
+from nvbench.experiments import EXPERIMENTS
+from nvbench.shell import Shell
+
+
+@pytest.fixture(autouse=True)
+def no_nvstack(monkeypatch):
+    monkeypatch.setenv("NVSTACK_BIN", "/nonexistent/nvstack")
+    nvstack.probe(refresh=True)
+    yield
+    nvstack._cache = None
+
+
+def settings(tmp_path, device="none"):
+    return runner.Settings(out=tmp_path / "out", device=device, workdir=tmp_path / "work",
+                           dry_run=True)
+
+
+def test_every_experiment_expands(tmp_path):
+    for exp in EXPERIMENTS.values():
+        specs = runner.matrix(exp, settings(tmp_path))
+        assert specs, exp.name
+        assert {s.fs for s in specs} == set(exp.fs)
+        fs.resolve(exp.fs)                        # all names exist
+        assert exp.baseline in exp.fs
+
+
+def test_thesis_matrix_shape(tmp_path):
+    specs = runner.matrix(EXPERIMENTS["thesis-postmark"], settings(tmp_path))
+    assert len(specs) == 11 * 6 * 3
+    assert specs[0].memory_bytes == 256 << 20 and specs[0].journal_bytes == 64 << 20
+    assert specs[0].nvram_bytes == 128 << 20
+    # interleaved: first all FS for the first variant of rep 1
+    assert [s.fs for s in specs[:11]] == EXPERIMENTS["thesis-postmark"].fs
+    assert len({s.reldir() for s in specs}) == len(specs)
+
+
+def test_table_4_2_flags():
+    c = fs.CONFIGS["nvstack-ext2-tempffs-wb-trans"]
+    assert c.nvstack == {"consistency": "undo", "tempfiles": "on", "writeback": "relo"}
+    assert c.label == "TempFFS_WB_Ext2_Trans" and c.consistent
+    bare = fs.CONFIGS["nvstack-ext2"]
+    assert bare.nvstack == {"consistency": "none", "tempfiles": "off", "writeback": "file"}
+    assert fs.CONFIGS["ext4-journal-ram"].label == "Mext3"
+
+
+def test_smoke_dry_run_and_skips(tmp_path):
+    exp = EXPERIMENTS["smoke"]
+    notes = []
+    assert runner.choose_device(None, exp, notes) == "none"      # no nvstack here
+    assert "fell back to a plain loop device" in notes[0]
+    with pytest.raises(Exception):
+        runner.choose_device("hdd-7200", exp, [])                 # explicit request: error
+    st = settings(tmp_path)
+    results = runner.run_experiment(exp, st, "none")
+    assert {r["status"] for r in results} == {"dry-run"}
+    meta = json.loads((st.out / "experiment.json").read_text())
+    assert meta["runs"] == 4 and meta["device"] == "none"
+
+
+def test_nvstack_configs_skipped_with_reason(tmp_path):
+    exp = EXPERIMENTS["tempffs-postmark"]
+    st = settings(tmp_path)
+    st.reps = 1
+    results = runner.run_experiment(exp, st, "none")
+    skipped = [r for r in results if r["status"] == "skipped"]
+    assert skipped and all("nvstack" in r["reason"] for r in skipped)
+    assert {r["spec"]["fs"] for r in skipped} == {"nvstack-ext2", "nvstack-ext2-tempffs"}
+
+
+def _repro(tmp_path, fsname, device="none"):
+    spec = runner.matrix(EXPERIMENTS["smoke"], settings(tmp_path))[0]
+    spec.fs, spec.device = fsname, device
+    runner.execute(spec, settings(tmp_path, device), [])
+    d = settings(tmp_path).out / spec.reldir()
+    return d, (d / "repro.sh").read_text()
+
+
+def test_repro_sh_plain_loop(tmp_path):
+    d, text = _repro(tmp_path, "ext2")
+    assert text.startswith("#!/bin/bash")
+    assert 'RUN="${1:-$(mktemp -d' in text
+    assert "LOOP1=$(losetup --find --show" in text and "/dev/loop" not in text
+    assert "mke2fs -q -F -t ext2 -b 4096 \"${LOOP1}\"" in text
+    assert "echo 3 > /proc/sys/vm/drop_caches" in text
+    assert "memory.limit_in_bytes" in text and "cgroup.procs" in text
+    assert "time -p sh -c" in text and 'postmark "${RUN}/postmark.cfg"' in text
+    cleanup = text[text.index("cleanup() {"):text.index("trap cleanup EXIT")]
+    assert cleanup.index("umount") < cleanup.index("losetup -d") < cleanup.index("rmdir")
+    assert subprocess.run(["bash", "-n", str(d / "repro.sh")]).returncode == 0
+    assert (d / "postmark.cfg").exists() and (d / "env.json").exists()
+    env = json.loads((d / "env.json").read_text())
+    for key in ("kernel", "cpu_model", "memory_total_bytes", "tools", "git_commit"):
+        assert key in env
+    for key in ("scale", "memory_budget_bytes", "device_model", "cgroup_limit_bytes"):
+        assert key in env["run"]
+
+
+def test_repro_sh_ram_journal(tmp_path):
+    d, text = _repro(tmp_path, "ext4-journal-ram")
+    assert "truncate -s 32M /dev/shm/nvbench-" in text      # J = 256M x (128M / 1G)
+    assert "JLOOP1=$(losetup --find --show /dev/shm/" in text
+    assert "mke2fs -q -F -O journal_dev -b 4096 \"${JLOOP1}\"" in text
+    assert "-J \"device=${JLOOP1}\"" in text
+    assert "data=journal,journal_path=${JLOOP1}" in text
+    env = json.loads((d / "env.json").read_text())
+    assert env["run"]["cgroup_limit_bytes"] == (128 - 32) << 20   # the RAM journal is inside M
+    cleanup = text[text.index("cleanup() {"):]
+    assert cleanup.index("losetup -d \"${LOOP") < cleanup.index("losetup -d \"${JLOOP")
+
+
+def test_repro_sh_nvstack_over_modeled_disk(tmp_path, monkeypatch):
+    caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True)
+    monkeypatch.setattr(nvstack, "_cache", caps)
+    d, text = _repro(tmp_path, "nvstack-ext2-tempffs-wb-trans", device="hdd-7200")
+    assert "/opt/nvstack device attach" in text and "--model hdd-7200" in text
+    assert "--mkfs ext2" in text
+    assert ("--consistency undo --tempfiles on --writeback relo --foreground" in text)
+    assert "cgroup.procs && exec \"$@\"' sh /opt/nvstack mount" in text   # daemon in the cgroup
+    assert "DAEMON" in text and "/opt/nvstack device stat" in text
+    cleanup = text[text.index("cleanup() {"):]
+    assert cleanup.index("nvstack umount") < cleanup.index("device detach")
+    assert cleanup.index("nvstack umount") < cleanup.index(".nvram")
+
+
+def test_shell_captured_variable_quoting():
+    sh = Shell(dry_run=True)
+    dev = sh.run(["losetup", "--find", "--show", "/x y/img"], capture_as="LOOP").stdout
+    sh.run(["mount", "-o", f"a,journal_path={dev}", dev, "/m"])
+    assert sh.setup[0] == "LOOP1=$(losetup --find --show '/x y/img')"
+    assert sh.setup[1] == 'mount -o "a,journal_path=${LOOP1}" "${LOOP1}" /m'
