@@ -1,1 +1,64 @@
-fn main() {}
+//! The `nvstack` command. Each subcommand lives in `cmd/`; this file only parses and dispatches.
+
+mod cmd;
+mod error;
+mod size;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// nvstack: non-volatile memory stacked under any Linux file system.
+///
+/// nvstack keeps a region of NVRAM (real persistent memory, or by default a file in /dev/shm
+/// that emulates it) as a durable buffer cache under an existing file system. Every change to
+/// the region happens in an undo-log transaction, so whatever instant the process or machine
+/// stops, the region recovers to the state after the last completed operation.
+///
+/// Start with `nvstack demo`. Exit codes: 0 success (for `check`: consistent or recoverable),
+/// 1 usage or operating error, 4 the region is damaged.
+#[derive(Debug, Parser)]
+#[command(name = "nvstack", version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a region file: `nvstack format --nvram /dev/shm/nv --size 256M`.
+    Format(cmd::format::FormatArgs),
+    /// Verify a region offline (runs recovery on a copy-on-write view; changes nothing).
+    Check(cmd::check::CheckArgs),
+    /// Print a region's superblock, areas and usage (`--json` for tools).
+    Inspect(cmd::inspect::InspectArgs),
+    /// Format, commit, crash a process mid-transaction, recover, and sweep simulated power cuts.
+    Demo(cmd::demo::DemoArgs),
+    /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
+    #[command(subcommand)]
+    Device(Box<device::DeviceCommand>),
+    /// (internal) the demo's child process.
+    #[command(hide = true)]
+    DemoChild(cmd::demo::DemoChildArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Format(args) => cmd::format::run(args),
+        Command::Check(args) => cmd::check::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Demo(args) => cmd::demo::run(args),
+        Command::DemoChild(args) => cmd::demo::run_child(args),
+        Command::Device(command) => {
+            device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nvstack: {e}");
+            e.exit_code()
+        }
+    }
+}

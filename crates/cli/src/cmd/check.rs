@@ -1,0 +1,45 @@
+//! `nvstack check`: verify a region offline by running recovery on a copy-on-write view.
+
+use std::path::PathBuf;
+
+use crate::error::CliResult;
+use crate::size::human;
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The region file.
+    #[arg(long, value_name = "PATH")]
+    pub nvram: PathBuf,
+}
+
+pub fn run(args: &CheckArgs) -> CliResult {
+    let path = args.nvram.display();
+    let (pool, report) = match super::dry_open(&args.nvram) {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED or unreadable: {e}");
+            return Err(e);
+        }
+    };
+    if let Err(e) = pool.check_invariants() {
+        eprintln!("{path}: DAMAGED: allocator invariant broken after recovery: {e}");
+        return Err(crate::error::CliError::Region(nvram::Error::corrupt(
+            nvram::Area::Descriptor(0),
+            e,
+        )));
+    }
+    let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
+    let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
+    if report.transactions_rolled_back == 0 {
+        println!("{path}: consistent ({shutdown}), {frames}, undo log empty");
+    } else {
+        println!(
+            "{path}: recoverable ({shutdown}): {} unfinished transaction(s), {} undo records ({}) \
+             will be rolled back at the next mount; {frames} after recovery",
+            report.transactions_rolled_back,
+            report.records_undone,
+            human(report.bytes_restored)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `nvstack inspect`: print a region's superblock, areas and usage without changing it.
+
+use std::path::PathBuf;
+
+use nvram::{MmapOptions, MmapRegion};
+
+use crate::error::CliResult;
+use crate::size::human;
+
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// The region file.
+    #[arg(long, value_name = "PATH")]
+    pub nvram: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &InspectArgs) -> CliResult {
+    let in_use = nvram::is_in_use(&args.nvram)?;
+    // A read-only mapping without the lock: inspecting a mounted region is allowed, its numbers
+    // are then a racy snapshot (said in the output).
+    let region = open_unlocked(&args.nvram)?;
+    let report = txn::inspect(&region)?;
+    if args.json {
+        let mut value = serde_json::to_value(&report).expect("inspection serialises");
+        value["in_use"] = serde_json::Value::Bool(in_use);
+        value["path"] = serde_json::Value::String(args.nvram.display().to_string());
+        println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+        return Ok(());
+    }
+    let l = &report.layout;
+    println!(
+        "region      {}{}",
+        args.nvram.display(),
+        if in_use { " (in use by a running nvstack: values may change)" } else { "" }
+    );
+    println!("format      version {}, uuid {}", l.version, l.uuid);
+    println!("size        {} ({} bytes)", human(l.region_size), l.region_size);
+    println!(
+        "state       {}, mounted {} time(s)",
+        if report.state.clean { "clean" } else { "not clean (in use, or not shut down cleanly)" },
+        report.state.mount_count
+    );
+    println!("areas       offset        size");
+    println!("  superblock  {:>10}  {:>10}", 0, human(4096));
+    println!("  state word  {:>10}  {:>10}", 4096, "8 B");
+    println!("  root        {:>10}  {:>10}", 8192, human(4096));
+    println!(
+        "  undo log    {:>10}  {:>10}  ({} slots x {})",
+        l.undo_offset,
+        human(u64::from(l.undo_slots) * l.undo_slot_size),
+        l.undo_slots,
+        human(l.undo_slot_size)
+    );
+    println!("  descriptors {:>10}  {:>10}", l.desc_offset, human(l.desc_bytes));
+    println!(
+        "  frames      {:>10}  {:>10}  ({} x 4 KiB)",
+        l.frames_offset,
+        human(l.nr_frames * 4096),
+        l.nr_frames
+    );
+    println!(
+        "frames      {} used, {} free of {}",
+        report.frames_used, report.frames_free, report.frames_total
+    );
+    for (kind, n) in &report.frames_by_kind {
+        println!("  kind {kind:<6} {n}");
+    }
+    let busy: Vec<String> = report
+        .undo_slot_used
+        .iter()
+        .enumerate()
+        .filter(|(_, u)| **u > 0)
+        .map(|(i, u)| format!("slot {i}: {}", human(*u)))
+        .collect();
+    println!(
+        "undo slots  {} in use{}",
+        report.undo_slots_in_use,
+        if busy.is_empty() { String::new() } else { format!(" ({})", busy.join(", ")) }
+    );
+    println!("root area   {} bytes used", report.root_area_bytes_used);
+    Ok(())
+}
+
+fn open_unlocked(path: &std::path::Path) -> CliResult<MmapRegion> {
+    let options = MmapOptions { read_only: true, unlocked: true, ..MmapOptions::default() };
+    Ok(MmapRegion::open(path, options)?)
+}

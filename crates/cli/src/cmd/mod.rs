@@ -1,0 +1,22 @@
+//! One module per subcommand; each exposes its clap arguments and a `run`.
+
+pub mod check;
+pub mod demo;
+pub mod format;
+pub mod inspect;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use nvram::{MmapOptions, MmapRegion, OverlayRegion, Region};
+use txn::{Consistency, Pool, RecoveryReport};
+
+use crate::error::CliResult;
+
+/// Runs recovery on a copy-on-write view of the region file: what `mount` would do, without
+/// writing a byte. Returns the pool (over the view) and the report.
+pub fn dry_open(path: &Path) -> CliResult<(Pool, RecoveryReport)> {
+    let file = MmapRegion::open(path, MmapOptions { read_only: true, ..MmapOptions::default() })?;
+    let region: Arc<dyn Region> = Arc::new(OverlayRegion::new(file));
+    Ok(Pool::open(region, Consistency::Undo)?)
+}

@@ -1,0 +1,225 @@
+//! The `nvstack` command as users and scripts see it: messages, exit codes, files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use nvram::layout::{FORMAT_VERSION, Layout, PAGE_SIZE};
+use nvram::{MmapOptions, MmapRegion, Region};
+use txn::{Consistency, FrameTag, Pool};
+
+fn nvstack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nvstack")).args(args).output().expect("run nvstack")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn shm() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("nvstack-cli-test").tempdir_in("/dev/shm").unwrap()
+}
+
+fn format(path: &Path) -> Output {
+    nvstack(&["format", "--nvram", path.to_str().unwrap(), "--size", "8M", "--undo-slots", "2"])
+}
+
+fn check(path: &Path) -> Output {
+    nvstack(&["check", "--nvram", path.to_str().unwrap()])
+}
+
+/// A region with one committed frame and one transaction that never ended (the process "died").
+fn region_with_unfinished_transaction(dir: &Path) -> PathBuf {
+    let path = dir.join("region");
+    assert!(format(&path).status.success());
+    let region: Arc<dyn Region> =
+        Arc::new(MmapRegion::open(&path, MmapOptions::default()).unwrap());
+    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let mut tx = pool.begin();
+    let frame = tx.alloc_frame(FrameTag { kind: 1, owner: 1, index: 0 }).unwrap();
+    tx.write(pool.frame_offset(frame), b"committed");
+    tx.commit();
+    let mut tx = pool.begin();
+    tx.update(pool.frame_offset(frame), b"in flight").unwrap();
+    std::mem::forget(tx); // like a crash: the slot keeps its records
+    drop(pool); // no close: the region stays marked unclean, its lock is released
+    path
+}
+
+fn flip_byte(path: &Path, off: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[off as usize] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn layout_of(path: &Path) -> Layout {
+    let options = MmapOptions { read_only: true, ..MmapOptions::default() };
+    Layout::read(&MmapRegion::open(path, options).unwrap()).unwrap()
+}
+
+#[test]
+fn format_creates_a_private_region_that_checks_consistent() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = shm();
+    let path = dir.path().join("region");
+    let out = format(&path);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("formatted"));
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let out = check(&path);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("consistent (clean shutdown)"), "{}", text(&out));
+}
+
+#[test]
+fn format_over_an_existing_region_needs_force() {
+    let dir = shm();
+    let path = dir.path().join("region");
+    assert!(format(&path).status.success());
+    let out = format(&path);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("already holds an nvstack region") && text(&out).contains("--force")
+    );
+    let out = nvstack(&[
+        "format",
+        "--nvram",
+        path.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--undo-slots",
+        "2",
+        "--force",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn format_over_another_file_needs_force() {
+    let dir = shm();
+    let path = dir.path().join("precious.txt");
+    std::fs::write(&path, "not a region").unwrap();
+    let out = format(&path);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("not an nvstack region"), "{}", text(&out));
+    assert_eq!(std::fs::read(&path).unwrap(), b"not a region");
+}
+
+#[test]
+fn a_too_small_size_is_refused_with_the_minimum_and_no_file_is_made() {
+    let dir = shm();
+    let path = dir.path().join("region");
+    let out = nvstack(&["format", "--nvram", path.to_str().unwrap(), "--size", "64K"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("too small") && text(&out).contains("minimum"), "{}", text(&out));
+    assert!(!path.exists());
+    let out = nvstack(&["format", "--nvram", path.to_str().unwrap(), "--size", "12Q"]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+}
+
+#[test]
+fn check_reports_an_unfinished_transaction_as_recoverable_without_changing_the_file() {
+    let dir = shm();
+    let path = region_with_unfinished_transaction(dir.path());
+    let before = std::fs::read(&path).unwrap();
+    let out = check(&path);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("recoverable") && text(&out).contains("1 unfinished"),
+        "{}",
+        text(&out)
+    );
+    assert!(std::fs::read(&path).unwrap() == before, "check wrote to the region");
+}
+
+#[test]
+fn check_names_the_damaged_area_and_exits_4() {
+    let dir = shm();
+    let path = region_with_unfinished_transaction(dir.path());
+    let layout = layout_of(&path);
+    let pristine = std::fs::read(&path).unwrap();
+    let cases = [
+        (100, "superblock"),
+        (PAGE_SIZE + 2, "state word"),
+        (layout.slot_offset(0) + 64 + 40, "undo log slot 0"),
+        (layout.desc_offset + 5, "frame descriptor 0"),
+        (layout.desc_offset + 32 * 7 + 1, "frame descriptor 7"),
+    ];
+    for (off, area) in cases {
+        std::fs::write(&path, &pristine).unwrap();
+        flip_byte(&path, off);
+        let out = check(&path);
+        assert_eq!(out.status.code(), Some(4), "{area}: {}", text(&out));
+        assert!(
+            text(&out).contains("DAMAGED") && text(&out).contains(area),
+            "{area}: {}",
+            text(&out)
+        );
+        let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(4), "inspect of damaged {area}: {}", text(&out));
+    }
+}
+
+#[test]
+fn a_region_of_a_newer_format_is_refused_with_a_clear_message() {
+    let dir = shm();
+    let path = dir.path().join("region");
+    assert!(format(&path).status.success());
+    let newer = Layout { version: FORMAT_VERSION + 1, ..layout_of(&path) };
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..PAGE_SIZE as usize].copy_from_slice(&newer.encode());
+    std::fs::write(&path, bytes).unwrap();
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("newer nvstack"), "{}", text(&out));
+}
+
+#[test]
+fn inspect_json_reports_layout_usage_and_busy_slots() {
+    let dir = shm();
+    let path = region_with_unfinished_transaction(dir.path());
+    let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["layout"]["undo_slots"], 2);
+    assert_eq!(v["frames_used"], 1);
+    assert_eq!(v["undo_slots_in_use"], 1);
+    assert_eq!(v["state"]["clean"], false);
+    assert_eq!(v["in_use"], false);
+    let human = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+    assert!(text(&human).contains("undo slots  1 in use"), "{}", text(&human));
+}
+
+#[test]
+fn a_region_in_use_is_not_checked_or_reformatted() {
+    let dir = shm();
+    let path = dir.path().join("region");
+    assert!(format(&path).status.success());
+    let _held = MmapRegion::open(&path, MmapOptions::default()).unwrap();
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("in use"), "{}", text(&out));
+    let out = nvstack(&[
+        "format",
+        "--nvram",
+        path.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--undo-slots",
+        "2",
+        "--force",
+    ]);
+    assert!(text(&out).contains("in use"), "{}", text(&out));
+    let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+    assert!(out.status.success() && text(&out).contains("in use by a running nvstack"));
+}
+
+#[test]
+fn the_demo_runs_and_recovers() {
+    let out = nvstack(&["demo"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("rolled back 1 transaction"), "{t}");
+    assert!(t.contains("message: \"transaction A: committed"), "{t}");
+    assert!(t.contains("every one showed exactly the last committed state"), "{t}");
+}
