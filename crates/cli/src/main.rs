@@ -34,6 +34,12 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Format, commit, crash a process mid-transaction, recover, and sweep simulated power cuts.
     Demo(cmd::demo::DemoArgs),
+    /// Mount nvstack over a lower directory: `nvstack mount /srv/data /mnt/nv --nvram /dev/shm/nv`.
+    Mount(cmd::mount::MountArgs),
+    /// Unmount cleanly (waits until the region is marked clean).
+    Umount(cmd::umount::UmountArgs),
+    /// Counters of a running mount: requests, bytes, NVRAM use (`--json` for tools).
+    Stat(cmd::stat::StatArgs),
     /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
     #[command(subcommand)]
     Device(Box<device::DeviceCommand>),
@@ -50,6 +56,9 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::DemoChild(args) => cmd::demo::run_child(args),
+        Command::Mount(args) => cmd::mount::run(args),
+        Command::Umount(args) => cmd::umount::run(args),
+        Command::Stat(args) => cmd::stat::run(args),
         Command::Device(command) => {
             device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))
         }

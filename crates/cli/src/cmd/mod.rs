@@ -1,9 +1,14 @@
 //! One module per subcommand; each exposes its clap arguments and a `run`.
 
 pub mod check;
+pub mod control;
 pub mod demo;
 pub mod format;
 pub mod inspect;
+pub mod mount;
+pub mod rundir;
+pub mod stat;
+pub mod umount;
 
 use std::path::Path;
 use std::sync::Arc;

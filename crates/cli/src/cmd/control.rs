@@ -1,0 +1,58 @@
+//! The control channel of a running mount: a unix socket in the mount's run directory. One
+//! request per connection, a line of text in, one JSON document out. Requests: `stat`.
+//! Only root and the user who mounted may talk to it: the directory is 0700 and owned by that
+//! user, and the daemon also checks the peer's uid (SO_PEERCRED).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+/// Serves requests until the listener is closed; `stat` produces the JSON of the counters.
+pub fn serve(listener: &UnixListener, owner: u32, stat: &(dyn Fn() -> String + Sync)) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let Some(peer) = peer_uid(&stream) else { continue };
+        if peer != 0 && peer != owner {
+            let _ = writeln!(stream, "{{\"error\":\"permission denied\"}}");
+            continue;
+        }
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            continue;
+        }
+        let reply = match line.trim() {
+            "stat" => stat(),
+            // Sent by the daemon itself after unmount (only root or the owner get here).
+            "quit" => return,
+            other => format!("{{\"error\":\"unknown request {other:?}\"}}"),
+        };
+        let _ = stream.write_all(reply.as_bytes());
+    }
+}
+
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: getsockopt(SO_PEERCRED) fills a ucred of the given size.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// Sends `request` to the mount's control socket and returns the reply.
+pub fn request(socket: &Path, request: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.write_all(format!("{request}\n").as_bytes())?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply)?;
+    Ok(reply)
+}

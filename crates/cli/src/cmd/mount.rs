@@ -1,0 +1,325 @@
+//! `nvstack mount LOWER MOUNTPOINT --nvram PATH`: recover (or format) the region, bind it to the
+//! lower directory, and serve the FUSE file system until unmounted.
+//!
+//! Mount states: starting (region opened = recovered, binding checked) -> mounted (FUSE session
+//! up, "ready" reported, control socket listening) -> unmounting (the kernel ended the session:
+//! `nvstack umount`, `umount`, or SIGTERM/SIGINT to the daemon) -> stopped (engine shut down:
+//! the region is marked clean). A killed daemon skips the last step; the next mount recovers.
+//!
+//! Without `--foreground` the command starts itself again as the daemon (in a new session),
+//! waits until the daemon reports "ready" or fails, and returns; the daemon's output then goes
+//! to `/run/nvstack/mounts/<id>/daemon.log`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::binding::{self, Binding};
+use engine::{Engine, EngineConfig};
+use fusefs::{FuseFs, Timeouts};
+use lower::LowerFs;
+use lower::posix::PosixLower;
+use nvram::{FormatParams, MmapOptions, MmapRegion, Region};
+use txn::{Consistency, Pool};
+
+use super::rundir;
+use crate::error::{CliError, CliResult};
+use crate::size::{human, parse_size};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConsistencyArg {
+    /// Every completed operation is atomic and durable (per-operation undo log in NVRAM).
+    Undo,
+    /// No undo log: the ext2-like baseline for benchmarks.
+    None,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct MountArgs {
+    /// The directory to stack on (any file system). It belongs to nvstack while mounted.
+    pub lower: PathBuf,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// The NVRAM region file; created (formatted) if missing, recovered if it was not unmounted
+    /// cleanly. A region belongs to the first lower directory it was mounted over.
+    #[arg(long, value_name = "PATH")]
+    pub nvram: PathBuf,
+    /// Size of a region created by this mount (ignored for an existing region).
+    #[arg(long, value_parser = parse_size, default_value = "256M", value_name = "SIZE")]
+    pub size: u64,
+    /// How operations are made crash-consistent.
+    #[arg(long, value_enum, default_value = "undo")]
+    pub consistency: ConsistencyArg,
+    /// Stay in the foreground (log to stderr) instead of starting a daemon.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
+    #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
+    pub attr_timeout: f64,
+    /// Seconds the kernel may cache name lookups.
+    #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
+    pub entry_timeout: f64,
+    /// Largest write the kernel sends in one request.
+    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
+    pub max_write: u64,
+    /// (internal) report readiness on stdout and then write to the log file.
+    #[arg(long, hide = true)]
+    pub daemon: bool,
+}
+
+pub fn run(args: &MountArgs) -> CliResult {
+    let mountpoint = rundir::canonical_mountpoint(&args.mountpoint)
+        .map_err(|e| CliError::Usage(format!("mount point {}: {e}", args.mountpoint.display())))?;
+    if rundir::is_stale(&mountpoint) {
+        cleanup_stale(&mountpoint)?;
+    }
+    if args.foreground || args.daemon {
+        return serve(args, &mountpoint);
+    }
+    start_daemon(args, &mountpoint)
+}
+
+/// A mount point whose daemon died: detach it so that it can be mounted again.
+fn cleanup_stale(mountpoint: &Path) -> CliResult {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+        .map_err(|_| CliError::Usage("mount point contains a NUL byte".into()))?;
+    // SAFETY: umount2 of a path; MNT_DETACH removes the dead FUSE mount lazily.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        let status = Command::new("fusermount3").arg("-uz").arg(mountpoint).status();
+        if !status.is_ok_and(|s| s.success()) {
+            return Err(CliError::Other(format!(
+                "{} is a stale mount (its daemon died) and could not be detached: {}",
+                mountpoint.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    eprintln!(
+        "nvstack: detached the stale mount at {} (its daemon had died)",
+        mountpoint.display()
+    );
+    Ok(())
+}
+
+fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
+    let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
+    let mut command = Command::new(exe);
+    command
+        .arg("mount")
+        .arg(&args.lower)
+        .arg(mountpoint)
+        .arg("--nvram")
+        .arg(&args.nvram)
+        .args(["--size", &args.size.to_string()])
+        .args([
+            "--consistency",
+            if args.consistency == ConsistencyArg::Undo { "undo" } else { "none" },
+        ])
+        .args(["--threads", &args.threads.to_string()])
+        .args(["--attr-timeout", &args.attr_timeout.to_string()])
+        .args(["--entry-timeout", &args.entry_timeout.to_string()])
+        .args(["--max-write", &args.max_write.to_string()])
+        .arg("--daemon")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid in the child before exec: the daemon leaves our session and terminal.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child =
+        command.spawn().map_err(|e| CliError::Other(format!("cannot start the daemon: {e}")))?;
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    if line.trim() == "ready" {
+        return Ok(());
+    }
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr);
+    let _ = child.wait();
+    Err(CliError::Other(format!("mount failed: {}", stderr.trim().trim_start_matches("nvstack: "))))
+}
+
+fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
+    let consistency = match args.consistency {
+        ConsistencyArg::Undo => Consistency::Undo,
+        ConsistencyArg::None => Consistency::None,
+    };
+    let mut note = String::new();
+    if !args.nvram.exists() {
+        let params = FormatParams { region_size: args.size, ..FormatParams::default() };
+        let layout = super::format::format(&args.nvram, params, false)?;
+        note = format!(
+            "formatted a new region {} ({})",
+            args.nvram.display(),
+            human(layout.region_size)
+        );
+    }
+    let region: Arc<dyn Region> = Arc::new(MmapRegion::open(&args.nvram, MmapOptions::default())?);
+    let (pool, report) = Pool::open(region, consistency)?;
+    if note.is_empty() {
+        note = if report.transactions_rolled_back > 0 {
+            format!(
+                "recovered {}: rolled back {} unfinished operation(s)",
+                args.nvram.display(),
+                report.transactions_rolled_back
+            )
+        } else if report.was_clean {
+            format!("opened {} (clean)", args.nvram.display())
+        } else {
+            format!(
+                "recovered {} (not shut down cleanly; nothing to roll back)",
+                args.nvram.display()
+            )
+        };
+    }
+    Ok((pool, note))
+}
+
+fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
+    // New objects get exactly the mode the kernel computed (it applied the caller's umask).
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    let lower_dir = std::fs::canonicalize(&args.lower)
+        .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", args.lower.display())))?;
+    if !lower_dir.is_dir() {
+        return Err(CliError::Usage(format!("{} is not a directory", lower_dir.display())));
+    }
+    if rundir::is_mounted(mountpoint) {
+        return Err(CliError::Usage(format!("{} is already a mount point", mountpoint.display())));
+    }
+    let lower = PosixLower::open(&lower_dir)
+        .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", lower_dir.display())))?;
+    let (pool, note) = open_region(args)?;
+    let root_attr = lower.getattr(lower.root()).map_err(|e| CliError::Other(e.to_string()))?;
+    let statfs = lower.statfs(lower.root()).map_err(|e| CliError::Other(e.to_string()))?;
+    let ours = Binding {
+        fsid: statfs.fsid,
+        dev: root_attr.dev,
+        ino: root_attr.ino,
+        path: lower_dir.to_string_lossy().into_owned(),
+    };
+    binding::bind_or_check(&pool, &ours).map_err(|e| CliError::Other(e.to_string()))?;
+
+    let run_dir = rundir::dir_for(mountpoint);
+    std::fs::create_dir_all(&run_dir)
+        .map_err(|e| CliError::Other(format!("{}: {e}", run_dir.display())))?;
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let socket_path = rundir::socket(&run_dir);
+    let _ = std::fs::remove_file(&socket_path);
+    let listener = std::os::unix::net::UnixListener::bind(&socket_path)
+        .map_err(|e| CliError::Other(format!("control socket {}: {e}", socket_path.display())))?;
+    std::fs::write(rundir::pid_file(&run_dir), std::process::id().to_string())
+        .map_err(|e| CliError::Other(e.to_string()))?;
+
+    let engine = Arc::new(Engine::new(lower, pool, EngineConfig::default()));
+    let timeouts = Timeouts {
+        entry: Duration::from_secs_f64(args.entry_timeout.max(0.0)),
+        attr: Duration::from_secs_f64(args.attr_timeout.max(0.0)),
+    };
+    let fs = FuseFs::new(Arc::clone(&engine), timeouts, args.max_write.min(16 << 20) as u32);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(lower_dir.to_string_lossy().into_owned()),
+        fuser::MountOption::Subtype("nvstack".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::Suid,
+        fuser::MountOption::Dev,
+    ];
+    // SAFETY: getuid has no preconditions.
+    let owner = unsafe { libc::getuid() };
+    config.acl = if owner == 0 { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    config.n_threads = Some(args.threads as usize);
+    config.clone_fd = true;
+    let session = match fuser::Session::new(fs, mountpoint, &config) {
+        Ok(session) => session,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            if let Ok(engine) = Arc::try_unwrap(engine) {
+                engine.shutdown();
+            }
+            return Err(CliError::Other(format!("cannot mount on {}: {e}", mountpoint.display())));
+        }
+    };
+
+    let stat_engine = Arc::clone(&engine);
+    let mp_text = mountpoint.display().to_string();
+    let lower_text = lower_dir.display().to_string();
+    let nvram_text = args.nvram.display().to_string();
+    let control_thread = std::thread::spawn(move || {
+        let stat = move || {
+            let mut value = serde_json::to_value(stat_engine.stats()).expect("stats serialise");
+            value["mount"] = serde_json::json!({
+                "mountpoint": mp_text, "lower": lower_text, "nvram": nvram_text, "pid": std::process::id(),
+            });
+            serde_json::to_string_pretty(&value).expect("json")
+        };
+        super::control::serve(&listener, owner, &stat);
+    });
+    install_signal_handler(mountpoint.to_path_buf());
+
+    eprintln!("nvstack: {note}; mounted {} on {}", lower_dir.display(), mountpoint.display());
+    if args.daemon {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        redirect_output(&rundir::log_file(&run_dir));
+    }
+    let result = session.run();
+    // The session ended: the kernel unmounted us. Stop the control thread (it holds the
+    // engine), then close the engine, which marks the region clean.
+    let _ = super::control::request(&socket_path, "quit");
+    let _ = control_thread.join();
+    let engine = Arc::try_unwrap(engine).ok();
+    let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(rundir::pid_file(&run_dir));
+    match engine {
+        Some(engine) => engine.shutdown(),
+        None => eprintln!("nvstack: engine still referenced at exit; region left for recovery"),
+    }
+    eprintln!("nvstack: unmounted {}", mountpoint.display());
+    result.map_err(|e| CliError::Other(format!("FUSE session: {e}")))
+}
+
+/// SIGTERM / SIGINT / SIGHUP: unmount, which ends the session and shuts down cleanly.
+fn install_signal_handler(mountpoint: PathBuf) {
+    // SAFETY: block the signals in this thread (inherited by threads spawned later), then wait
+    // for them synchronously in a dedicated thread.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&raw mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&raw mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
+    }
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: sigwait on the blocked set.
+        unsafe { libc::sigwait(&raw const set, &raw mut sig) };
+        eprintln!("nvstack: signal {sig}: unmounting {}", mountpoint.display());
+        let _ = super::umount::unmount_path(&mountpoint);
+    });
+}
+
+fn redirect_output(log: &Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(file) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        // SAFETY: dup2 of a descriptor we own onto stdout/stderr.
+        unsafe {
+            libc::dup2(file.as_raw_fd(), 1);
+            libc::dup2(file.as_raw_fd(), 2);
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Where a running mount keeps its control socket, pid and log: one directory per mount point,
+//! `/run/nvstack/mounts/<id>` with id = XXH3 of the canonical mount point path. Mode 0700 and
+//! owned by the mounting user, so only that user and root reach the socket.
+
+use std::path::{Path, PathBuf};
+
+pub const BASE: &str = "/run/nvstack/mounts";
+
+pub fn dir_for(mountpoint: &Path) -> PathBuf {
+    let id = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_encoded_bytes());
+    Path::new(BASE).join(format!("{id:016x}"))
+}
+
+pub fn socket(dir: &Path) -> PathBuf {
+    dir.join("control.sock")
+}
+
+pub fn pid_file(dir: &Path) -> PathBuf {
+    dir.join("pid")
+}
+
+pub fn log_file(dir: &Path) -> PathBuf {
+    dir.join("daemon.log")
+}
+
+/// The canonical form of a mount point, even when the FUSE mount on it is dead (ENOTCONN):
+/// canonicalize the parent and join the name.
+pub fn canonical_mountpoint(mp: &Path) -> std::io::Result<PathBuf> {
+    match std::fs::canonicalize(mp) {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            let parent =
+                mp.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let name = mp.file_name().ok_or(e)?;
+            Ok(std::fs::canonicalize(parent)?.join(name))
+        }
+    }
+}
+
+/// True when `mp` is a mount point whose FUSE daemon is gone ("Transport endpoint is not
+/// connected").
+pub fn is_stale(mp: &Path) -> bool {
+    matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+/// True when `mp` appears in /proc/self/mountinfo as a mount point.
+pub fn is_mounted(mp: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = mp.to_string_lossy();
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}

@@ -1,0 +1,65 @@
+//! `nvstack stat MOUNTPOINT [--json]`: the counters of a running mount.
+
+use std::path::PathBuf;
+
+use super::{control, rundir};
+use crate::error::{CliError, CliResult};
+
+#[derive(Debug, clap::Args)]
+pub struct StatArgs {
+    pub mountpoint: PathBuf,
+    /// Print the raw JSON document (stable keys for tools).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &StatArgs) -> CliResult {
+    let mountpoint = rundir::canonical_mountpoint(&args.mountpoint)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", args.mountpoint.display())))?;
+    let socket = rundir::socket(&rundir::dir_for(&mountpoint));
+    let reply = control::request(&socket, "stat").map_err(|e| {
+        CliError::Other(format!(
+            "no nvstack daemon answers for {} ({}: {e}); is it mounted, and are you root or the \
+             user who mounted it?",
+            mountpoint.display(),
+            socket.display()
+        ))
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&reply)
+        .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}")))?;
+    if let Some(err) = value.get("error") {
+        return Err(CliError::Other(format!("daemon: {err}")));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+        return Ok(());
+    }
+    let m = &value["mount"];
+    println!("{} on {} (nvram {}, pid {})", m["lower"], m["mountpoint"], m["nvram"], m["pid"]);
+    let n = &value["nvram"];
+    println!(
+        "nvram: {} consistency, {} persistence; frames {} used / {} free; undo max {} B; {} transactions",
+        n["consistency"],
+        n["persist_mode"],
+        n["frames_used"],
+        n["frames_free"],
+        n["undo_bytes_max"],
+        n["transactions_committed"]
+    );
+    println!(
+        "apps:  read {} B, wrote {} B; lower: read {} B, wrote {} B",
+        value["app"]["bytes_read"],
+        value["app"]["bytes_written"],
+        value["lower"]["bytes_read"],
+        value["lower"]["bytes_written"]
+    );
+    if let Some(requests) = value["requests"].as_object() {
+        let list: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("requests: {}", list.join(", "));
+    }
+    if let Some(errors) = value["errors"].as_object().filter(|e| !e.is_empty()) {
+        let list: Vec<String> = errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("errors returned: {}", list.join(", "));
+    }
+    Ok(())
+}

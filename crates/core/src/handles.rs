@@ -1,0 +1,53 @@
+//! Open files and directories, by the handle number given to the kernel.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// An open lower file with the node it belongs to.
+#[derive(Debug)]
+pub struct Handle<F> {
+    pub node_id: u64,
+    pub file: F,
+}
+
+#[derive(Debug)]
+pub struct HandleTable<F> {
+    next: AtomicU64,
+    handles: RwLock<HashMap<u64, Arc<Handle<F>>>>,
+    /// A limit on open handles, so that a runaway client cannot exhaust the daemon's descriptors.
+    max: usize,
+}
+
+impl<F> HandleTable<F> {
+    pub fn new(max: usize) -> Self {
+        HandleTable { next: AtomicU64::new(1), handles: RwLock::new(HashMap::new()), max }
+    }
+
+    /// Registers an open file; `None` when the table is full.
+    pub fn insert(&self, node_id: u64, file: F) -> Option<u64> {
+        let mut h = self.handles.write().expect("handle table lock");
+        if h.len() >= self.max {
+            return None;
+        }
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        h.insert(fh, Arc::new(Handle { node_id, file }));
+        Some(fh)
+    }
+
+    pub fn get(&self, fh: u64) -> Option<Arc<Handle<F>>> {
+        self.handles.read().expect("handle table lock").get(&fh).cloned()
+    }
+
+    pub fn remove(&self, fh: u64) -> Option<Arc<Handle<F>>> {
+        self.handles.write().expect("handle table lock").remove(&fh)
+    }
+
+    pub fn len(&self) -> usize {
+        self.handles.read().expect("handle table lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,146 @@
+//! Node ids and the lower objects behind them.
+//!
+//! The kernel names every object by a node id and tells us, through lookup counts, how long it
+//! needs the id: every successful lookup-like reply (lookup, create, mknod, mkdir, symlink, link)
+//! adds one, `forget` subtracts. An entry lives while its count is positive; it holds the lower
+//! node (an O_PATH descriptor), which keeps the lower inode from being freed and its number
+//! from being reused while the kernel may still name it.
+//!
+//! Node id = the lower inode number when the object is on the lower root's file system (so
+//! `st_ino` on the mount equals `st_ino` on the lower directory; fuser reports the node id as
+//! st_ino). Objects on another file system mounted inside the lower directory get ids from
+//! `FOREIGN_BASE` up. The root is always node id 1.
+//!
+//! Invariants: I1 `by_key` and `nodes` describe the same entries; I2 the root is never removed;
+//! I3 an entry's count is the number of replies the kernel has not forgotten.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const ROOT_ID: u64 = 1;
+/// Node ids of objects on file systems other than the lower root's start here.
+pub const FOREIGN_BASE: u64 = 1 << 62;
+
+#[derive(Debug)]
+pub struct Inode<N> {
+    pub id: u64,
+    pub node: N,
+    key: (u64, u64),
+    lookups: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Tables<N> {
+    nodes: HashMap<u64, Arc<Inode<N>>>,
+    by_key: HashMap<(u64, u64), u64>,
+    next_foreign: u64,
+}
+
+/// See the module docs. Lock rule: one RwLock around both maps (I1).
+#[derive(Debug)]
+pub struct InodeTable<N> {
+    root_dev: u64,
+    tables: RwLock<Tables<N>>,
+}
+
+impl<N> InodeTable<N> {
+    pub fn new(root: N, root_key: (u64, u64)) -> Self {
+        let root =
+            Arc::new(Inode { id: ROOT_ID, node: root, key: root_key, lookups: AtomicU64::new(1) });
+        let mut nodes = HashMap::new();
+        nodes.insert(ROOT_ID, root);
+        let mut by_key = HashMap::new();
+        by_key.insert(root_key, ROOT_ID);
+        InodeTable {
+            root_dev: root_key.0,
+            tables: RwLock::new(Tables { nodes, by_key, next_foreign: FOREIGN_BASE }),
+        }
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<Inode<N>>> {
+        self.tables.read().expect("inode table lock").nodes.get(&id).cloned()
+    }
+
+    /// Registers a looked-up lower object (or finds it already registered) and counts one
+    /// lookup. `node` is dropped if the object was known.
+    pub fn remember(&self, node: N, key: (u64, u64)) -> u64 {
+        let mut t = self.tables.write().expect("inode table lock");
+        if let Some(&id) = t.by_key.get(&key) {
+            let inode = &t.nodes[&id];
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+            return id;
+        }
+        let id = if key.0 == self.root_dev && key.1 != ROOT_ID && key.1 < FOREIGN_BASE {
+            key.1
+        } else {
+            t.next_foreign += 1;
+            t.next_foreign
+        };
+        assert!(!t.nodes.contains_key(&id), "node id {id} reused while alive (I1)");
+        let inode = Arc::new(Inode { id, node, key, lookups: AtomicU64::new(1) });
+        t.nodes.insert(id, inode);
+        t.by_key.insert(key, id);
+        id
+    }
+
+    /// The kernel forgot `n` lookups of `id`; drops the entry at zero (never the root).
+    pub fn forget(&self, id: u64, n: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let mut t = self.tables.write().expect("inode table lock");
+        let Some(inode) = t.nodes.get(&id) else { return };
+        // Under the write lock no lookup can race with this update.
+        let remaining = inode.lookups.load(Ordering::Relaxed).saturating_sub(n);
+        inode.lookups.store(remaining, Ordering::Relaxed);
+        if remaining == 0 {
+            let key = inode.key;
+            t.nodes.remove(&id);
+            t.by_key.remove(&key);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tables.read().expect("inode table lock").nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_count_and_forget_drops_at_zero() {
+        let t = InodeTable::new("root", (8, 2));
+        let id = t.remember("a", (8, 100));
+        assert_eq!(id, 100);
+        assert_eq!(t.remember("a-again", (8, 100)), 100);
+        t.forget(100, 1);
+        assert!(t.get(100).is_some());
+        t.forget(100, 1);
+        assert!(t.get(100).is_none());
+        assert_eq!(t.get(ROOT_ID).unwrap().node, "root");
+        t.forget(ROOT_ID, 5);
+        assert!(t.get(ROOT_ID).is_some(), "I2");
+    }
+
+    #[test]
+    fn objects_on_other_devices_get_foreign_ids() {
+        let t = InodeTable::new("root", (8, 2));
+        let a = t.remember("x", (9, 100));
+        let b = t.remember("y", (8, 100));
+        assert!(a > FOREIGN_BASE);
+        assert_eq!(b, 100);
+        assert_eq!(
+            t.remember("one", (8, 1)),
+            FOREIGN_BASE + 2,
+            "lower inode 1 would collide with the root id"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! Counters: requests per operation, bytes moved, lower IO. Lock-free (relaxed atomics): they
+//! are observations, not synchronisation.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every operation the engine counts; names are the syscalls'.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Op {
+    Lookup,
+    Forget,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mknod,
+    Mkdir,
+    Unlink,
+    Rmdir,
+    Symlink,
+    Rename,
+    Link,
+    Open,
+    Create,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Opendir,
+    Readdir,
+    Releasedir,
+    Fsyncdir,
+    Statfs,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Access,
+    Fallocate,
+    Lseek,
+    CopyFileRange,
+}
+
+pub const OPS: [Op; 32] = [
+    Op::Lookup,
+    Op::Forget,
+    Op::Getattr,
+    Op::Setattr,
+    Op::Readlink,
+    Op::Mknod,
+    Op::Mkdir,
+    Op::Unlink,
+    Op::Rmdir,
+    Op::Symlink,
+    Op::Rename,
+    Op::Link,
+    Op::Open,
+    Op::Create,
+    Op::Read,
+    Op::Write,
+    Op::Flush,
+    Op::Release,
+    Op::Fsync,
+    Op::Opendir,
+    Op::Readdir,
+    Op::Releasedir,
+    Op::Fsyncdir,
+    Op::Statfs,
+    Op::Setxattr,
+    Op::Getxattr,
+    Op::Listxattr,
+    Op::Removexattr,
+    Op::Access,
+    Op::Fallocate,
+    Op::Lseek,
+    Op::CopyFileRange,
+];
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Forget => "forget",
+            Op::Getattr => "getattr",
+            Op::Setattr => "setattr",
+            Op::Readlink => "readlink",
+            Op::Mknod => "mknod",
+            Op::Mkdir => "mkdir",
+            Op::Unlink => "unlink",
+            Op::Rmdir => "rmdir",
+            Op::Symlink => "symlink",
+            Op::Rename => "rename",
+            Op::Link => "link",
+            Op::Open => "open",
+            Op::Create => "create",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Release => "release",
+            Op::Fsync => "fsync",
+            Op::Opendir => "opendir",
+            Op::Readdir => "readdir",
+            Op::Releasedir => "releasedir",
+            Op::Fsyncdir => "fsyncdir",
+            Op::Statfs => "statfs",
+            Op::Setxattr => "setxattr",
+            Op::Getxattr => "getxattr",
+            Op::Listxattr => "listxattr",
+            Op::Removexattr => "removexattr",
+            Op::Access => "access",
+            Op::Fallocate => "fallocate",
+            Op::Lseek => "lseek",
+            Op::CopyFileRange => "copy_file_range",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Counters {
+    requests: [AtomicU64; OPS.len()],
+    errors: [AtomicU64; OPS.len()],
+    pub app_bytes_read: AtomicU64,
+    pub app_bytes_written: AtomicU64,
+    pub lower_bytes_read: AtomicU64,
+    pub lower_bytes_written: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            app_bytes_read: AtomicU64::new(0),
+            app_bytes_written: AtomicU64::new(0),
+            lower_bytes_read: AtomicU64::new(0),
+            lower_bytes_written: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    pub fn request(&self, op: Op, ok: bool) {
+        self.requests[op as usize].fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.errors[op as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the counters, for `nvstack stat`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    pub requests: BTreeMap<&'static str, u64>,
+    pub errors: BTreeMap<&'static str, u64>,
+    pub app: ByteCounts,
+    pub lower: ByteCounts,
+    pub inodes: u64,
+    pub open_handles: u64,
+    pub nvram: NvramStats,
+}
+
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ByteCounts {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct NvramStats {
+    pub frames_total: u64,
+    pub frames_used: u64,
+    pub frames_free: u64,
+    pub undo_bytes_max: u64,
+    pub undo_slots: u32,
+    pub undo_slots_in_use: u32,
+    pub transactions_committed: u64,
+    pub transactions_aborted: u64,
+    pub persist_mode: String,
+    pub consistency: String,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> Stats {
+        let mut stats = Stats::default();
+        for op in OPS {
+            let n = self.requests[op as usize].load(Ordering::Relaxed);
+            if n > 0 {
+                stats.requests.insert(op.name(), n);
+            }
+            let e = self.errors[op as usize].load(Ordering::Relaxed);
+            if e > 0 {
+                stats.errors.insert(op.name(), e);
+            }
+        }
+        stats.app = ByteCounts {
+            bytes_read: self.app_bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.app_bytes_written.load(Ordering::Relaxed),
+        };
+        stats.lower = ByteCounts {
+            bytes_read: self.lower_bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.lower_bytes_written.load(Ordering::Relaxed),
+        };
+        stats
+    }
+}

@@ -1,0 +1,464 @@
+//! `impl fuser::Filesystem`: one handler per request, named after the syscall.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use engine::{Engine, Entry, FsError};
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use lower::{Creds, LowerFs, SetAttr};
+
+use crate::attr::{file_attr, kind, time_set};
+use crate::errno::errno;
+
+/// How long the kernel may cache what we tell it. See the crate docs for why long is coherent.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub entry: Duration,
+    pub attr: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { entry: Duration::from_secs(86_400), attr: Duration::from_secs(86_400) }
+    }
+}
+
+/// The FUSE file system: the engine plus the reply policy.
+#[derive(Debug)]
+pub struct FuseFs<L: LowerFs> {
+    engine: Arc<Engine<L>>,
+    timeouts: Timeouts,
+    /// Largest write the kernel may send (bytes).
+    max_write: u32,
+}
+
+/// Flags that the kernel handles itself and that must not reach the lower open: offsets of
+/// O_APPEND writes are chosen by the kernel, O_DIRECT alignment is the kernel's business, and
+/// creation flags belong to `create`.
+const KERNEL_FLAGS: i32 =
+    libc::O_APPEND | libc::O_DIRECT | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY;
+
+fn creds(req: &Request) -> Creds {
+    Creds { uid: req.uid(), gid: req.gid(), groups: Creds::groups_of(req.pid()) }
+}
+
+impl<L: LowerFs> FuseFs<L> {
+    pub fn new(engine: Arc<Engine<L>>, timeouts: Timeouts, max_write: u32) -> Self {
+        FuseFs { engine, timeouts, max_write }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, result: Result<Entry, FsError>) {
+        match result {
+            Ok(e) => reply.entry_with_ttls(
+                &self.timeouts.attr,
+                &self.timeouts.entry,
+                &file_attr(e.node_id, &e.attr),
+                Generation(0),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.timeouts.attr.is_zero() {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+}
+
+fn empty(reply: ReplyEmpty, result: Result<(), FsError>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl<L: LowerFs> Filesystem for FuseFs<L> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(self.max_write);
+        // Lookups and readdir in one directory may run in parallel: each maps to one atomic
+        // lower syscall.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.reply_entry(reply, self.engine.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.engine.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.engine.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.timeouts.attr, &file_attr(ino.0, &a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        match self.engine.setattr(ino.0, fh.map(|f| f.0), &set) {
+            Ok(a) => reply.attr(&self.timeouts.attr, &file_attr(ino.0, &a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.engine.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(
+            reply,
+            self.engine.mknod(&creds(req), parent.0, name, mode, u64::from(rdev)),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(reply, self.engine.mkdir(&creds(req), parent.0, name, mode));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.engine.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.engine.rmdir(parent.0, name));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(
+            reply,
+            self.engine.symlink(&creds(req), parent.0, link_name, target.as_os_str()),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.rename(parent.0, name, newparent.0, newname, flags.bits()));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(reply, self.engine.link(ino.0, newparent.0, newname));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.engine.open(ino.0, flags.0 & !KERNEL_FLAGS) {
+            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.engine.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.engine.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.flush(fh.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.release(fh.0));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.fsync(fh.0, datasync));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.engine.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let result = self.engine.readdir(fh.0, offset, &mut |entry| {
+            let kind = entry.kind.map_or(FileType::RegularFile, kind);
+            // `add` returns true when the reply buffer is full: stop, this entry is not sent
+            // and the next readdir resumes after the last one that was.
+            !reply.add(INodeNo(entry.ino), entry.offset, kind, &entry.name)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.releasedir(fh.0));
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.fsyncdir(fh.0, datasync));
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.engine.statfs(ino.0) {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.setxattr(ino.0, name, value, flags));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.engine.getxattr(ino.0, name, size as usize) {
+            Ok(value) if size == 0 => reply.size(value.len() as u32),
+            Ok(value) => reply.data(&value),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.engine.listxattr(ino.0, size as usize) {
+            Ok(list) if size == 0 => reply.size(list.len() as u32),
+            Ok(list) => reply.data(&list),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.engine.removexattr(ino.0, name));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        empty(reply, self.engine.access(ino.0));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let flags = flags & !KERNEL_FLAGS;
+        match self.engine.create(&creds(req), parent.0, name, mode, flags) {
+            Ok((e, fh)) => reply.created(
+                &self.timeouts.entry,
+                &file_attr(e.node_id, &e.attr),
+                Generation(0),
+                FileHandle(fh),
+                self.open_flags(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.engine.fallocate(fh.0, mode, offset, length));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.engine.lseek(fh.0, offset, whence) {
+            Ok(off) => reply.offset(off),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let len = len.min(u64::from(u32::MAX));
+        match self.engine.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}

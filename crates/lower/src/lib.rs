@@ -1,0 +1,123 @@
+//! The lower file system adapter: everything nvstack asks of the file system it is stacked on
+//! goes through the [`LowerFs`] trait, so the engine above can run over the real POSIX
+//! implementation ([`posix::PosixLower`]) or, in tests, over an in-memory one.
+//!
+//! Objects are *nodes* (a held reference to a lower inode: an `O_PATH` descriptor in the POSIX
+//! implementation) and *files* (an open file or directory). Every error is an [`Errno`]: the
+//! lower file system's own answer, passed up unchanged so that applications see exactly what the
+//! lower directory would have told them.
+
+pub mod creds;
+pub mod posix;
+pub mod types;
+
+pub use creds::Creds;
+pub use types::{Attr, DirEntry, Errno, Extent, FileKind, SetAttr, StatFs, TimeSet};
+
+use std::ffi::OsStr;
+
+pub type Result<T> = std::result::Result<T, Errno>;
+
+/// What the engine needs from a lower file system. Names follow the syscalls.
+///
+/// Identity: `key(node)` is the lower object's (device, inode) pair; two nodes with the same key
+/// are the same object. Creating calls take the caller's credentials so that new objects belong
+/// to the caller exactly as on the lower directory.
+pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
+    /// A held reference to a lower object (keeps it reachable while held).
+    type Node: Send + Sync + std::fmt::Debug + 'static;
+    /// An open file or directory.
+    type File: Send + Sync + std::fmt::Debug + 'static;
+
+    fn root(&self) -> &Self::Node;
+    fn key(&self, node: &Self::Node) -> (u64, u64);
+
+    fn lookup(&self, parent: &Self::Node, name: &OsStr) -> Result<(Self::Node, Attr)>;
+    fn getattr(&self, node: &Self::Node) -> Result<Attr>;
+    fn setattr(&self, node: &Self::Node, file: Option<&Self::File>, set: &SetAttr) -> Result<Attr>;
+    fn readlink(&self, node: &Self::Node) -> Result<Vec<u8>>;
+
+    fn mknod(
+        &self,
+        creds: &Creds,
+        parent: &Self::Node,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<(Self::Node, Attr)>;
+    fn mkdir(
+        &self,
+        creds: &Creds,
+        parent: &Self::Node,
+        name: &OsStr,
+        mode: u32,
+    ) -> Result<(Self::Node, Attr)>;
+    fn symlink(
+        &self,
+        creds: &Creds,
+        parent: &Self::Node,
+        name: &OsStr,
+        target: &OsStr,
+    ) -> Result<(Self::Node, Attr)>;
+    fn link(&self, node: &Self::Node, newparent: &Self::Node, newname: &OsStr) -> Result<Attr>;
+    fn unlink(&self, parent: &Self::Node, name: &OsStr) -> Result<()>;
+    fn rmdir(&self, parent: &Self::Node, name: &OsStr) -> Result<()>;
+    /// `flags`: 0, RENAME_NOREPLACE or RENAME_EXCHANGE (the renameat2 values).
+    fn rename(
+        &self,
+        parent: &Self::Node,
+        name: &OsStr,
+        newparent: &Self::Node,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()>;
+
+    /// Opens with open(2) `flags` (O_CREAT and O_EXCL are ignored: use `create`).
+    fn open(&self, node: &Self::Node, flags: i32) -> Result<Self::File>;
+    /// Creates and opens a regular file as `creds`.
+    fn create(
+        &self,
+        creds: &Creds,
+        parent: &Self::Node,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Self::Node, Attr, Self::File)>;
+    /// Opens for O_DIRECT IO; `None` when the lower file system does not support it (tmpfs).
+    fn open_direct(&self, node: &Self::Node, writable: bool) -> Result<Option<Self::File>>;
+    fn read(&self, file: &Self::File, offset: u64, buf: &mut [u8]) -> Result<usize>;
+    fn write(&self, file: &Self::File, offset: u64, data: &[u8]) -> Result<usize>;
+    fn fsync(&self, file: &Self::File, datasync: bool) -> Result<()>;
+    fn fallocate(&self, file: &Self::File, mode: i32, offset: u64, len: u64) -> Result<()>;
+    fn lseek(&self, file: &Self::File, offset: i64, whence: i32) -> Result<i64>;
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        input: &Self::File,
+        offset_in: u64,
+        output: &Self::File,
+        offset_out: u64,
+        len: u64,
+    ) -> Result<u64>;
+    /// The physical extents of the file (FIEMAP), for location-aware write-back.
+    fn fiemap(&self, file: &Self::File) -> Result<Vec<Extent>>;
+
+    fn opendir(&self, node: &Self::Node) -> Result<Self::File>;
+    /// Calls `emit` for entries after `offset` (0 = from the start) until it returns false.
+    /// Each entry carries the offset to resume after it.
+    fn readdir(
+        &self,
+        dir: &Self::File,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()>;
+    fn fsyncdir(&self, dir: &Self::File, datasync: bool) -> Result<()>;
+
+    fn statfs(&self, node: &Self::Node) -> Result<StatFs>;
+    fn setxattr(&self, node: &Self::Node, name: &OsStr, value: &[u8], flags: i32) -> Result<()>;
+    /// The value; with `size == 0`, an empty buffer of the value's length is not made: the
+    /// caller asks for the length with `size == 0` and gets `Err` ERANGE semantics from `size`.
+    fn getxattr(&self, node: &Self::Node, name: &OsStr, size: usize) -> Result<Vec<u8>>;
+    fn listxattr(&self, node: &Self::Node, size: usize) -> Result<Vec<u8>>;
+    fn removexattr(&self, node: &Self::Node, name: &OsStr) -> Result<()>;
+}
