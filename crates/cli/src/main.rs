@@ -40,6 +40,8 @@ enum Command {
     Umount(cmd::umount::UmountArgs),
     /// Counters of a running mount: requests, bytes, NVRAM use (`--json` for tools).
     Stat(cmd::stat::StatArgs),
+    /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
+    InstallMountHelper(cmd::mount_helper::InstallArgs),
     /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
     #[command(subcommand)]
     Device(Box<device::DeviceCommand>),
@@ -49,6 +51,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.first().is_some_and(|a| cmd::mount_helper::invoked_as_helper(a)) {
+        return finish(cmd::mount_helper::run(&argv[1..]));
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Format(args) => cmd::format::run(args),
@@ -59,10 +65,15 @@ fn main() -> ExitCode {
         Command::Mount(args) => cmd::mount::run(args),
         Command::Umount(args) => cmd::umount::run(args),
         Command::Stat(args) => cmd::stat::run(args),
+        Command::InstallMountHelper(args) => cmd::mount_helper::install(args),
         Command::Device(command) => {
             device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))
         }
     };
+    finish(result)
+}
+
+fn finish(result: error::CliResult) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod format;
 pub mod inspect;
 pub mod mount;
+pub mod mount_helper;
 pub mod rundir;
 pub mod stat;
 pub mod umount;

@@ -1,0 +1,271 @@
+//! The mount lifecycle as users see it: mount, use, umount, remount; SIGKILL of the daemon and
+//! recovery; the region's binding to its lower directory; stat and its access rule; files owned
+//! by their creators; the mount(8) helper. Needs root and /dev/fuse (CI has both; elsewhere the
+//! tests say why they skip).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nvstack");
+
+fn skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && Path::new("/dev/fuse").exists() {
+        return false;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must run the mount tests (root and /dev/fuse)");
+    eprintln!("SKIP: needs root and /dev/fuse");
+    true
+}
+
+fn nvstack(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run nvstack")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A lower directory, a mount point and a region path, all removed at the end; unmounts
+/// whatever is still mounted, lazily if it must.
+struct Fixture {
+    dir: tempfile::TempDir,
+    shm: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        // Other users must be able to reach the mount point (permission tests run as nobody).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir(dir.path().join("lower")).unwrap();
+        std::fs::create_dir(dir.path().join("mnt")).unwrap();
+        let shm = tempfile::Builder::new().prefix("nvstack-mount-test").tempdir_in("/dev/shm").unwrap();
+        Fixture { dir, shm }
+    }
+    fn lower(&self) -> PathBuf {
+        self.dir.path().join("lower")
+    }
+    fn mnt(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+    fn nvram(&self) -> PathBuf {
+        self.shm.path().join("region")
+    }
+    fn mount_with(&self, extra: &[&str]) -> Output {
+        let (lower, mnt, nvram) = (self.lower(), self.mnt(), self.nvram());
+        let mut args = vec![
+            "mount",
+            lower.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--nvram",
+            nvram.to_str().unwrap(),
+            "--size",
+            "32M",
+        ];
+        args.extend_from_slice(extra);
+        nvstack(&args)
+    }
+    fn mount(&self) {
+        let out = self.mount_with(&[]);
+        assert!(out.status.success(), "mount: {}", text(&out));
+    }
+    fn umount(&self) {
+        let out = nvstack(&["umount", self.mnt().to_str().unwrap()]);
+        assert!(out.status.success(), "umount: {}", text(&out));
+    }
+    fn daemon_pid(&self) -> i32 {
+        let out = nvstack(&["stat", self.mnt().to_str().unwrap(), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stat json");
+        v["mount"]["pid"].as_i64().unwrap() as i32
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let mnt = self.mnt();
+        if nvstack(&["umount", mnt.to_str().unwrap()]).status.success() {
+            return;
+        }
+        let _ = Command::new("umount").arg("-l").arg(&mnt).output();
+    }
+}
+
+/// Every path under `root` with its kind, size, mode, nlink and contents (or link target).
+fn tree(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for p in entries {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let what = if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_string()
+            } else if m.file_type().is_symlink() {
+                format!("link->{}", std::fs::read_link(&p).unwrap().display())
+            } else {
+                format!("{:x}", xxhash(&std::fs::read(&p).unwrap()))
+            };
+            out.push(format!("{rel} {what} size={} mode={:o} nlink={}", m.len(), m.mode(), m.nlink()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn xxhash(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+fn populate(root: &Path) {
+    std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+    std::fs::write(root.join("a/file"), vec![7u8; 100_000]).unwrap();
+    std::fs::write(root.join("a/b/c/deep"), b"deep").unwrap();
+    std::os::unix::fs::symlink("file", root.join("a/link")).unwrap();
+    std::fs::hard_link(root.join("a/file"), root.join("a/b/hard")).unwrap();
+    std::fs::set_permissions(root.join("a/b/c/deep"), std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+#[test]
+fn umount_then_remount_shows_the_same_tree() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    populate(&f.mnt());
+    let on_mount = tree(&f.mnt());
+    f.umount();
+    assert_eq!(tree(&f.lower()), on_mount, "the lower directory holds what was written");
+    let check = nvstack(&["check", "--nvram", f.nvram().to_str().unwrap()]);
+    assert!(text(&check).contains("clean shutdown"), "{}", text(&check));
+    f.mount();
+    assert_eq!(tree(&f.mnt()), on_mount);
+}
+
+#[test]
+fn sigkill_of_the_daemon_then_mount_recovers_and_cleans_the_stale_mount_point() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    populate(&f.mnt());
+    let expected = tree(&f.mnt());
+    // SAFETY: kill of the daemon we started.
+    unsafe { libc::kill(f.daemon_pid(), libc::SIGKILL) };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let err = std::fs::metadata(f.mnt()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "the mount point is stale");
+    let out = f.mount_with(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("stale mount"), "{}", text(&out));
+    assert_eq!(tree(&f.mnt()), expected);
+}
+
+#[test]
+fn a_region_is_refused_over_another_lower_directory() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    f.umount();
+    let other = f.dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let out = nvstack(&[
+        "mount",
+        other.to_str().unwrap(),
+        f.mnt().to_str().unwrap(),
+        "--nvram",
+        f.nvram().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("belongs to the lower directory"), "{}", text(&out));
+}
+
+#[test]
+fn stat_counts_requests_and_bytes_and_is_refused_to_other_users() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    std::fs::write(f.mnt().join("x"), vec![1u8; 12345]).unwrap();
+    assert_eq!(std::fs::read(f.mnt().join("x")).unwrap().len(), 12345);
+    let out = nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["requests"]["write"].as_u64().unwrap() >= 1);
+    assert!(v["requests"]["create"].as_u64().unwrap() >= 1);
+    assert_eq!(v["app"]["bytes_written"], 12345);
+    assert_eq!(v["lower"]["bytes_written"], 12345);
+    assert!(v["nvram"]["frames_free"].as_u64().unwrap() > 0);
+    assert!(v["nvram"]["undo_bytes_max"].as_u64().is_some());
+    let human = nvstack(&["stat", f.mnt().to_str().unwrap()]);
+    assert!(text(&human).contains("requests:"), "{}", text(&human));
+    // Another user may not read the counters.
+    let denied = Command::new(BIN)
+        .args(["stat", f.mnt().to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!denied.status.success(), "{}", text(&denied));
+}
+
+#[test]
+fn files_created_by_a_user_belong_to_that_user() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    let shared = f.mnt().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new("sh")
+        .args(["-c", "touch f && mkdir d && ln -s f s && mkfifo p"])
+        .current_dir(&shared)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    for name in ["f", "d", "s", "p"] {
+        let m = std::fs::symlink_metadata(f.lower().join("shared").join(name)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65534), "{name} on the lower directory");
+    }
+    // And the kernel's permission checks apply: nobody cannot write into root's 0755 dir.
+    let out = Command::new("touch").arg(f.mnt().join("nope")).uid(65534).gid(65534).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).contains("Permission denied"), "{}", text(&out));
+    assert!(!f.lower().join("nope").exists());
+}
+
+#[test]
+fn mount_8_with_the_helper_and_fstab_style_options() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let helper_dir = tempfile::tempdir().unwrap();
+    let out = nvstack(&["install-mount-helper", "--dir", helper_dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let helper = helper_dir.path().join("mount.fuse.nvstack");
+    // mount(8) runs the helper as `mount.fuse.nvstack SOURCE DIR -o OPTIONS`: do exactly that.
+    let options = format!("rw,nvram={},size=32M,consistency=none,_netdev", f.nvram().display());
+    let out = Command::new(&helper).arg(f.lower()).arg(f.mnt()).args(["-o", &options]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(f.mnt().join("via-helper"), b"ok").unwrap();
+    assert_eq!(std::fs::read(f.lower().join("via-helper")).unwrap(), b"ok");
+    let v: serde_json::Value =
+        serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(v["nvram"]["consistency"], "none");
+}
