@@ -9,7 +9,7 @@
 //!
 //! Code map: `inodes.rs` (node ids <-> lower objects, lookup counts), `handles.rs` (open files),
 //! `binding.rs` (the root-area record that ties a region to its lower directory), `ops.rs` (the
-//! operations), `stats.rs` (counters), `error.rs` (the engine's errors; mapped to errno by the
+//! operations), `stats.rs` (counters), `writeback/` (zone tables and the four write-back policies), `error.rs` (the engine's errors; mapped to errno by the
 //! front end in one place).
 
 pub mod binding;
@@ -18,6 +18,7 @@ pub mod handles;
 pub mod inodes;
 pub mod ops;
 pub mod stats;
+pub mod writeback;
 
 pub use error::{FsError, FsResult};
 pub use ops::{Engine, EngineConfig, Entry};
