@@ -8,10 +8,12 @@
 //! lower directory would have told them.
 
 pub mod creds;
+pub mod mem;
 pub mod posix;
 pub mod types;
 
 pub use creds::Creds;
+pub use mem::{Clock, LogicalClock, MemConfig, MemLower};
 pub use types::{Attr, DirEntry, Errno, Extent, FileKind, SetAttr, StatFs, TimeSet};
 
 use std::ffi::OsStr;
