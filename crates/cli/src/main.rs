@@ -51,9 +51,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.first().is_some_and(|a| cmd::mount_helper::invoked_as_helper(a)) {
-        return finish(cmd::mount_helper::run(&argv[1..]));
+    let words: Vec<String> = std::env::args().collect();
+    if words.first().is_some_and(|a| cmd::mount_helper::invoked_as_helper(a)) {
+        return finish(cmd::mount_helper::run(&words[1..]));
     }
     let cli = Cli::parse();
     let result = match &cli.command {

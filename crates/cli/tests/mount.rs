@@ -43,7 +43,8 @@ impl Fixture {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::create_dir(dir.path().join("lower")).unwrap();
         std::fs::create_dir(dir.path().join("mnt")).unwrap();
-        let shm = tempfile::Builder::new().prefix("nvstack-mount-test").tempdir_in("/dev/shm").unwrap();
+        let shm =
+            tempfile::Builder::new().prefix("nvstack-mount-test").tempdir_in("/dev/shm").unwrap();
         Fixture { dir, shm }
     }
     fn lower(&self) -> PathBuf {
@@ -99,7 +100,8 @@ fn tree(root: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut entries: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
         entries.sort();
         for p in entries {
             let m = std::fs::symlink_metadata(&p).unwrap();
@@ -112,7 +114,12 @@ fn tree(root: &Path) -> Vec<String> {
             } else {
                 format!("{:x}", xxhash(&std::fs::read(&p).unwrap()))
             };
-            out.push(format!("{rel} {what} size={} mode={:o} nlink={}", m.len(), m.mode(), m.nlink()));
+            out.push(format!(
+                "{rel} {what} size={} mode={:o} nlink={}",
+                m.len(),
+                m.mode(),
+                m.nlink()
+            ));
         }
     }
     out.sort();
@@ -120,7 +127,8 @@ fn tree(root: &Path) -> Vec<String> {
 }
 
 fn xxhash(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    data.iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 fn populate(root: &Path) {
@@ -129,7 +137,8 @@ fn populate(root: &Path) {
     std::fs::write(root.join("a/b/c/deep"), b"deep").unwrap();
     std::os::unix::fs::symlink("file", root.join("a/link")).unwrap();
     std::fs::hard_link(root.join("a/file"), root.join("a/b/hard")).unwrap();
-    std::fs::set_permissions(root.join("a/b/c/deep"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(root.join("a/b/c/deep"), std::fs::Permissions::from_mode(0o600))
+        .unwrap();
 }
 
 #[test]
@@ -243,7 +252,8 @@ fn files_created_by_a_user_belong_to_that_user() {
         assert_eq!((m.uid(), m.gid()), (65534, 65534), "{name} on the lower directory");
     }
     // And the kernel's permission checks apply: nobody cannot write into root's 0755 dir.
-    let out = Command::new("touch").arg(f.mnt().join("nope")).uid(65534).gid(65534).output().unwrap();
+    let out =
+        Command::new("touch").arg(f.mnt().join("nope")).uid(65534).gid(65534).output().unwrap();
     assert!(!out.status.success());
     assert!(text(&out).contains("Permission denied"), "{}", text(&out));
     assert!(!f.lower().join("nope").exists());
@@ -261,11 +271,13 @@ fn mount_8_with_the_helper_and_fstab_style_options() {
     let helper = helper_dir.path().join("mount.fuse.nvstack");
     // mount(8) runs the helper as `mount.fuse.nvstack SOURCE DIR -o OPTIONS`: do exactly that.
     let options = format!("rw,nvram={},size=32M,consistency=none,_netdev", f.nvram().display());
-    let out = Command::new(&helper).arg(f.lower()).arg(f.mnt()).args(["-o", &options]).output().unwrap();
+    let out =
+        Command::new(&helper).arg(f.lower()).arg(f.mnt()).args(["-o", &options]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     std::fs::write(f.mnt().join("via-helper"), b"ok").unwrap();
     assert_eq!(std::fs::read(f.lower().join("via-helper")).unwrap(), b"ok");
     let v: serde_json::Value =
-        serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout).unwrap();
+        serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout)
+            .unwrap();
     assert_eq!(v["nvram"]["consistency"], "none");
 }

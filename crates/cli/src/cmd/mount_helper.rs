@@ -19,8 +19,10 @@ use super::mount::{self, MountArgs};
 use crate::error::{CliError, CliResult};
 
 /// Options that mount(8) or fstab may pass and that nvstack accepts without effect.
-const IGNORED: [&str; 12] =
-    ["rw", "defaults", "auto", "noauto", "user", "nouser", "_netdev", "nofail", "dev", "suid", "exec", "async"];
+const IGNORED: [&str; 12] = [
+    "rw", "defaults", "auto", "noauto", "user", "nouser", "_netdev", "nofail", "dev", "suid",
+    "exec", "async",
+];
 
 /// Builds the `nvstack mount` arguments from mount(8)'s `SOURCE DIR [-o OPTS] [-n|-s|-f|-v]`.
 pub fn translate(args: &[String]) -> CliResult<Vec<String>> {
@@ -29,7 +31,9 @@ pub fn translate(args: &[String]) -> CliResult<Vec<String>> {
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
-            "-o" => options.push(iter.next().ok_or_else(|| CliError::Usage("-o needs a value".into()))?.clone()),
+            "-o" => options.push(
+                iter.next().ok_or_else(|| CliError::Usage("-o needs a value".into()))?.clone(),
+            ),
             "-n" | "-s" | "-v" | "-f" => {}
             other if other.starts_with("-o") => options.push(other[2..].to_string()),
             other => positional.push(other.to_string()),
@@ -116,7 +120,10 @@ mod tests {
 
     #[test]
     fn fstab_options_become_mount_flags() {
-        let got = translate(&words("/srv /mnt -o rw,nvram=/dev/shm/nv,size=1G,attr_timeout=0,_netdev,x-systemd.automount")).unwrap();
+        let got = translate(&words(
+            "/srv /mnt -o rw,nvram=/dev/shm/nv,size=1G,attr_timeout=0,_netdev,x-systemd.automount",
+        ))
+        .unwrap();
         assert_eq!(got, words("mount /srv /mnt --nvram /dev/shm/nv --size 1G --attr-timeout 0"));
     }
 
