@@ -278,6 +278,48 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Readdir, |_| Ok(self.lower.readdir(&self.handle(fh)?.file, offset, emit)?))
     }
 
+    /// Lists entries after `offset` with their lookups (readdirplus): every entry except "."
+    /// and ".." is looked up and counts as one kernel lookup. `emit` returns false when the
+    /// reply buffer is full; that entry's lookup is then forgotten again, since the kernel never
+    /// saw it.
+    pub fn readdirplus(
+        &self,
+        fh: u64,
+        offset: u64,
+        emit: &mut dyn FnMut(&DirEntry, Option<&Entry>) -> bool,
+    ) -> FsResult<()> {
+        self.op(Op::Readdir, |_| {
+            let handle = self.handle(fh)?;
+            let dir = self.inode(handle.node_id)?;
+            let mut failure = None;
+            self.lower.readdir(&handle.file, offset, &mut |entry| {
+                if entry.name == "." || entry.name == ".." {
+                    return emit(&entry, None);
+                }
+                match self.lower.lookup(&dir.node, &entry.name) {
+                    Ok((node, attr)) => {
+                        let looked_up = self.entry(node, attr);
+                        let added = emit(&entry, Some(&looked_up));
+                        if !added {
+                            self.inodes.forget(looked_up.node_id, 1);
+                        }
+                        added
+                    }
+                    // Removed between readdir and lookup: skip it, as a later readdir would.
+                    Err(lower::Errno(libc::ENOENT)) => true,
+                    Err(e) => {
+                        failure = Some(e);
+                        false
+                    }
+                }
+            })?;
+            match failure {
+                Some(e) => Err(e.into()),
+                None => Ok(()),
+            }
+        })
+    }
+
     pub fn releasedir(&self, fh: u64) -> FsResult<()> {
         self.op(Op::Releasedir, |_| self.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
     }

@@ -9,8 +9,8 @@ use engine::{Engine, Entry, FsError};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use lower::{Creds, LowerFs, SetAttr};
 
@@ -88,6 +88,11 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         // Lookups and readdir in one directory may run in parallel: each maps to one atomic
         // lower syscall.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
+        // readdirplus answers `ls -l` and directory walks with one request per buffer instead
+        // of one lookup per entry; the kernel decides per directory when it pays (AUTO).
+        let _ = config.add_capabilities(
+            fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+        );
         Ok(())
     }
 
@@ -316,6 +321,43 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
             // `add` returns true when the reply buffer is full: stop, this entry is not sent
             // and the next readdir resumes after the last one that was.
             !reply.add(INodeNo(entry.ino), entry.offset, kind, &entry.name)
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let result = self.engine.readdirplus(fh.0, offset, &mut |entry, looked_up| {
+            let full = match looked_up {
+                Some(e) => reply.add(
+                    INodeNo(e.node_id),
+                    entry.offset,
+                    &entry.name,
+                    &self.timeouts.entry,
+                    &file_attr(e.node_id, &e.attr),
+                    Generation(0),
+                ),
+                // The kernel links no inode for "." and ".." (and counts no lookup), so they
+                // carry only the dirent part: their inode number and type.
+                None => reply.add(
+                    INodeNo(entry.ino),
+                    entry.offset,
+                    &entry.name,
+                    &Duration::ZERO,
+                    &file_attr(entry.ino, &lower::Attr::default_dir()),
+                    Generation(0),
+                ),
+            };
+            !full
         });
         match result {
             Ok(()) => reply.ok(),

@@ -90,6 +90,25 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// A placeholder directory attribute (readdirplus entries that carry no lookup).
+    pub fn default_dir() -> Attr {
+        Attr {
+            dev: 0,
+            ino: 0,
+            size: 0,
+            blocks: 0,
+            atime: (0, 0),
+            mtime: (0, 0),
+            ctime: (0, 0),
+            mode: libc::S_IFDIR,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+        }
+    }
+
     pub fn kind(&self) -> FileKind {
         FileKind::from_mode(self.mode)
     }
