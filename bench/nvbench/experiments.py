@@ -16,6 +16,28 @@ THESIS_LOWER_EXT2 = ["nvstack-ext2", "nvstack-ext2-trans", "nvstack-ext2-tempffs
 THESIS_FS = ["ext2", "ext4-journal", "ext4-journal-ram"] + THESIS_LOWER_EXT2
 THESIS_FS_EXT4 = ["ext4-ordered"] + [n.replace("ext2", "ext4") for n in THESIS_LOWER_EXT2]
 
+# The FUSE tax (issue: benchmark item). Same lower ext4 (fresh loop image per run) for all.
+FUSE_TAX_FS = ["ext4", "passthrough_hp", "passthrough_hp-wt", "nvstack-none"]
+FUSE_TAX_WORKLOADS = [("postmark", "fuse-tax"), ("fio", "tax-seq-write"),
+                      ("fio", "tax-seq-write-1m"), ("fio", "tax-seq-read"),
+                      ("fio", "tax-rand-write"), ("fio", "tax-rand-read")]
+FUSE_TAX_NOTES = [
+    "Lower file system: ext4 (data=ordered, 4 KiB blocks) on a plain loop device over an 8 GiB "
+    "image file in the work directory (/var/tmp, the VM's ext4 root disk); a fresh image per "
+    "run. The FUSE file systems are mounted over its directory `data/`.",
+    "passthrough_hp = libfuse 3.14.0 example/passthrough_hp built from the Debian source "
+    "package (bench/tools/build-passthrough-hp), run as shipped: it asks for "
+    "FUSE_WRITEBACK_CACHE, so the kernel caches writes and sends them later in large "
+    "batches. passthrough_hp-wt = the same source with only that request removed "
+    "(write-through, as nvstack must be). Both with libfuse's default threads, splice on.",
+    "Both passthrough_hp and nvstack keep one O_PATH descriptor per inode the kernel knows; "
+    "RLIMIT_NOFILE is 20000 (soft = hard) on this VM and root cannot raise it (no "
+    "CAP_SYS_RESOURCE), so Postmark uses 10k files (a 20k-file run fails with EMFILE on both).",
+    "Memory budget M = 4 GiB per run (daemon + benchmark + page cache in one cgroup), large "
+    "enough that the 1 GiB fio file and its double caching (FUSE + lower) never hit it: the "
+    "tax measured is per-request cost, not cache duplication.",
+]
+
 
 @dataclass(frozen=True)
 class Experiment:
@@ -31,6 +53,7 @@ class Experiment:
     disk: str = "8G"
     estimate: str = ""                    # how long, for the README and `list`
     notes: list[str] = field(default_factory=list)
+    nvram: str | None = None              # NVRAM region size; default M / 2 (inside M)
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -72,9 +95,23 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                baseline="vfat", memory="64M", disk="64M", estimate="~1 h (Sync is slow)",
                notes=["NVFAT itself (the device's metadata write cache) needs a `device attach` "
                       "option that is not in the CLI contract yet; only the VFAT baseline runs"]),
-    Experiment("fuse-tax", "nvstack with every feature off vs its lower ext4 (TESTING-NOTES bar)",
-               ["ext4-ordered", "nvstack-ext4"],
-               [("postmark", "vma"), ("fio", "rnd_write"), ("fio", "seq_write")],
-               baseline="ext4-ordered", memory="1G", scale=0.25, device="none",
-               estimate="~10 min"),
+    Experiment("fuse-tax", "the FUSE tax: Postmark and fio 4 KiB sequential and random read/write "
+               "(+ 1 MiB sequential write) on the lower ext4 vs libfuse passthrough_hp (as shipped, and write-through) vs "
+               "nvstack --consistency none, all over the same ext4 directory",
+               FUSE_TAX_FS, FUSE_TAX_WORKLOADS, baseline="ext4", reps=3, memory="4G",
+               nvram="256M", scale=1.0, device="none", disk="8G",
+               estimate="24 min measured (4 FS x 6 workloads x 3 reps)",
+               notes=FUSE_TAX_NOTES),
+    Experiment("fuse-tax-threads", "nvstack none: FUSE worker threads 1/2/4/8 vs passthrough_hp "
+               "(the fuse-tax workloads)",
+               ["passthrough_hp", "nvstack-none-t1", "nvstack-none-t2", "nvstack-none",
+                "nvstack-none-t8"], FUSE_TAX_WORKLOADS, baseline="passthrough_hp", reps=2,
+               memory="4G", nvram="256M", scale=1.0, device="none", disk="8G",
+               estimate="~35 min", notes=FUSE_TAX_NOTES),
+    Experiment("fuse-tax-knobs", "nvstack none: command-line knobs (max_write 128K, "
+               "attr/entry timeout 0) vs defaults and passthrough_hp",
+               ["passthrough_hp", "nvstack-none", "nvstack-none-mw128k", "nvstack-none-notimeout"],
+               FUSE_TAX_WORKLOADS, baseline="passthrough_hp", reps=2, memory="4G",
+               nvram="256M", scale=1.0, device="none", disk="8G", estimate="~25 min",
+               notes=FUSE_TAX_NOTES),
 ]}

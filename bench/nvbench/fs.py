@@ -14,6 +14,13 @@ features as flags: TempFFS = --tempfiles on, WB = --writeback relo, Trans = --co
 `nvstack-<lower>` with every feature off (tempfiles off, writeback file, consistency none) is the
 FUSE-tax baseline. `nvstack-<lower>-journal` is the VMA-journaling mode.
 
+FUSE-tax configurations (experiment fuse-tax): `ext4` (ext4 data=ordered, the lower FS itself),
+`passthrough_hp` / `passthrough_hp-wt` (libfuse's example, built by bench/tools/build-passthrough-hp;
+-wt = without FUSE_WRITEBACK_CACHE), `nvstack-none` (nvstack --consistency none with its
+defaults) and `nvstack-none-*` variants with one command-line knob changed (threads, max_write,
+timeouts). Both keep one O_PATH descriptor per inode the kernel knows, so RLIMIT_NOFILE bounds
+the number of files a workload may keep alive (20000 on this VM; root cannot raise it here).
+
 Block devices: `--device none` = a plain loop device over an image file (losetup --find --show);
 `--device MODEL` = `nvstack device attach` (FUSE-served image with a modeled disk).
 """
@@ -40,13 +47,21 @@ class FsConfig:
     mkfs: str                       # ext2 | ext4 | vfat: the kernel FS (the lower FS for nvstack)
     mount_options: str = ""
     journal: str | None = None      # None | "internal" | "ram"  (ext4 only)
-    nvstack: dict | None = None     # {"consistency", "tempfiles", "writeback"} for nvstack configs
+    nvstack: dict | None = None     # {"consistency", "tempfiles"?, "writeback"?, "args"?}
     consistent: bool = False        # gives file-system consistency + data integrity after a crash
+    fuse: dict | None = None        # another FUSE daemon: {"daemon": name in bench/.tools/bin, "args"}
 
     @property
     def needs(self) -> list[str]:
-        """Tools beyond the kernel: 'mount' for nvstack configurations."""
-        return ["mount"] if self.nvstack else []
+        """Tools beyond the kernel: 'mount' for nvstack, the daemon's name for other FUSE FS."""
+        if self.nvstack:
+            return ["mount"]
+        return [self.fuse["daemon"]] if self.fuse else []
+
+    @property
+    def stacked(self) -> bool:
+        """Mounted over a directory of the kernel FS (nvstack or another FUSE daemon)."""
+        return bool(self.nvstack or self.fuse)
 
 
 def _kernel() -> list[FsConfig]:
@@ -95,7 +110,33 @@ def _nvstack() -> list[FsConfig]:
     return out
 
 
-CONFIGS: dict[str, FsConfig] = {c.name: c for c in _kernel() + _nvstack()}
+def _fuse_tax() -> list[FsConfig]:
+    ext4 = dict(mkfs="ext4", mount_options="data=ordered", journal="internal")
+    out = [FsConfig("ext4", "ext4", "ext4 data=ordered: the lower FS of the FUSE-tax configurations",
+                    **ext4),
+           FsConfig("passthrough_hp", "passthrough_hp",
+                    "libfuse 3.14 example/passthrough_hp over ext4, as shipped (writeback cache)",
+                    fuse={"daemon": "passthrough_hp", "args": []}, **ext4),
+           FsConfig("passthrough_hp-wt", "passthrough_hp-wt",
+                    "passthrough_hp over ext4 without FUSE_WRITEBACK_CACHE (write-through)",
+                    fuse={"daemon": "passthrough_hp-wt", "args": []}, **ext4),
+           FsConfig("nvstack-none", "nvstack-none",
+                    "nvstack --consistency none over ext4, defaults (4 threads, 1 day timeouts, "
+                    "max_write 1M)", nvstack={"consistency": "none"}, **ext4)]
+    knobs = [("t1", "--threads 1", ["--threads", "1"]), ("t2", "--threads 2", ["--threads", "2"]),
+             ("t8", "--threads 8", ["--threads", "8"]),
+             ("mw128k", "--max-write 128K", ["--max-write", "128K"]),
+             ("notimeout", "--attr-timeout 0 --entry-timeout 0",
+              ["--attr-timeout", "0", "--entry-timeout", "0"])]
+    for suffix, what, args in knobs:
+        out.append(FsConfig(f"nvstack-none-{suffix}", f"nvstack-none {what}",
+                            f"nvstack --consistency none over ext4 with {what}",
+                            nvstack={"consistency": "none", "args": args}, **ext4))
+    return out
+
+
+CONFIGS: dict[str, FsConfig] = {c.name: c for c in _kernel() + _nvstack() + _fuse_tax()}
+
 
 
 @dataclass
@@ -152,7 +193,7 @@ class Target:
         sh.run(["mkdir", "-p", str(lay.workdir)])
         self._undo.append(lambda: sh.run(["rm", "-rf", "--one-file-system", str(lay.workdir)],
                                          check=False))
-        kernel_mnt = lay.lower_mnt if cfg.nvstack else lay.mnt
+        kernel_mnt = lay.lower_mnt if cfg.stacked else lay.mnt
         sh.run(["mkdir", "-p", str(kernel_mnt)])
         jdev = self._journal_device() if cfg.journal == "ram" else None
         if self.device == "none":
@@ -162,6 +203,8 @@ class Target:
         self.device_mnt = kernel_mnt
         if cfg.nvstack:
             self.path = self._nvstack_mount(kernel_mnt)
+        elif cfg.fuse:
+            self.path = self._fuse_mount(kernel_mnt)
         else:
             self.path = kernel_mnt
         return self.path
@@ -227,29 +270,49 @@ class Target:
         lower = lower_mnt / "data"
         sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
         argv = [nv, "mount", str(lower), str(lay.mnt), "--nvram", str(lay.nvram),
-                "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"],
-                "--tempfiles", opt["tempfiles"], "--writeback", opt["writeback"], "--foreground"]
+                "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"]]
+        for key in ("tempfiles", "writeback"):       # only the flags a configuration names
+            if key in opt:
+                argv += [f"--{key}", opt[key]]
+        argv += [*opt.get("args", []), "--foreground"]
+        self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))
+        self._spawn_daemon(argv, "nvstack mount",
+                           lambda: self._stop_daemon([nv, "umount", str(lay.mnt)]))
+        return lay.mnt
+
+    def _fuse_mount(self, lower_mnt: Path) -> Path:
+        """Another FUSE daemon (passthrough_hp) over lower/data, in the foreground."""
+        sh, lay, fuse = self.shell, self.layout, self.config.fuse
+        binary = self.caps.tools.get(fuse["daemon"]) if self.caps else None
+        lower = lower_mnt / "data"
+        sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
+        argv = [binary or fuse["daemon"], *fuse.get("args", []), "--foreground", str(lower),
+                str(lay.mnt)]
+        self._spawn_daemon(argv, fuse["daemon"],
+                           lambda: self._stop_daemon(["umount", str(lay.mnt)]))
+        return lay.mnt
+
+    def _spawn_daemon(self, argv: list[str], what: str, stop) -> None:
+        sh, lay = self.shell, self.layout
         if self.cgroup is not None:
-            argv = self.cgroup.wrap(argv)   # daemon and NVRAM region pay from the same budget
+            argv = self.cgroup.wrap(argv)   # daemon (and NVRAM region) pay from the same budget
         logdir = self.rundir or lay.workdir
         self.daemon = sh.spawn(argv, logdir / "daemon.stdout", logdir / "daemon.stderr", "DAEMON")
-        self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))
-        self._undo.append(lambda: self._stop_daemon(nv))   # undone first: umount, then rm
-        # wait for the mount (repro.sh polls the same way)
-        sh.sh(f"for i in $(seq 300); do mountpoint -q {lay.mnt} && break; sleep 0.1; done; "
-              f"mountpoint -q {lay.mnt}", check=False)
+        self._undo.append(stop)             # undone first: umount, then the rest
+        # wait for the mount (repro.sh polls the same way; here the daemon's exit ends the wait)
+        sh.log_only(f"for i in $(seq 300); do mountpoint -q {lay.mnt} && break; sleep 0.1; done; "
+                    f"mountpoint -q {lay.mnt}")
         if not sh.dry_run:
             deadline = time.monotonic() + 30
             while not _is_mounted(lay.mnt):
                 if self.daemon.poll() is not None or time.monotonic() > deadline:
                     err = (logdir / "daemon.stderr").read_text()[-2000:]
-                    raise BenchError(f"nvstack mount did not come up: {err}")
+                    raise BenchError(f"{what} did not come up: {err}")
                 time.sleep(0.1)
-        return lay.mnt
 
-    def _stop_daemon(self, nv: str) -> None:
+    def _stop_daemon(self, umount_argv: list[str]) -> None:
         sh, mnt = self.shell, self.layout.mnt
-        sh.run([nv, "umount", str(mnt)], check=False, timeout=600)
+        sh.run(umount_argv, check=False, timeout=600)
         if self.daemon is None:
             return
         try:
@@ -272,6 +335,10 @@ class Target:
         nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
         self.shell.run([nv, "device", "stat", str(self.device_mnt), "--json"], stdout=dest,
                        check=False)
+
+    def fuse_pid(self) -> int | None:
+        """pid of the FUSE daemon (the cgroup wrapper execs it), or None."""
+        return self.daemon.pid if self.daemon is not None else None
 
     def nvstack_stat(self, dest: Path) -> None:
         if not self.config.nvstack:

@@ -1,6 +1,10 @@
 """Finding the nvstack binary and what it can do yet.
 
 Binary: $NVSTACK_BIN, else target/release/nvstack in the repository root, else PATH.
+Other FUSE daemons for comparison (libfuse's passthrough_hp, `-wt` = without writeback cache):
+$PASSTHROUGH_HP / $PASSTHROUGH_HP_WT, else bench/.tools/bin/<name> as built by
+bench/tools/build-passthrough-hp (from the Debian source package of the installed libfuse).
+
 Capabilities are probed, never assumed: `nvstack device attach --help` and
 `nvstack mount --help` must exit 0. A configuration needing a missing capability is skipped
 with the reason.
@@ -12,7 +16,10 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
-from .util import REPO_DIR, which
+from .util import BENCH_DIR, REPO_DIR, which
+
+BUILD_PASSTHROUGH_HP = BENCH_DIR / "tools" / "build-passthrough-hp"
+FUSE_DAEMONS = {"passthrough_hp": "PASSTHROUGH_HP", "passthrough_hp-wt": "PASSTHROUGH_HP_WT"}
 
 
 @dataclass
@@ -22,12 +29,26 @@ class Capabilities:
     mount: bool = False
     version: str | None = None
     reasons: dict = field(default_factory=dict)
+    tools: dict = field(default_factory=dict)     # FUSE daemon name -> path (None if missing)
 
     def missing(self, need: str) -> str | None:
-        """None if `need` ('device' | 'mount') is available, else the reason."""
+        """None if `need` ('device' | 'mount' | a FUSE daemon name) is available, else why."""
+        if need in FUSE_DAEMONS:
+            if self.tools.get(need):
+                return None
+            return (f"{need} not built: run bench/tools/build-passthrough-hp (root; Debian "
+                    f"source of libfuse 3.14) or set ${FUSE_DAEMONS[need]}")
         if getattr(self, need):
             return None
         return self.reasons.get(need, f"nvstack {need} not available")
+
+
+def find_fuse_daemon(name: str) -> str | None:
+    env = os.environ.get(FUSE_DAEMONS[name])
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    local = BENCH_DIR / ".tools" / "bin" / name
+    return str(local) if os.access(local, os.X_OK) else None
 
 
 def find_binary() -> str | None:
@@ -58,6 +79,7 @@ def probe(refresh: bool = False) -> Capabilities:
         return _cache
     binary = find_binary()
     caps = Capabilities(binary)
+    caps.tools = {name: find_fuse_daemon(name) for name in FUSE_DAEMONS}
     if binary is None:
         why = "nvstack binary not found ($NVSTACK_BIN, target/release/nvstack, PATH)"
         caps.reasons = {"device": why, "mount": why}

@@ -132,9 +132,23 @@ def parse_device_stat(before: dict | None, after: dict) -> dict[str, float]:
     return out
 
 
-def parse_nvstack_stat(stat: dict) -> dict[str, float]:
-    return {f"nv_{k}": float(v) for k, v in _flatten(stat).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+# counters (not gauges) of `nvstack stat --json`: reported as the delta over the timed workload
+_NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_")
+
+
+def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, float]:
+    """`nvstack stat --json` after the workload -> nv_* metrics. With the stat taken right
+    before the timed command, counters become deltas (the timed workload alone)."""
+    base = _flatten(before or {})
+    out = {}
+    for k, v in _flatten(stat).items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if before is not None and k.startswith(_NV_COUNTERS):
+            b = base.get(k, 0)
+            v = float(v) - float(b if isinstance(b, (int, float)) else 0)
+        out[f"nv_{k}"] = float(v)
+    return out
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -209,7 +223,8 @@ def parse_run(rundir: Path) -> list[dict]:
         metrics.update(parse_device_stat(_load(rundir / "device_stat_before.json"), after))
     nv = _load(rundir / "nvstack_stat.json")
     if isinstance(nv, dict):
-        metrics.update(parse_nvstack_stat(nv))
+        nv_before = _load(rundir / "nvstack_stat_before.json")
+        metrics.update(parse_nvstack_stat(nv, nv_before if isinstance(nv_before, dict) else None))
     cg = _load(rundir / "cgroup.json")
     if isinstance(cg, dict):
         for k in ("max_usage_in_bytes", "failcnt"):

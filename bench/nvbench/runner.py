@@ -9,7 +9,8 @@ OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
     <inputs>       postmark.cfg, job.fio, ... (exactly what the tool read)
     result.json    status ok | failed | skipped, reason, wall_seconds (external clock), sync_seconds
     device_stat_before.json / device_stat_after.json   modeled disk counters (if any)
-    nvstack_stat.json, cgroup.json
+    nvstack_stat_before.json / nvstack_stat.json   nvstack request counters (parse: the delta)
+    cgroup.json
     repro.sh       the same commands as a standalone script (cleanup on EXIT)
 """
 
@@ -88,7 +89,7 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
     reps = st.reps or exp.reps
     journal = max(16 << 20, THESIS_JOURNAL * memory // THESIS_MEMORY)
     journal -= journal % (1 << 20)
-    nvram = st.nvram or memory // 2
+    nvram = st.nvram or (parse_size(exp.nvram) if exp.nvram else memory // 2)
     specs = []
     for rep in range(1, reps + 1):
         for wname, config in exp.workloads:
@@ -144,6 +145,9 @@ def host_env() -> dict:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "nvstack": {"binary": caps.binary, "version": caps.version, "device": caps.device,
                     "mount": caps.mount},
+        "fuse_daemons": {n: {"path": p, "realpath": os.path.realpath(p) if p else None}
+                         for n, p in caps.tools.items()},
+        "libfuse3": dpkg_version("libfuse3-3"),
         "cgroup_v1_memory": cgroup_mod.available(),
     }
     return _host_env
@@ -225,6 +229,7 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
             sh.run(wrap(argv), timeout=3600)
         sh.sh("sync; echo 3 > /proc/sys/vm/drop_caches")
         target.device_stat(rundir / "device_stat_before.json")
+        target.nvstack_stat(rundir / "nvstack_stat_before.json")
         timed = wrap(inv.argv)
         (rundir / "cmd.txt").write_text(sh.render(timed) + "\n")
         sh.note("timed workload (wall clock measured outside the tool):")
@@ -309,6 +314,7 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
     if not st.dry_run and os.geteuid() != 0:
         raise BenchError("running benchmarks needs root (mounts, loop devices, cgroups); "
                          "use --dry-run to see the matrix")
+    _build_fuse_daemons(exp, st, notes)
     specs = matrix(exp, st)
     st.out.mkdir(parents=True, exist_ok=True)
     meta = {"experiment": exp.name, "description": exp.description, "baseline": exp.baseline,
@@ -335,6 +341,20 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
                              for s in ("ok", "failed", "skipped", "dry-run")}
     _write_json(st.out / "experiment.json", meta)
     return results
+
+
+def _build_fuse_daemons(exp: Experiment, st: Settings, notes: list[str]) -> None:
+    """Configurations with libfuse's passthrough_hp: build it once (bench/tools/...) if missing."""
+    caps = nvstack.probe()
+    wanted = {n for f in exp.fs for n in fs_mod.CONFIGS[f].needs if n in nvstack.FUSE_DAEMONS}
+    if st.dry_run or not wanted or all(caps.tools.get(n) for n in wanted):
+        return
+    print(f"building {', '.join(sorted(wanted))}: {nvstack.BUILD_PASSTHROUGH_HP}", flush=True)
+    p = subprocess.run([str(nvstack.BUILD_PASSTHROUGH_HP)], capture_output=True, text=True)
+    if p.returncode != 0:
+        notes.append(f"**NOTE: bench/tools/build-passthrough-hp failed (exit {p.returncode}): "
+                     f"{(p.stderr or p.stdout).strip()[-300:]}; passthrough_hp runs skipped.**")
+    nvstack.probe(refresh=True)
 
 
 def _install_signal_handlers() -> None:

@@ -140,6 +140,10 @@ class Shell:
             raise BenchError(f"command failed (exit {res.returncode}): {script}\n{res.stderr.strip()}")
         return res
 
+    def log_only(self, script: str) -> None:
+        """A line for repro.sh that the harness does itself in Python (e.g. a wait loop)."""
+        self._log(script)
+
     def write_file(self, path: Path, text: str) -> None:
         """Write an input file; repro.sh recreates it with a here-document."""
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,8 @@ def markdown(result_dir: Path) -> str:
         parts += [f"Device: `{m['device']}`; memory budget M = {int(m['memory_bytes']) >> 20} MiB "
                   f"(cgroup per run); scale = {m['scale']}; baseline = `{baseline}`; "
                   f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/`.", ""]
+        parts += ratio_table(rows, baseline, meta.get("fs"))
+        parts += nvstack_request_table(rows)
         for t in tables(rows, baseline):
             unit = t["lines"][0]["unit"]
             better = "higher is better" if t["lines"][0]["hib"] else "lower is better"
@@ -133,6 +135,85 @@ def markdown(result_dir: Path) -> str:
         if pngs:
             parts += ["Figures: " + ", ".join(f"`{p}`" for p in pngs), ""]
     return "\n".join(parts) + "\n"
+
+
+def paired_ratios(rows: list[dict], baseline: str) -> "OrderedDict[tuple, dict]":
+    """(workload, config, variant, fs) -> per-repetition ratios x_rep / baseline_rep of the
+    primary metric (runs are interleaved rep by rep, so pairing cancels slow drift)."""
+    prim = {}
+    for r in rows:
+        if r["status"] == "ok" and r["primary"] == "1":
+            prim[(r["workload"], r["config"], r["variant"], r["fs"], r["rep"])] = (
+                float(r["value"]), r["metric"], r["unit"], r["higher_is_better"] == "1")
+    out: "OrderedDict[tuple, dict]" = OrderedDict()
+    for (w, c, v, f, rep), (x, metric, unit, hib) in prim.items():
+        base = prim.get((w, c, v, baseline, rep))
+        a = out.setdefault((w, c, v, f), {"ratios": [], "values": [], "metric": metric,
+                                          "unit": unit, "hib": hib})
+        a["values"].append(x)
+        if base and base[0]:
+            a["ratios"].append(x / base[0])
+    return out
+
+
+def ratio_table(rows: list[dict], baseline: str, fs_order: list[str] | None = None) -> list[str]:
+    """One row per workload (primary metric), one column per configuration: the mean of the
+    per-repetition ratios to the baseline, with their range. Empty if only one workload."""
+    pr = paired_ratios(rows, baseline)
+    groups = list(OrderedDict.fromkeys((w, c, v) for (w, c, v, _f) in pr))
+    if len(groups) < 2:
+        return []
+    present = _order(rows, "fs")
+    fs_order = [f for f in (fs_order or []) if f in present] + \
+        [f for f in present if f not in (fs_order or [])]
+    fs_order = [f for f in fs_order if f != baseline]
+    out = [f"### Ratios to `{baseline}` (primary metric; mean of per-repetition ratios, "
+           f"[min-max]; throughput: > 1 is faster, time: < 1 is faster)", "",
+           f"| workload | metric | {baseline} mean ± std | " + " | ".join(fs_order) + " |",
+           "|---|---|---:|" + "---:|" * len(fs_order)]
+    for w, c, v in groups:
+        b = pr.get((w, c, v, baseline))
+        if not b:
+            continue
+        sd = statistics.stdev(b["values"]) if len(b["values"]) > 1 else 0.0
+        name = c + ("" if v == "default" else f" {v}")
+        cells = []
+        for f in fs_order:
+            a = pr.get((w, c, v, f))
+            if not a or not a["ratios"]:
+                cells.append("")
+                continue
+            r = a["ratios"]
+            cells.append(f"{statistics.fmean(r):.3f} [{min(r):.3f}-{max(r):.3f}]")
+        out.append(f"| {w} {name} | {b['metric']} ({b['unit']}, "
+                   f"{'higher' if b['hib'] else 'lower'} is better) | "
+                   f"{statistics.fmean(b['values']):.4g} ± {sd:.2g} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def nvstack_request_table(rows: list[dict]) -> list[str]:
+    """FUSE requests nvstack served during the timed workload (delta of `nvstack stat`), mean
+    per run, per workload and nvstack configuration; errors in parentheses."""
+    acc: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in rows:
+        m = r["metric"]
+        if r["status"] != "ok" or not (m.startswith("nv_requests.") or m.startswith("nv_errors.")):
+            continue
+        key = (r["workload"], r["config"], r["variant"], r["fs"])
+        kind, op = m[3:].split(".", 1)
+        acc.setdefault(key, {}).setdefault((kind, op), []).append(float(r["value"]))
+    if not acc:
+        return []
+    out = ["### nvstack: FUSE requests during the timed workload (mean per run; errors in "
+           "parentheses)", "", "| workload | fs | requests |", "|---|---|---|"]
+    for (w, c, v, f), d in acc.items():
+        req = {op: statistics.fmean(x) for (k, op), x in d.items() if k == "requests"}
+        err = {op: statistics.fmean(x) for (k, op), x in d.items() if k == "errors"}
+        text = ", ".join(f"{op} {req[op]:.0f}" + (f" ({err[op]:.0f})" if err.get(op) else "")
+                         for op in sorted(req, key=lambda o: -req[o]) if req[op] >= 0.5)
+        name = c + ("" if v == "default" else f" {v}")
+        out.append(f"| {w} {name} | {f} | {text} |")
+    return out + [""]
 
 
 def _meta(result_dir: Path, exp: str) -> dict:

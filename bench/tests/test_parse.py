@@ -94,3 +94,14 @@ def test_device_stat_delta():
 def test_nvstack_stat_flatten():
     m = parse.parse_nvstack_stat({"frames": {"dirty": 3, "free": 5}, "mode": "undo", "ok": True})
     assert m == {"nv_frames.dirty": 3.0, "nv_frames.free": 5.0}
+
+
+def test_nvstack_stat_delta_of_counters_only():
+    before = {"requests": {"write": 10, "lookup": 2}, "inodes": 7, "nvram": {"frames_free": 9,
+              "transactions_committed": 12}}
+    after = {"requests": {"write": 110, "lookup": 2, "read": 5}, "inodes": 9,
+             "nvram": {"frames_free": 8, "transactions_committed": 120}}
+    m = parse.parse_nvstack_stat(after, before)
+    assert m["nv_requests.write"] == 100 and m["nv_requests.lookup"] == 0
+    assert m["nv_requests.read"] == 5 and m["nv_nvram.transactions_committed"] == 108
+    assert m["nv_inodes"] == 9 and m["nv_nvram.frames_free"] == 8     # gauges stay absolute

@@ -117,3 +117,19 @@ def test_plot_never_runs_benchmarks(resultdir, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", boom)
     assert plot.plot_dir(resultdir)
     summary.write(resultdir)
+
+
+def test_paired_ratio_table():
+    from nvbench import summary
+    rows = []
+    for rep, (b, x) in enumerate([(100.0, 50.0), (200.0, 120.0)], 1):
+        for fs, v in (("ext4", b), ("fuse", x)):
+            for w in ("a", "b"):
+                rows.append({"workload": w, "config": "c", "variant": "default", "fs": fs,
+                             "rep": str(rep), "status": "ok", "primary": "1", "metric": "iops",
+                             "value": str(v), "unit": "ops/s", "higher_is_better": "1",
+                             "fs_label": fs})
+    pr = summary.paired_ratios(rows, "ext4")
+    assert pr[("a", "c", "default", "fuse")]["ratios"] == [0.5, 0.6]
+    table = "\n".join(summary.ratio_table(rows, "ext4", ["ext4", "fuse"]))
+    assert "| a c | iops" in table and "0.550 [0.500-0.600]" in table

@@ -69,3 +69,20 @@ def test_bonnie_twice_memory():
     inv = bonnie.invocation(p, Path("/m"), Path("/r"))
     assert inv.argv[:5] == ["bonnie++", "-d", "/m/nvbench-bonnie", "-s", "512M:8192"]
     assert "-q" in inv.argv and ["-n", "0"] == inv.argv[inv.argv.index("-n"):inv.argv.index("-n") + 2]
+
+
+def test_fio_fuse_tax_jobs_and_prefill():
+    (_, p), = fio.variants("tax-rand-write", 1.0)
+    job = fio.job_file(p, Path("/m/nvbench-fio"))
+    assert "bs=4k" in job and "size=1073741824" in job and "runtime=20" in job
+    assert "end_fsync=1" in job and "direct=0" in job
+    inv = fio.invocation(p, Path("/m"), Path("/r"))
+    assert inv.pre[1][:2] == ["fio", "--name=prefill"]
+    assert "--size=1073741824" in inv.pre[1] and "--filename=tax.dat" in inv.pre[1]
+    (_, w), = fio.variants("tax-seq-write", 1.0)
+    assert len(fio.invocation(w, Path("/m"), Path("/r")).pre) == 1   # a new file: no prefill
+
+
+def test_postmark_fuse_tax():
+    (v, p), = postmark.variants("fuse-tax", 1.0)
+    assert v == "files=10000" and p["transactions"] == 150_000 and p["subdirectories"] == 100

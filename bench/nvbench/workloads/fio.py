@@ -8,6 +8,14 @@ operation sizes below 4 KB (the fetch-before-write case):
   nbw-seq-write      sequential writes of IOSIZE
   nbw-random-write   random writes of IOSIZE
   nbw-random-readwrite  two threads on the same file: one random reader, one random writer
+FUSE tax (not from a paper): one 1 GiB file, buffered IO (direct=0), psync, 4 KiB blocks:
+  tax-seq-write     write the new file sequentially, end_fsync
+  tax-seq-write-1m  the same with 1 MiB writes (shows what max_write buys)
+  tax-seq-read      read it sequentially (cold cache; pre-written untimed)
+  tax-rand-write    20 s of random 4 KiB overwrites of the pre-written file, end_fsync
+  tax-rand-read     20 s of random 4 KiB reads of the pre-written file (cold cache at start)
+Pre-written = an untimed fio layout pass (1 MiB writes + fsync) through the measured file
+system, then caches are dropped.
 
 `scale` multiplies file sizes, bytes written and run time. fio prints JSON
 (--output-format=json); parse.py reads it.
@@ -50,6 +58,29 @@ JOBS: dict[str, dict] = {
                                       {"name": "randwrite", "rw": "randwrite", "bs": "{iosize}",
                                        "size": 5120 * MB, "filename": "nbw.dat"}],
                              "primary": ("total_iops", "ops/s", True)},
+    "tax-seq-write": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1},
+                      "jobs": [{"name": "seqwrite", "rw": "write", "bs": "4k", "size": 1024 * MB,
+                                "filename": "tax.dat"}],
+                      "primary": ("write_kBps", "KiB/s", True)},
+    "tax-seq-write-1m": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1},
+                         "jobs": [{"name": "seqwrite1m", "rw": "write", "bs": "1m",
+                                   "size": 1024 * MB, "filename": "tax.dat"}],
+                         "primary": ("write_kBps", "KiB/s", True)},
+    "tax-seq-read": {"global": {"ioengine": "psync", "direct": 0},
+                     "jobs": [{"name": "seqread", "rw": "read", "bs": "4k", "size": 1024 * MB,
+                               "filename": "tax.dat"}],
+                     "prefill": True, "primary": ("read_kBps", "KiB/s", True)},
+    "tax-rand-write": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1,
+                                  "overwrite": 1, "time_based": 1, "runtime": 20,
+                                  "randrepeat": 1},
+                       "jobs": [{"name": "randwrite", "rw": "randwrite", "bs": "4k",
+                                 "size": 1024 * MB, "filename": "tax.dat"}],
+                       "prefill": True, "primary": ("write_iops", "ops/s", True)},
+    "tax-rand-read": {"global": {"ioengine": "psync", "direct": 0, "time_based": 1,
+                                 "runtime": 20, "randrepeat": 1},
+                      "jobs": [{"name": "randread", "rw": "randread", "bs": "4k",
+                                "size": 1024 * MB, "filename": "tax.dat"}],
+                      "prefill": True, "primary": ("read_iops", "ops/s", True)},
 }
 NBW_IOSIZES = [128, 512, 1024, 2048, 4096]
 _SCALED = ("size", "io_size", "runtime")
@@ -87,8 +118,19 @@ def job_file(p: dict, directory: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def prefill_argv(p: dict, directory: Path) -> list[str]:
+    """Untimed layout of the job's file: sequential 1 MiB writes + fsync (same size/name)."""
+    job = JOBS[p["config"]]["jobs"][0]
+    size = max(4096, scaled(job["size"], p["scale"], 1) // 4096 * 4096)
+    return ["fio", "--name=prefill", f"--directory={directory}", f"--filename={job['filename']}",
+            "--rw=write", "--bs=1m", f"--size={size}", "--ioengine=psync", "--end_fsync=1",
+            "--output-format=terse"]
+
+
 def invocation(p: dict, target: Path, rundir: Path) -> Invocation:
     d = target_subdir(target, "fio")
+    pre = [["mkdir", "-p", str(d)]]
+    if JOBS[p["config"]].get("prefill"):
+        pre.append(prefill_argv(p, d))
     return Invocation(argv=["fio", "--output-format=json", str(rundir / "job.fio")],
-                      files={"job.fio": job_file(p, d)}, pre=[["mkdir", "-p", str(d)]],
-                      tools=[TOOL])
+                      files={"job.fio": job_file(p, d)}, pre=pre, tools=[TOOL])

@@ -15,6 +15,10 @@ Sources:
              no stdio buffering, 512 B reads/writes. Async = as is; Sync = every write
              synchronous (here: the measured file system mounted with `-o sync`).
   smoke      a small thesis-shaped run for the smoke matrix (seconds per run).
+  fuse-tax   the FUSE-tax benchmark (not from a paper): thesis-sized files (512 B - 10 KB),
+             10k files in 100 directories, 150k transactions: a few s on ext4, tens of s over
+             FUSE on the 2-core VM. 10k (not more) files: both FUSE daemons hold a descriptor
+             per live inode and RLIMIT_NOFILE is 20000 here.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ CONFIGS: dict[str, dict] = {
     "nvfat-sync": {"files": [1000], "transactions": 10_000, "size": (512, 16 * 1024),
                    "subdirectories": 10, "buffering": False, "read": 512, "write": 512,
                    "sync": True},
+    "fuse-tax": {"files": [10000], "transactions": 150_000, "size": (512, 10 * 1024),
+                 "subdirectories": 100},
     "smoke": {"files": [4000], "transactions": 100_000, "size": (512, 10 * 1024),
               "subdirectories": 0},
 }
