@@ -113,12 +113,48 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Getattr, |_| Ok(self.lower.getattr(&self.inode(node_id)?.node)?))
     }
 
-    pub fn setattr(&self, node_id: u64, fh: Option<u64>, set: &SetAttr) -> FsResult<Attr> {
+    /// `unprivileged`: the caller is not root. A truncate by such a caller removes the file's
+    /// set-user-ID and set-group-ID bits, as the kernel would (it leaves that to us because we
+    /// handle killpriv, see `kill_suidgid`).
+    pub fn setattr(
+        &self,
+        node_id: u64,
+        fh: Option<u64>,
+        set: &SetAttr,
+        unprivileged: bool,
+    ) -> FsResult<Attr> {
         self.op(Op::Setattr, |_| {
             let inode = self.inode(node_id)?;
             let handle = fh.and_then(|fh| self.handles.get(fh));
+            if set.size.is_some() && set.mode.is_none() && unprivileged {
+                self.kill_suidgid(&inode.node)?;
+            }
             Ok(self.lower.setattr(&inode.node, handle.as_ref().map(|h| &h.file), set)?)
         })
+    }
+
+    /// Removes set-user-ID (always) and set-group-ID (when group-executable) from a regular
+    /// file, exactly the bits the kernel's `should_remove_suid` names. The daemon writes to
+    /// the lower file system as root, whose writes keep those bits, so for writes and
+    /// truncates by unprivileged callers the engine removes them itself (FUSE
+    /// handle_killpriv_v2; it also spares a security.capability query per write).
+    fn kill_suidgid(&self, node: &L::Node) -> FsResult<()> {
+        let attr = self.lower.getattr(node)?;
+        if attr.kind() != lower::FileKind::Regular {
+            return Ok(());
+        }
+        let mut kill = 0;
+        if attr.mode & libc::S_ISUID != 0 {
+            kill |= libc::S_ISUID;
+        }
+        if attr.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill != 0 {
+            let set = SetAttr { mode: Some(attr.mode & !kill & 0o7777), ..SetAttr::default() };
+            self.lower.setattr(node, None, &set)?;
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, node_id: u64) -> FsResult<Vec<u8>> {
@@ -226,21 +262,36 @@ impl<L: LowerFs> Engine<L> {
         })
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    /// Reads up to `size` bytes and hands them to `reply`. The bytes live in a buffer owned by
+    /// the calling worker thread and reused across requests (no allocation and zero-fill per
+    /// read).
+    pub fn read(&self, fh: u64, offset: u64, size: u32, reply: impl FnOnce(&[u8])) -> FsResult<()> {
+        thread_local! {
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         self.op(Op::Read, |_| {
             let h = self.handle(fh)?;
-            let mut buf = vec![0u8; size as usize];
-            let n = self.lower.read(&h.file, offset, &mut buf)?;
-            buf.truncate(n);
-            Counters::add(&self.counters.app_bytes_read, n as u64);
-            Counters::add(&self.counters.lower_bytes_read, n as u64);
-            Ok(buf)
+            BUFFER.with_borrow_mut(|buf| {
+                if buf.len() < size as usize {
+                    buf.resize(size as usize, 0);
+                }
+                let n = self.lower.read(&h.file, offset, &mut buf[..size as usize])?;
+                Counters::add(&self.counters.app_bytes_read, n as u64);
+                Counters::add(&self.counters.lower_bytes_read, n as u64);
+                reply(&buf[..n]);
+                Ok(())
+            })
         })
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+    /// `kill_suidgid`: the kernel asks to remove set-ID bits first (a write by an
+    /// unprivileged caller).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
         self.op(Op::Write, |_| {
             let h = self.handle(fh)?;
+            if kill_suidgid {
+                self.kill_suidgid(&self.inode(h.node_id)?.node)?;
+            }
             let n = self.lower.write(&h.file, offset, data)?;
             Counters::add(&self.counters.app_bytes_written, n as u64);
             Counters::add(&self.counters.lower_bytes_written, n as u64);

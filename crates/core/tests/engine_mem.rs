@@ -45,15 +45,17 @@ fn the_engine_runs_over_mem_lower_and_fsync_decides_what_survives_a_crash() {
     let root = engine.root_id();
 
     let (f, fh) = engine.create(&ROOT, root, name("f"), 0o644, libc::O_RDWR).unwrap();
-    assert_eq!(engine.write(fh, 0, b"fsynced").unwrap(), 7);
+    assert_eq!(engine.write(fh, 0, b"fsynced", false).unwrap(), 7);
     engine.fsync(fh, false).unwrap();
     let (g, gh) = engine.create(&ROOT, root, name("g"), 0o644, libc::O_RDWR).unwrap();
-    engine.write(gh, 0, b"never fsynced").unwrap();
+    engine.write(gh, 0, b"never fsynced", false).unwrap();
     let d = engine.mkdir(&ROOT, root, name("d"), 0o755).unwrap();
     engine.symlink(&ROOT, d.node_id, name("s"), name("../f")).unwrap();
     engine.link(f.node_id, d.node_id, name("f2")).unwrap();
     assert_eq!(engine.getattr(f.node_id).unwrap().nlink, 2);
-    assert_eq!(engine.read(fh, 0, 100).unwrap(), b"fsynced");
+    let mut got = Vec::new();
+    engine.read(fh, 0, 100, |data| got.extend_from_slice(data)).unwrap();
+    assert_eq!(got, b"fsynced");
     assert_eq!(
         list(&engine, root),
         [
@@ -70,13 +72,13 @@ fn the_engine_runs_over_mem_lower_and_fsync_decides_what_survives_a_crash() {
     let err = engine.rename(root, name("d"), d.node_id, name("x"), 0).unwrap_err();
     assert!(matches!(err, FsError::Lower(Errno(libc::EINVAL))), "{err:?}");
     let set = SetAttr { size: Some(3), ..SetAttr::default() };
-    assert_eq!(engine.setattr(g.node_id, Some(gh), &set).unwrap().size, 3);
+    assert_eq!(engine.setattr(g.node_id, Some(gh), &set, false).unwrap().size, 3);
 
     // Names become durable with fsyncdir of the root, through the engine.
     let dh = engine.opendir(root).unwrap();
     engine.fsyncdir(dh, false).unwrap();
     engine.releasedir(dh).unwrap();
-    engine.write(fh, 0, b"FSYNCED, then changed").unwrap();
+    engine.write(fh, 0, b"FSYNCED, then changed", false).unwrap();
 
     let after = handle.crash();
     let read = |path: &str| {
@@ -117,7 +119,7 @@ fn an_engine_over_a_crash_image_sees_the_durable_tree() {
     let root = engine.root_id();
     let d = engine.mkdir(&ROOT, root, name("d"), 0o755).unwrap();
     let (_, fh) = engine.create(&ROOT, d.node_id, name("f"), 0o600, libc::O_RDWR).unwrap();
-    engine.write(fh, 0, b"data").unwrap();
+    engine.write(fh, 0, b"data", false).unwrap();
     engine.fsync(fh, false).unwrap();
     engine.release(fh).unwrap();
     handle.sync_all();
@@ -129,7 +131,9 @@ fn an_engine_over_a_crash_image_sees_the_durable_tree() {
     let f = remounted.lookup(d.node_id, name("f")).unwrap();
     assert_eq!((f.attr.size, f.attr.mode & 0o777), (4, 0o600));
     let fh = remounted.open(f.node_id, libc::O_RDONLY).unwrap();
-    assert_eq!(remounted.read(fh, 0, 10).unwrap(), b"data");
+    let mut got = Vec::new();
+    remounted.read(fh, 0, 10, |data| got.extend_from_slice(data)).unwrap();
+    assert_eq!(got, b"data");
     remounted.release(fh).unwrap();
     remounted.shutdown();
 }

@@ -88,6 +88,10 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         // Lookups and readdir in one directory may run in parallel: each maps to one atomic
         // lower syscall.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
+        // We remove set-ID bits on writes and truncates ourselves (Engine::kill_suidgid). In
+        // exchange the kernel marks inodes S_NOSEC after their first write instead of asking
+        // for security.capability before every write (one extra request per write otherwise).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         // readdirplus answers `ls -l` and directory walks with one request per buffer instead
         // of one lookup per entry; the kernel decides per directory when it pays (AUTO).
         let _ = config.add_capabilities(
@@ -113,7 +117,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -137,7 +141,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        match self.engine.setattr(ino.0, fh.map(|f| f.0), &set) {
+        match self.engine.setattr(ino.0, fh.map(|f| f.0), &set, req.uid() != 0) {
             Ok(a) => reply.attr(&self.timeouts.attr, &file_attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -242,9 +246,12 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.engine.read(fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
+        let mut reply = Some(reply);
+        let result = self.engine.read(fh.0, offset, size, |data| {
+            reply.take().expect("one reply").data(data);
+        });
+        if let (Err(e), Some(reply)) = (result, reply) {
+            reply.error(errno(&e));
         }
     }
 
@@ -255,12 +262,13 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.engine.write(fh.0, offset, data) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.engine.write(fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }

@@ -57,9 +57,11 @@ pub struct MountArgs {
     /// Stay in the foreground (log to stderr) instead of starting a daemon.
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// FUSE worker threads.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub threads: u32,
+    /// FUSE worker threads (default: one per CPU, at least 2). More threads help workloads with
+    /// many concurrent requests; on few cores, extra threads cost wakeups and lock contention
+    /// (bench/results/fuse-tax/analysis).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: Option<u32>,
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
     #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
     pub attr_timeout: f64,
@@ -123,7 +125,7 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
             "--consistency",
             if args.consistency == ConsistencyArg::Undo { "undo" } else { "none" },
         ])
-        .args(["--threads", &args.threads.to_string()])
+        .args(["--threads", &threads(args).to_string()])
         .args(["--attr-timeout", &args.attr_timeout.to_string()])
         .args(["--entry-timeout", &args.entry_timeout.to_string()])
         .args(["--max-write", &args.max_write.to_string()])
@@ -149,6 +151,28 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
     let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr);
     let _ = child.wait();
     Err(CliError::Other(format!("mount failed: {}", stderr.trim().trim_start_matches("nvstack: "))))
+}
+
+fn threads(args: &MountArgs) -> u32 {
+    args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(2, |n| n.get() as u32).clamp(2, 64)
+    })
+}
+
+/// Every inode the kernel knows holds one O_PATH descriptor (and every open file one more), so
+/// the soft limit on open files (often 1024) would cap the number of live files: raise it to
+/// the hard limit, as libfuse's passthrough_hp does.
+fn raise_open_file_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) == 0
+            && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit);
+        }
+    }
 }
 
 fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
@@ -191,6 +215,7 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // New objects get exactly the mode the kernel computed (it applied the caller's umask).
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
+    raise_open_file_limit();
     let lower_dir = std::fs::canonicalize(&args.lower)
         .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", args.lower.display())))?;
     if !lower_dir.is_dir() {
@@ -241,7 +266,7 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // SAFETY: getuid has no preconditions.
     let owner = unsafe { libc::getuid() };
     config.acl = if owner == 0 { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
-    config.n_threads = Some(args.threads as usize);
+    config.n_threads = Some(threads(args) as usize);
     config.clone_fd = true;
     let session = match fuser::Session::new(fs, mountpoint, &config) {
         Ok(session) => session,
