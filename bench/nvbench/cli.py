@@ -49,6 +49,8 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
                         "print the matrix")
     p.add_argument("--echo", action="store_true", help="print every command as it runs")
     p.add_argument("--no-plot", action="store_true", help="stop after the runs (no parse/plot)")
+    p.add_argument("--fs", help="comma-separated subset of the experiment's file-system "
+                   "configurations (default: all of them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     p = sub.add_parser("smoke", help="run the smoke matrix (ext2, ext4-ordered x small "
                        "Postmark), then parse and plot", formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, None)
+    p = sub.add_parser("showcase", help="the README demo: ext2 vs nvstack on the modeled "
+                       "hdd-7200, short Postmark; prints the comparison table")
     _common(p, None)
     p = sub.add_parser("run", help="run one experiment (see `list`), then parse and plot")
     p.add_argument("experiment")
@@ -100,6 +105,14 @@ def cmd_run(name: str, args) -> int:
     if name not in EXPERIMENTS:
         raise BenchError(f"unknown experiment {name!r}; `bench/run list` shows them")
     exp = EXPERIMENTS[name]
+    if args.fs:
+        import dataclasses
+        wanted = [f.strip() for f in args.fs.split(",") if f.strip()]
+        unknown = [f for f in wanted if f not in exp.fs]
+        if unknown:
+            raise BenchError(f"--fs: {', '.join(unknown)} not in experiment {name} "
+                             f"({', '.join(exp.fs)})")
+        exp = dataclasses.replace(exp, fs=wanted)
     out = args.out or BENCH_DIR / "results" / f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     st = runner.Settings(out=out.resolve(), device=args.device or exp.device, timing=args.timing,
                          memory=parse_size(args.memory) if args.memory else None,
@@ -117,6 +130,9 @@ def cmd_run(name: str, args) -> int:
     pngs = plot.plot_dir(st.out)
     path = summary.write(st.out)
     print(f"wrote {len(list(st.out.glob('*.csv')))} CSV, {len(pngs)} PNG, {path}")
+    if name == "showcase":
+        print()
+        print(summary.showcase_text(st.out))
     return 1 if counts["failed"] else 0
 
 
@@ -125,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             return cmd_list()
-        if args.cmd == "smoke":
-            return cmd_run("smoke", args)
+        if args.cmd in ("smoke", "showcase"):
+            return cmd_run(args.cmd, args)
         if args.cmd == "run":
             return cmd_run(args.experiment, args)
         if args.cmd == "parse":

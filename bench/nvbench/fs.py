@@ -36,6 +36,10 @@ from .nvstack import Capabilities
 from .shell import Shell
 from .util import BenchError, fmt_size
 
+# nvstack mount flags of features that are not built yet, and the value meaning "off" (what
+# nvstack does today without the flag). Off values are passed only if the binary has the flag.
+NVSTACK_FEATURE_OFF = {"tempfiles": "off", "writeback": "file"}
+
 DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "none")
 
 
@@ -55,7 +59,11 @@ class FsConfig:
     def needs(self) -> list[str]:
         """Tools beyond the kernel: 'mount' for nvstack, the daemon's name for other FUSE FS."""
         if self.nvstack:
-            return ["mount"]
+            # a feature switched on needs its flag; "off" values are today's only behaviour
+            on = [k for k, off in NVSTACK_FEATURE_OFF.items()
+                  if k in self.nvstack and self.nvstack[k] != off]
+            return (["mount"] + [f"mount-flag:{k}" for k in on] +
+                    [f"consistency:{self.nvstack['consistency']}"])
         return [self.fuse["daemon"]] if self.fuse else []
 
     @property
@@ -271,8 +279,11 @@ class Target:
         sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
         argv = [nv, "mount", str(lower), str(lay.mnt), "--nvram", str(lay.nvram),
                 "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"]]
+        flags = self.caps.mount_flags if self.caps else {"tempfiles", "writeback"}
         for key in ("tempfiles", "writeback"):       # only the flags a configuration names
-            if key in opt:
+            # a feature that is off needs no flag on a binary that does not have it yet
+            # (off is then the only behaviour); a feature that is on is skipped before setup
+            if key in opt and (key in flags or opt[key] != NVSTACK_FEATURE_OFF[key]):
                 argv += [f"--{key}", opt[key]]
         argv += [*opt.get("args", []), "--foreground"]
         self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))

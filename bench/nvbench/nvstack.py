@@ -13,6 +13,7 @@ with the reason.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -30,6 +31,8 @@ class Capabilities:
     version: str | None = None
     reasons: dict = field(default_factory=dict)
     tools: dict = field(default_factory=dict)     # FUSE daemon name -> path (None if missing)
+    mount_flags: set = field(default_factory=set)  # long options `nvstack mount --help` lists
+    consistency_modes: set = field(default_factory=set)  # its --consistency values
 
     def missing(self, need: str) -> str | None:
         """None if `need` ('device' | 'mount' | a FUSE daemon name) is available, else why."""
@@ -38,6 +41,17 @@ class Capabilities:
                 return None
             return (f"{need} not built: run bench/tools/build-passthrough-hp (root; Debian "
                     f"source of libfuse 3.14) or set ${FUSE_DAEMONS[need]}")
+        if need.startswith("consistency:"):
+            mode = need.split(":", 1)[1]
+            if self.mount and mode in self.consistency_modes:
+                return None
+            return f"`nvstack mount --consistency {mode}` does not exist yet"
+        if need.startswith("mount-flag:"):
+            flag = need.split(":", 1)[1]
+            if self.mount and flag in self.mount_flags:
+                return None
+            return (f"`nvstack mount --{flag}` does not exist yet (the mechanism is not built; "
+                    f"see `nvstack mount --help`)")
         if getattr(self, need):
             return None
         return self.reasons.get(need, f"nvstack {need} not available")
@@ -86,6 +100,15 @@ def probe(refresh: bool = False) -> Capabilities:
     else:
         caps.device, why_d = _ok([binary, "device", "attach", "--help"])
         caps.mount, why_m = _ok([binary, "mount", "--help"])
+        if caps.mount:
+            try:
+                p = subprocess.run([binary, "mount", "--help"], capture_output=True, text=True,
+                                   timeout=20)
+                caps.mount_flags = set(re.findall(r"--([a-z][a-z0-9-]+)", p.stdout))
+                block = p.stdout.split("--consistency", 1)[-1].split("\n  -", 1)[0]
+                caps.consistency_modes = set(re.findall(r"^\s+- ([a-z]+):", block, re.M))
+            except (OSError, subprocess.SubprocessError):
+                pass
         caps.reasons = {"device": f"`nvstack device attach --help` failed ({why_d})",
                         "mount": f"`nvstack mount --help` failed ({why_m})"}
         try:

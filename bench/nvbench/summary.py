@@ -7,6 +7,7 @@ for throughputs (higher is better) improvement = (x - base) / base. ratio = x / 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import OrderedDict
 from pathlib import Path
@@ -105,6 +106,7 @@ def markdown(result_dir: Path) -> str:
                   f"(cgroup per run); scale = {m['scale']}; baseline = `{baseline}`; "
                   f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/`.", ""]
         parts += ratio_table(rows, baseline, meta.get("fs"))
+        parts += device_table(rows, baseline, meta.get("fs"))
         parts += nvstack_request_table(rows)
         for t in tables(rows, baseline):
             unit = t["lines"][0]["unit"]
@@ -189,6 +191,103 @@ def ratio_table(rows: list[dict], baseline: str, fs_order: list[str] | None = No
                    f"{'higher' if b['hib'] else 'lower'} is better) | "
                    f"{statistics.fmean(b['values']):.4g} ± {sd:.2g} | " + " | ".join(cells) + " |")
     return out + [""]
+
+
+DEVICE_COLUMNS = [("wall_seconds", "wall time (s)", 1.0, ".1f"),
+                  ("sync_seconds", "sync after (s)", 1.0, ".1f"),
+                  ("dev_busy_ms", "disk busy (s)", 1e-3, ".1f"),
+                  ("dev_bytes_written", "written to disk (MiB)", 1 / 2**20, ".1f"),
+                  ("dev_requests", "disk requests", 1.0, ".0f")]
+
+
+def device_rows(rows: list[dict], baseline: str, fs_order: list[str] | None = None) -> list[dict]:
+    """Per (workload, config, variant, fs): mean wall time and modeled-disk counters over the
+    timed command and the following sync (`nvstack device stat` deltas), with the wall-time
+    ratio to the baseline. Empty when no run had a modeled disk."""
+    acc: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in rows:
+        if r["status"] != "ok" or r["metric"] not in dict((c[0], 1) for c in DEVICE_COLUMNS):
+            continue
+        key = (r["workload"], r["config"], r["variant"], r["fs"])
+        acc.setdefault(key, {}).setdefault(r["metric"], []).append(float(r["value"]))
+    if not any("dev_busy_ms" in d for d in acc.values()):
+        return []
+    present = _order(rows, "fs")
+    order = [f for f in (fs_order or []) if f in present] + \
+        [f for f in present if f not in (fs_order or [])]
+    def natural(v: str) -> list:          # files=2000 before files=10000
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", v)]
+    out = []
+    for (w, c, v, f) in sorted(acc, key=lambda k: (k[0], k[1], natural(k[2]),
+                                                   order.index(k[3]))):
+        d = acc[(w, c, v, f)]
+        means = {m: statistics.fmean(x) for m, x in d.items()}
+        base = acc.get((w, c, v, baseline), {}).get("wall_seconds")
+        ratio = means["wall_seconds"] / statistics.fmean(base) if base and "wall_seconds" in means \
+            and statistics.fmean(base) else None
+        out.append({"workload": w, "config": c, "variant": v, "fs": f, "means": means,
+                    "n": len(d.get("wall_seconds", [])), "ratio": ratio})
+    return out
+
+
+def device_table(rows: list[dict], baseline: str, fs_order: list[str] | None = None) -> list[str]:
+    lines = device_rows(rows, baseline, fs_order)
+    if not lines:
+        return []
+    out = ["### Wall time and the modeled disk (means; disk counters cover the timed command "
+           "and the sync after it)", "",
+           "| workload | fs | n | " + " | ".join(c[1] for c in DEVICE_COLUMNS) +
+           f" | wall time / {baseline} |", "|---|---|---:|" + "---:|" * (len(DEVICE_COLUMNS) + 1)]
+    for ln in lines:
+        cells = [format(ln["means"][m] * k, spec) if m in ln["means"] else ""
+                 for m, _h, k, spec in DEVICE_COLUMNS]
+        name = ln["config"] + ("" if ln["variant"] == "default" else f" {ln['variant']}")
+        out.append(f"| {ln['workload']} {name} | {ln['fs']} | {ln['n']} | " + " | ".join(cells) +
+                   f" | {_fmt(ln['ratio'], '.2f')} |")
+    return out + [""]
+
+
+def showcase_text(result_dir: Path) -> str:
+    """The comparison table `bench/run showcase` prints at the end (plain text)."""
+    csvs = sorted(result_dir.glob("*.csv"))
+    rows = read_csv(csvs[0]) if csvs else []
+    if not rows:
+        return "no results"
+    meta = _meta(result_dir, rows[0]["experiment"])
+    baseline = meta.get("baseline") or rows[0]["fs"]
+    lines = device_rows(rows, baseline, meta.get("fs"))
+    bad = [r for r in rows if r["status"] != "ok"]
+    m = rows[0]
+    head = (f"Postmark {m['variant']} ({m['config']}), device {m['device']}, memory budget "
+            f"{int(m['memory_bytes']) >> 20} MiB per run")
+    cols = ["file system", "wall time s", "sync after s", "disk busy s", "disk MiB written", "disk requests",
+            f"time vs {baseline}"]
+    table = [cols]
+    for ln in lines:
+        mm = ln["means"]
+        table.append([ln["fs"], f"{mm.get('wall_seconds', 0):.1f}",
+                      f"{mm.get('sync_seconds', 0):.1f}",
+                      f"{mm.get('dev_busy_ms', 0) / 1e3:.1f}",
+                      f"{mm.get('dev_bytes_written', 0) / 2**20:.1f}",
+                      f"{mm.get('dev_requests', 0):.0f}", f"{ln['ratio']:.2f}x" if ln["ratio"] else ""])
+    if not lines:
+        table.append(["(no modeled-disk runs)"] + [""] * (len(cols) - 1))
+    widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+    text = [head, ""]
+    for i, r in enumerate(table):
+        text.append("  ".join(c.ljust(widths[j]) if j == 0 else c.rjust(widths[j])
+                              for j, c in enumerate(r)))
+        if i == 0:
+            text.append("  ".join("-" * w for w in widths))
+    for r in bad:
+        text.append(f"{r['fs']}: {r['status']}: {r['reason'][:200]}")
+    text.append("")
+    text.append("wall time = the timed Postmark; disk counters are of the modeled disk "
+                "(nvstack device stat) over the timed Postmark and the sync after it.")
+    text.append("nvstack today passes every operation through to ext2 inside an undo-log "
+                "transaction (TempFFS and the NVRAM page cache are not built yet), so it "
+                "writes the same data plus FUSE and transaction costs.")
+    return "\n".join(text)
 
 
 def nvstack_request_table(rows: list[dict]) -> list[str]:

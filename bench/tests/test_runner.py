@@ -118,7 +118,9 @@ def test_repro_sh_ram_journal(tmp_path):
 
 
 def test_repro_sh_nvstack_over_modeled_disk(tmp_path, monkeypatch):
-    caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True)
+    caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True,
+                                mount_flags={"tempfiles", "writeback", "consistency"},
+                                consistency_modes={"undo", "none"})   # a binary with the features
     monkeypatch.setattr(nvstack, "_cache", caps)
     d, text = _repro(tmp_path, "nvstack-ext2-tempffs-wb-trans", device="hdd-7200")
     assert "/opt/nvstack device attach" in text and "--model hdd-7200" in text
@@ -137,3 +139,34 @@ def test_shell_captured_variable_quoting():
     sh.run(["mount", "-o", f"a,journal_path={dev}", dev, "/m"])
     assert sh.setup[0] == "LOOP1=$(losetup --find --show '/x y/img')"
     assert sh.setup[1] == 'mount -o "a,journal_path=${LOOP1}" "${LOOP1}" /m'
+
+
+def test_feature_flags_only_when_the_binary_has_them():
+    caps = nvstack.Capabilities("/bin/nvstack", device=True, mount=True,
+                                mount_flags={"nvram", "consistency", "threads"},
+                                consistency_modes={"undo", "none"})
+    # every feature off: runs on a binary without --tempfiles/--writeback (off is all it does)
+    assert all(caps.missing(n) is None for n in fs.CONFIGS["nvstack-ext2"].needs)
+    assert all(caps.missing(n) is None for n in fs.CONFIGS["nvstack-ext2-trans"].needs)
+    # a feature switched on needs its flag: skipped with the reason
+    why = [caps.missing(n) for n in fs.CONFIGS["nvstack-ext2-tempffs"].needs]
+    assert any(w and "--tempfiles" in w for w in why)
+    assert "journal" in caps.missing("consistency:journal")
+    caps.mount_flags |= {"tempfiles", "writeback"}
+    assert all(caps.missing(n) is None for n in fs.CONFIGS["nvstack-ext2-tempffs-wb"].needs)
+
+
+def test_showcase_and_fs_subset(tmp_path):
+    from nvbench import cli
+    exp = EXPERIMENTS["showcase"]
+    assert exp.fs == ["ext2", "nvstack-ext2-trans"] and exp.device == "hdd-7200"
+    assert fs.CONFIGS["nvstack-ext2-trans"].nvstack["consistency"] == "undo"
+    out = tmp_path / "tp"
+    rc = cli.main(["run", "thesis-postmark", "--dry-run", "--device", "none", "--reps", "1",
+                   "--fs", "ext2,nvstack-ext2", "--out", str(out), "--workdir",
+                   str(tmp_path / "w"), "--no-plot"])
+    assert rc == 0
+    meta = json.loads((out / "experiment.json").read_text())
+    assert meta["fs"] == ["ext2", "nvstack-ext2"] and meta["runs"] == 2 * 6
+    assert cli.main(["run", "thesis-postmark", "--dry-run", "--fs", "vfat", "--out",
+                     str(out)]) == 2

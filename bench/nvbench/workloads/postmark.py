@@ -15,6 +15,9 @@ Sources:
              no stdio buffering, 512 B reads/writes. Async = as is; Sync = every write
              synchronous (here: the measured file system mounted with `-o sync`).
   smoke      a small thesis-shaped run for the smoke matrix (seconds per run).
+  showcase   the README demo (`bench/run showcase`): thesis-sized files (512 B - 10 KB) in 10
+             directories, sized so that one run takes a minute or two on the modeled
+             hdd-7200 with a small memory budget (dirty data must reach the disk).
   fuse-tax   the FUSE-tax benchmark (not from a paper): thesis-sized files (512 B - 10 KB),
              10k files in 100 directories, 150k transactions: a few s on ext4, tens of s over
              FUSE on the 2-core VM. 10k (not more) files: both FUSE daemons hold a descriptor
@@ -45,6 +48,8 @@ CONFIGS: dict[str, dict] = {
                  "subdirectories": 100},
     "smoke": {"files": [4000], "transactions": 100_000, "size": (512, 10 * 1024),
               "subdirectories": 0},
+    "showcase": {"files": [6000], "transactions": 12_000, "size": (512, 10 * 1024),
+                 "subdirectories": 10},
 }
 
 TOOL = "postmark"

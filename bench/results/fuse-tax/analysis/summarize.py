@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""run-probes.sh outputs -> analysis.md: per workload and configuration, wall time, FUSE
+"""run-probes.sh outputs -> probes.md: per workload and configuration, wall time, FUSE
 requests per opcode (kernel tracepoint), daemon CPU (perf stat task-clock) and CPU per request.
 Mean over repetitions, [min-max] for wall and CPU."""
 import json
@@ -70,8 +70,8 @@ def main():
                          f"{statistics.fmean(tot):.0f} | {fmt(per, '.1f')} | {fmt(csr, '.2f')} | "
                          f"{optext} |")
         lines.append("")
-    (HERE / "analysis.md").write_text("\n".join(lines) + "\n")
-    print(HERE / "analysis.md")
+    (HERE / "probes.md").write_text("\n".join(lines) + "\n")
+    print(HERE / "probes.md")
 
 
 if __name__ == "__main__":
