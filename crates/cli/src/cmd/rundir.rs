@@ -43,13 +43,8 @@ pub fn is_stale(mp: &Path) -> bool {
     matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
-/// True when `mp` appears in /proc/self/mountinfo as a mount point.
+/// True when `mp` appears in /proc/self/mountinfo as a mount point (the device layer's parser,
+/// which decodes mountinfo's octal escapes).
 pub fn is_mounted(mp: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let want = mp.to_string_lossy();
-    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    device::attach::is_mounted(mp)
 }
