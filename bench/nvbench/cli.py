@@ -21,6 +21,7 @@ examples:
   bench/run smoke --out /tmp/smoke --device none   same on a plain loop device
   bench/run run thesis-postmark --dry-run          print the matrix, run nothing
   bench/run run thesis-postmark --out bench/results/tp --scale 0.1 --reps 2
+  bench/run run tempffs-postmark --out bench/results/tempffs-postmark   (TempFFS acceptance)
   bench/run parse bench/results/tp && bench/run plot bench/results/tp
 
 fairness: every run gets a memory budget M (a cgroup v1 memory limit holding the benchmark,
@@ -42,6 +43,8 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
     p.add_argument("--nvram", help="NVRAM region size for nvstack runs (default M/2, inside M)")
     p.add_argument("--scale", type=float, help="multiply the papers' counts (default: experiment's)")
     p.add_argument("--reps", type=int, help="repetitions per configuration")
+    p.add_argument("--transactions", type=int, help="Postmark transactions per run, absolute "
+                   "(not multiplied by --scale); default: the paper's count x scale")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"),
                    help="where disk images and mount points live (removed after each run)")
     p.add_argument("--dry-run", action="store_true",
@@ -85,7 +88,8 @@ def cmd_list() -> int:
     print("experiments:")
     for e in EXPERIMENTS.values():
         print(f"  {e.name:20s} {e.description}\n  {'':20s} fs: {', '.join(e.fs)}\n"
-              f"  {'':20s} M={e.memory} scale={e.scale} reps={e.reps} device={e.device}; {e.estimate}")
+              f"  {'':20s} M={e.memory} NVRAM={e.nvram or 'M/2'} scale={e.scale} reps={e.reps} "
+              f"device={e.device}; {e.estimate}")
     print("\nfile-system configurations:")
     for c in CONFIGS.values():
         print(f"  {c.name:30s} {c.label:22s} {c.description}")
@@ -118,7 +122,9 @@ def cmd_run(name: str, args) -> int:
                          memory=parse_size(args.memory) if args.memory else None,
                          scale=args.scale, reps=args.reps, workdir=args.workdir.resolve(),
                          dry_run=args.dry_run, echo=args.echo,
-                         nvram=parse_size(args.nvram) if args.nvram else None)
+                         nvram=parse_size(args.nvram) if args.nvram else None,
+                         overrides={"transactions": args.transactions}
+                         if args.transactions else {})
     results = runner.run_experiment(exp, st, args.device)
     counts = {s: sum(r["status"] == s for r in results)
               for s in ("ok", "failed", "skipped", "dry-run")}

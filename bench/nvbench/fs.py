@@ -146,6 +146,38 @@ def _fuse_tax() -> list[FsConfig]:
 CONFIGS: dict[str, FsConfig] = {c.name: c for c in _kernel() + _nvstack() + _fuse_tax()}
 
 
+def tempfiles_pairs(names) -> dict[str, str]:
+    """{nvstack config with tempfiles on: the one identical but for tempfiles off} among
+    `names` (e.g. nvstack-ext2-tempffs-trans -> nvstack-ext2-trans)."""
+    names = [n for n in names if n in CONFIGS and CONFIGS[n].nvstack]
+    out = {}
+    for on in names:
+        opt = CONFIGS[on].nvstack
+        if opt.get("tempfiles") != "on":
+            continue
+        for off in names:
+            c = CONFIGS[off]
+            if (c.nvstack == {**opt, "tempfiles": "off"} and c.mkfs == CONFIGS[on].mkfs
+                    and c.mount_options == CONFIGS[on].mount_options):
+                out[on] = off
+                break
+    return out
+
+
+def lower_kernel_config(name: str, names) -> str | None:
+    """The kernel configuration among `names` that is a stacked configuration's lower FS on
+    its own (ext2 for nvstack-ext2-*; ext4-ordered or ext4 for ext4 lowers), or None."""
+    c = CONFIGS.get(name)
+    if c is None or not c.stacked:
+        return None
+    for k in names:
+        kc = CONFIGS.get(k)
+        if (kc is not None and not kc.stacked and kc.mkfs == c.mkfs
+                and kc.mount_options == c.mount_options and kc.journal == c.journal):
+            return k
+    return None
+
+
 
 @dataclass
 class Layout:
@@ -193,6 +225,7 @@ class Target:
     daemon: object = None
     path: Path | None = None        # where the workload runs
     device_mnt: Path | None = None  # mount point of the (modeled) device, for `device stat`
+    loop_dev: str | None = None     # the plain loop device (--device none), for block_stat()
 
     # ----- setup -----------------------------------------------------------------------------
     def setup(self) -> Path:
@@ -248,6 +281,7 @@ class Target:
         sh.run(["truncate", "-s", fmt_size(self.disk_bytes), str(img)])
         dev = sh.run(["losetup", "--find", "--show", str(img)], capture_as="LOOP").stdout.strip()
         self._undo.append(lambda: sh.run(["losetup", "-d", dev], check=False))
+        self.loop_dev = dev
         sh.run(self._mkfs_argv(dev, jdev))
         opts = self._mount_options(jdev)
         sh.run(["mount", "-t", self.config.mkfs, *(["-o", opts] if opts else []), dev, str(mnt)])
@@ -346,6 +380,23 @@ class Target:
         nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
         self.shell.run([nv, "device", "stat", str(self.device_mnt), "--json"], stdout=dest,
                        check=False)
+
+    def block_stat(self, dest: Path) -> None:
+        """The kernel's /sys/block/<loop>/stat line of the plain loop device that holds the
+        kernel FS (for stacked configurations: the lower FS) into dest, as is (fields in the
+        kernel's Documentation/block/stat.rst; sectors are 512 bytes). Plain loop only: the
+        modeled disk has `device stat`."""
+        if self.loop_dev is None:
+            return
+        sh = self.shell
+        sh.log_only(f"cat /sys/block/$(basename {sh.render([self.loop_dev])})/stat "
+                    f">{sh.render([str(dest)])}")
+        if sh.dry_run:
+            return
+        try:
+            dest.write_text(Path("/sys/block", Path(self.loop_dev).name, "stat").read_text())
+        except OSError:
+            pass
 
     def fuse_pid(self) -> int | None:
         """pid of the FUSE daemon (the cgroup wrapper execs it), or None."""

@@ -11,11 +11,12 @@ import json
 import re
 from pathlib import Path
 
+from . import fs as fs_mod
 from . import workloads
 
 COLUMNS = ["experiment", "workload", "config", "variant", "fs", "fs_label", "device", "rep",
            "metric", "value", "unit", "higher_is_better", "primary", "status", "reason",
-           "memory_bytes", "scale", "run_dir"]
+           "memory_bytes", "nvram_bytes", "scale", "run_dir"]
 
 # ----- tool parsers ----------------------------------------------------------------------------
 _PM_UNITS = {"bytes": 1, "kilobytes": 1024, "megabytes": 1 << 20, "gigabytes": 1 << 30}
@@ -133,21 +134,76 @@ def parse_device_stat(before: dict | None, after: dict) -> dict[str, float]:
 
 
 # counters (not gauges) of `nvstack stat --json`: reported as the delta over the timed workload
-_NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_")
+_NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_", "tempfiles.")
+# ... except these gauges (span_blocks_avg is recomputed from the span_* deltas)
+_NV_GAUGES = ("tempfiles.pages_resident", "tempfiles.files_resident",
+              "tempfiles.span_blocks_avg", "tempfiles.max_size")
 
 
 def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, float]:
     """`nvstack stat --json` after the workload -> nv_* metrics. With the stat taken right
-    before the timed command, counters become deltas (the timed workload alone)."""
+    before the timed command, counters become deltas (the timed workload alone).
+
+    TempFFS (`tempfiles` object): counters become deltas too; the resident pages/files stay
+    absolute; span_blocks_avg is recomputed as the delta of span_blocks_sum over the delta of
+    span_files (the spans of the files transformed during the timed workload; 0 if none)."""
     base = _flatten(before or {})
     out = {}
     for k, v in _flatten(stat).items():
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        if before is not None and k.startswith(_NV_COUNTERS):
+        if before is not None and k.startswith(_NV_COUNTERS) and k not in _NV_GAUGES:
             b = base.get(k, 0)
             v = float(v) - float(b if isinstance(b, (int, float)) else 0)
         out[f"nv_{k}"] = float(v)
+    files, blocks = out.get("nv_tempfiles.span_files"), out.get("nv_tempfiles.span_blocks_sum")
+    if before is not None and files is not None and blocks is not None:
+        out["nv_tempfiles.span_blocks_avg"] = blocks / files if files > 0 else 0.0
+    return out
+
+
+def tempffs_metrics(nv: dict[str, float]) -> dict[str, float]:
+    """Derived TempFFS metrics of one run from its nv_* metrics (nothing if it created no
+    temp file, e.g. tempfiles off):
+      tempffs_deleted_in_nvram_pct       deleted_in_nvram / created (thesis Fig 4.4: >= 44 %)
+      tempffs_transformed_pct            transformed_total / created
+      tempffs_span_blocks_avg_all_files  span_blocks_sum / created: the thesis' Fig 4.6 average
+                                         over all files, a file deleted in NVRAM having span 0
+    """
+    created = nv.get("nv_tempfiles.created")
+    if not created or created <= 0:
+        return {}
+    out = {}
+    for key, name in (("deleted_in_nvram", "tempffs_deleted_in_nvram_pct"),
+                      ("transformed_total", "tempffs_transformed_pct")):
+        if f"nv_tempfiles.{key}" in nv:
+            out[name] = 100.0 * nv[f"nv_tempfiles.{key}"] / created
+    if "nv_tempfiles.span_blocks_sum" in nv:
+        out["tempffs_span_blocks_avg_all_files"] = nv["nv_tempfiles.span_blocks_sum"] / created
+    return out
+
+
+# /sys/block/<dev>/stat (Documentation/block/stat.rst): field index -> metric; sectors are
+# always 512 bytes there, whatever the device's sector size
+_BLK_FIELDS = {0: ("blk_read_ios", 1), 2: ("blk_read_bytes", 512), 4: ("blk_write_ios", 1),
+               6: ("blk_write_bytes", 512), 9: ("blk_io_ticks_ms", 1),
+               13: ("blk_discard_bytes", 512), 15: ("blk_flush_ios", 1)}
+
+
+def parse_block_stat(before: str | None, after: str) -> dict[str, float]:
+    """The block device's stat line before and after (timed command + sync) -> blk_* deltas."""
+    def fields(text):
+        vals = (text or "").split()
+        if vals and not all(v.isdigit() for v in vals):
+            raise ValueError(f"not a /sys/block/*/stat line: {text[:80]!r}")
+        return [int(v) for v in vals]
+    a, b = fields(after), fields(before)
+    if len(a) < 11:
+        raise ValueError("block stat has fewer than 11 fields")
+    out = {}
+    for i, (name, mult) in _BLK_FIELDS.items():
+        if i < len(a):
+            out[name] = float((a[i] - (b[i] if i < len(b) else 0)) * mult)
     return out
 
 
@@ -173,7 +229,26 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "write_iops": ("ops/s", True), "read_iops": ("ops/s", True),
          "total_iops": ("ops/s", True), "runtime_s": ("s", False),
          "dev_busy_ms": ("ms", False), "dev_bytes_written": ("B", False),
-         "dev_requests": ("", False), "dev_seek_distance_sectors": ("sectors", False)}
+         "dev_requests": ("", False), "dev_seek_distance_sectors": ("sectors", False),
+         "pm_tx_per_wall_second": ("tx/s", True),
+         "blk_write_bytes": ("B", False), "blk_read_bytes": ("B", False),
+         "blk_write_ios": ("", False), "blk_read_ios": ("", False),
+         "blk_io_ticks_ms": ("ms", False),
+         "nv_lower.bytes_written": ("B", False), "nv_lower.bytes_read": ("B", False),
+         "nv_app.bytes_written": ("B", False),
+         "nv_tempfiles.created": ("files", ""), "nv_tempfiles.deleted_in_nvram": ("files", True),
+         "nv_tempfiles.transformed_total": ("files", False),
+         "nv_tempfiles.bytes_written_by_apps": ("B", ""),
+         "nv_tempfiles.bytes_transformed": ("B", False),
+         "nv_tempfiles.span_blocks_avg": ("blocks", False),
+         "tempffs_deleted_in_nvram_pct": ("%", True), "tempffs_transformed_pct": ("%", False),
+         "tempffs_span_blocks_avg_all_files": ("blocks", False),
+         # paired with the tempfiles-off twin / the lower FS alone, same repetition
+         "tempffs_throughput_ratio_on_off": ("x", True),
+         "tempffs_lower_bytes_eliminated_pct": ("%", True),
+         "tempffs_blk_bytes_eliminated_pct": ("%", True),
+         "tempffs_dev_bytes_eliminated_pct": ("%", True),
+         "throughput_ratio_vs_lower_fs": ("x", True)}
 
 
 def primary_metric(workload: str, config: str) -> tuple[str, str, bool]:
@@ -197,13 +272,19 @@ def parse_run(rundir: Path) -> list[dict]:
     env = _load(rundir / "env.json") or {}
     if not result or not spec:
         return []
-    label = ((env.get("run") or {}).get("fs") or {}).get("label", spec["fs"])
+    run_env = env.get("run") or {}
+    label = (run_env.get("fs") or {}).get("label", spec["fs"])
+    if "nvram_bytes" in run_env:          # None for configurations without NVRAM
+        nvram = run_env["nvram_bytes"]
+    else:
+        cfg = fs_mod.CONFIGS.get(spec["fs"])
+        nvram = spec.get("nvram_bytes") if cfg is not None and cfg.nvstack else None
     base = {"experiment": spec["experiment"], "workload": spec["workload"],
             "config": spec["config"], "variant": spec["variant"], "fs": spec["fs"],
             "fs_label": label, "device": spec["device"], "rep": spec["rep"],
             "status": result["status"], "reason": result.get("reason", ""),
-            "memory_bytes": spec["memory_bytes"], "scale": spec["scale"],
-            "run_dir": str(rundir)}
+            "memory_bytes": spec["memory_bytes"], "nvram_bytes": "" if nvram is None else nvram,
+            "scale": spec["scale"], "run_dir": str(rundir)}
     if result["status"] != "ok":
         return [{**base, "metric": "", "value": "", "unit": "", "higher_is_better": "",
                  "primary": ""}]
@@ -218,13 +299,26 @@ def parse_run(rundir: Path) -> list[dict]:
         except (OSError, ValueError) as exc:
             return [{**base, "status": "failed", "reason": f"parse error: {exc}", "metric": "",
                      "value": "", "unit": "", "higher_is_better": "", "primary": ""}]
+    tx = (spec.get("params") or {}).get("transactions")
+    if spec["workload"] == "postmark" and tx and metrics.get("wall_seconds"):
+        # Postmark's own tx/s divides by whole seconds of the transaction phase only
+        metrics["pm_tx_per_wall_second"] = float(tx) / metrics["wall_seconds"]
     after = _load(rundir / "device_stat_after.json")
     if isinstance(after, dict):
         metrics.update(parse_device_stat(_load(rundir / "device_stat_before.json"), after))
+    blk_after = _read(rundir / "blockdev_stat_after.txt")
+    if blk_after:
+        try:
+            metrics.update(parse_block_stat(_read(rundir / "blockdev_stat_before.txt"),
+                                            blk_after))
+        except ValueError:
+            pass                          # a garbled stat file loses these metrics only
     nv = _load(rundir / "nvstack_stat.json")
     if isinstance(nv, dict):
         nv_before = _load(rundir / "nvstack_stat_before.json")
-        metrics.update(parse_nvstack_stat(nv, nv_before if isinstance(nv_before, dict) else None))
+        nvm = parse_nvstack_stat(nv, nv_before if isinstance(nv_before, dict) else None)
+        metrics.update(nvm)
+        metrics.update(tempffs_metrics(nvm))
     cg = _load(rundir / "cgroup.json")
     if isinstance(cg, dict):
         for k in ("max_usage_in_bytes", "failcnt"):
@@ -244,12 +338,77 @@ def parse_run(rundir: Path) -> list[dict]:
     return rows
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+# (metric of both runs, paired metric = 100 x (1 - on / off)) for the bytes TempFFS saves
+_ELIMINATED = (("nv_lower.bytes_written", "tempffs_lower_bytes_eliminated_pct"),
+               ("blk_write_bytes", "tempffs_blk_bytes_eliminated_pct"),
+               ("dev_bytes_written", "tempffs_dev_bytes_eliminated_pct"))
+
+
+def paired_rows(rows: list[dict]) -> list[dict]:
+    """Metrics of a run relative to another run of the same repetition and workload variant
+    (runs are interleaved rep by rep, so the pair ran back to back):
+
+    on the tempfiles-on configuration, paired with its tempfiles-off twin (fs.tempfiles_pairs):
+      tempffs_throughput_ratio_on_off      wall(off) / wall(on): throughput on / off, same work
+      tempffs_lower_bytes_eliminated_pct   100 x (1 - on / off) of nv_lower.bytes_written
+      tempffs_blk_bytes_eliminated_pct     ... of blk_write_bytes (the lower FS's loop device)
+      tempffs_dev_bytes_eliminated_pct     ... of dev_bytes_written (modeled disk)
+    on every nvstack configuration, paired with its lower FS alone (fs.lower_kernel_config):
+      throughput_ratio_vs_lower_fs         wall(lower FS) / wall(x), e.g. vs ext2
+    """
+    names = list(dict.fromkeys(r["fs"] for r in rows))
+    pairs = fs_mod.tempfiles_pairs(names)
+    value: dict[tuple, float] = {}
+    first: dict[tuple, dict] = {}
+    for r in rows:
+        if r["status"] != "ok" or not r["metric"]:
+            continue
+        run = (r["workload"], r["config"], r["variant"], str(r["rep"]), r["fs"])
+        value[run + (r["metric"],)] = float(r["value"])
+        first.setdefault(run, r)
+    out = []
+    for run, row in first.items():
+        fs = run[-1]
+        derived = {}
+        off = pairs.get(fs)
+        if off and run[:-1] + (off,) in first:
+            on_v = lambda m: value.get(run + (m,))                     # noqa: E731
+            off_v = lambda m: value.get(run[:-1] + (off, m))           # noqa: E731
+            if on_v("wall_seconds") and off_v("wall_seconds"):
+                derived["tempffs_throughput_ratio_on_off"] = \
+                    off_v("wall_seconds") / on_v("wall_seconds")
+            for src, name in _ELIMINATED:
+                if on_v(src) is not None and off_v(src):
+                    derived[name] = 100.0 * (1.0 - on_v(src) / off_v(src))
+        lower = fs_mod.lower_kernel_config(fs, names)
+        cfg = fs_mod.CONFIGS.get(fs)
+        if lower and cfg is not None and cfg.nvstack:
+            w_x, w_l = value.get(run + ("wall_seconds",)), \
+                value.get(run[:-1] + (lower, "wall_seconds"))
+            if w_x and w_l:
+                derived["throughput_ratio_vs_lower_fs"] = w_l / w_x
+        for name, v in derived.items():
+            unit, hib = UNITS[name]
+            out.append({**row, "metric": name, "value": repr(float(v)), "unit": unit,
+                        "higher_is_better": int(bool(hib)), "primary": 0})
+    return out
+
+
 def parse_tree(out: Path) -> dict[str, Path]:
     """All runs under out/runs -> out/<experiment>.csv; returns {experiment: csv path}."""
     by_exp: dict[str, list[dict]] = {}
     for result in sorted((out / "runs").rglob("result.json")):
         for row in parse_run(result.parent):
             by_exp.setdefault(row["experiment"], []).append(row)
+    for exp, rows in by_exp.items():
+        rows += paired_rows(rows)
     written = {}
     for exp, rows in by_exp.items():
         path = out / f"{exp}.csv"

@@ -16,7 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .parse import read_csv  # noqa: E402
-from .summary import BONNIE_METRICS, _meta, aggregate, improvement, tables  # noqa: E402
+from . import fs as fs_mod  # noqa: E402
+from .summary import (BONNIE_METRICS, _meta, _nvram_text, aggregate, improvement,  # noqa: E402
+                      natural, tables)
 from .util import slug  # noqa: E402
 
 
@@ -94,7 +96,72 @@ def plot_experiment(csv_path: Path, out_dir: Path) -> list[Path]:
         title = f"{exp}: {t['workload']} {t['config']}, {metric} (device {rows[0]['device']})"
         written.append(grouped_bars(name, title, groups, series, labels, mean, std, ylabel,
                                     imp, baseline if baseline in series else None))
+    tf = tempffs_figure(rows, out_dir)
+    if tf:
+        written.append(tf)
     return written
+
+
+def _bars(ax, groups: list[str], series: list[tuple[str, str]], agg: dict, scale: float = 1.0):
+    """series = [(label, (fs, metric))...]: one bar per series per group, error bar = std."""
+    width = 0.8 / max(1, len(series))
+    cmap = plt.get_cmap("tab10")
+    for i, (label, (fs, metric)) in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        a = [agg.get((*grp, fs, metric)) for grp in groups]
+        ax.bar(xs, [x["mean"] * scale if x else 0.0 for x in a], width,
+               yerr=[x["std"] * scale if x else 0.0 for x in a], capsize=2, label=label,
+               color=cmap(i % 10), edgecolor="black", linewidth=0.4)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([g[2] for g in groups], fontsize=7)
+    ax.legend(fontsize=6)
+
+
+def tempffs_figure(rows: list[dict], out_dir: Path) -> Path | None:
+    """TempFFS acceptance, thesis Figs 4.3-4.6 in one figure: throughput vs the lower FS,
+    files deleted in NVRAM, bytes written to the lower FS, average file span; per file-set
+    size, for every tempfiles on/off pair. The budget (M, NVRAM) is in the title."""
+    present = list(dict.fromkeys(r["fs"] for r in rows))
+    pairs = fs_mod.tempfiles_pairs(present)
+    agg = aggregate(rows)
+    if not pairs or not any(k[4] == "nv_tempfiles.created" for k in agg):
+        return None
+    groups = sorted({k[:3] for k in agg if k[3] in pairs}, key=lambda g: (g[0], g[1], natural(g[2])))
+    exp, m = rows[0]["experiment"], rows[0]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (a, b), (c, d) = axes
+    both = [(f, f"tempfiles {fs_mod.CONFIGS[f].nvstack['tempfiles']}: {f}")
+            for on, off in pairs.items() for f in (off, on)]
+    _bars(a, groups, [(lab, (f, "throughput_ratio_vs_lower_fs")) for f, lab in both], agg)
+    a.axhline(1.0, color="grey", linewidth=0.6, linestyle=":")
+    a.set_ylabel("throughput / lower FS alone")
+    a.set_title("Postmark throughput vs the lower FS (Fig 4.3)", fontsize=9)
+    _bars(b, groups, [(on, (on, "tempffs_deleted_in_nvram_pct")) for on in pairs], agg)
+    b.axhline(44.0, color="red", linewidth=0.8, linestyle="--", label="thesis: >= 44 %")
+    b.set_ylim(0, 105)
+    b.set_ylabel("files deleted in NVRAM (%)")
+    b.set_title("Files deleted in NVRAM (Fig 4.4)", fontsize=9)
+    b.legend(fontsize=6)
+    disk = [(m, what) for m, what in (("blk_write_bytes", "loop device"),
+                                      ("dev_bytes_written", "modeled disk"))
+            if any(k[4] == m and k[3] in pairs for k in agg)]
+    _bars(c, groups, [(f"{lab} (nvstack -> lower FS)", (f, "nv_lower.bytes_written"))
+                      for f, lab in both] +
+          [(f"{lab} ({what})", (f, m)) for m, what in disk for f, lab in both], agg, 2**-20)
+    c.set_ylabel("MiB written")
+    c.set_title("Bytes written to the lower FS (Fig 4.5)", fontsize=9)
+    _bars(d, groups, [(f"{on} (transformed files)", (on, "nv_tempfiles.span_blocks_avg"))
+                      for on in pairs] +
+          [(f"{on} (all files)", (on, "tempffs_span_blocks_avg_all_files")) for on in pairs], agg)
+    d.set_ylabel("average file span (FS blocks)")
+    d.set_title("Average file span (Fig 4.6)", fontsize=9)
+    fig.suptitle(f"{exp}: TempFFS, device {m['device']}, M = {int(m['memory_bytes']) >> 20} MiB"
+                 f"{_nvram_text(rows)}", fontsize=9)
+    fig.tight_layout()
+    path = out_dir / f"{slug(exp)}-tempffs.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_dir(result_dir: Path) -> list[Path]:

@@ -9,6 +9,8 @@ OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
     <inputs>       postmark.cfg, job.fio, ... (exactly what the tool read)
     result.json    status ok | failed | skipped, reason, wall_seconds (external clock), sync_seconds
     device_stat_before.json / device_stat_after.json   modeled disk counters (if any)
+    blockdev_stat_before.txt / blockdev_stat_after.txt  /sys/block/<loop>/stat of the plain loop
+                   device (--device none) holding the kernel FS / the lower FS
     nvstack_stat_before.json / nvstack_stat.json   nvstack request counters (parse: the delta)
     cgroup.json
     repro.sh       the same commands as a standalone script (cleanup on EXIT)
@@ -23,7 +25,7 @@ import platform
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import cgroup as cgroup_mod
@@ -74,6 +76,8 @@ class Settings:
     dry_run: bool = False
     echo: bool = False
     nvram: int | None = None
+    overrides: dict = field(default_factory=dict)   # workload parameters set absolutely
+                                                    # (e.g. {"transactions": 50000}), unscaled
 
 
 def _variants(mod, config: str, scale: float, memory: int):
@@ -91,15 +95,34 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
     journal -= journal % (1 << 20)
     nvram = st.nvram or (parse_size(exp.nvram) if exp.nvram else memory // 2)
     specs = []
+    _check_overrides(exp, st, scale, memory)
     for rep in range(1, reps + 1):
         for wname, config in exp.workloads:
             mod = workloads.get(wname)
             for variant, params in _variants(mod, config, scale, memory):
+                params = _override(params, st.overrides)
                 for fsname in exp.fs:
                     specs.append(RunSpec(exp.name, wname, config, variant, params, fsname, rep,
                                          st.device, st.timing, memory, parse_size(exp.disk),
                                          journal, nvram, scale))
     return specs
+
+
+def _override(params: dict, overrides: dict) -> dict:
+    """Workload parameters with the absolute overrides that apply to this workload (its
+    params have the key); the scaled value they replace stays as `<key>_scaled`."""
+    hit = {k: v for k, v in overrides.items() if k in params}
+    if not hit:
+        return params
+    return {**params, **{f"{k}_scaled": params[k] for k in hit}, **hit,
+            "overridden": sorted(hit)}
+
+
+def _check_overrides(exp: Experiment, st: Settings, scale: float, memory: int) -> None:
+    for key in st.overrides:
+        if not any(key in p for w, c in exp.workloads
+                   for _v, p in _variants(workloads.get(w), c, scale, memory)):
+            raise BenchError(f"experiment {exp.name} has no workload with parameter {key!r}")
 
 
 # ----- environment --------------------------------------------------------------------------
@@ -229,6 +252,7 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
             sh.run(wrap(argv), timeout=3600)
         sh.sh("sync; echo 3 > /proc/sys/vm/drop_caches")
         target.device_stat(rundir / "device_stat_before.json")
+        target.block_stat(rundir / "blockdev_stat_before.txt")
         target.nvstack_stat(rundir / "nvstack_stat_before.json")
         timed = wrap(inv.argv)
         (rundir / "cmd.txt").write_text(sh.render(timed) + "\n")
@@ -240,6 +264,7 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         syn = sh.sh("sync", check=False)
         result["sync_seconds"] = round(syn.seconds, 4)
         target.device_stat(rundir / "device_stat_after.json")
+        target.block_stat(rundir / "blockdev_stat_after.txt")
         target.nvstack_stat(rundir / "nvstack_stat.json")
         if st.dry_run:
             result.update(status="dry-run", reason="dry run: nothing was executed")
@@ -321,6 +346,9 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
             "fs": exp.fs, "workloads": exp.workloads, "device": st.device,
             "device_requested": requested_device or exp.device, "timing": st.timing,
             "memory_bytes": specs[0].memory_bytes if specs else None,
+            "nvram_bytes": specs[0].nvram_bytes if specs and any(
+                fs_mod.CONFIGS[f].nvstack for f in exp.fs) else None,
+            "overrides": st.overrides,
             "scale": specs[0].scale if specs else None, "reps": st.reps or exp.reps,
             "runs": len(specs), "notes": notes, "dry_run": st.dry_run,
             "command": " ".join(sys.argv),

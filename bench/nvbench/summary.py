@@ -87,6 +87,162 @@ def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "" if x is None else format(x, spec)
 
 
+def natural(v: str) -> list:
+    """Sort key: files=2000 before files=10000."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", v)]
+
+
+def _mib(nbytes) -> str:
+    return f"{int(nbytes) / 2**20:g}"
+
+
+def _nvram_text(rows: list[dict]) -> str:
+    sizes = sorted({int(r["nvram_bytes"]) for r in rows if r.get("nvram_bytes")})
+    if not sizes:
+        return ""
+    return ("; NVRAM region = " + " / ".join(f"{_mib(n)} MiB" for n in sizes) +
+            " per nvstack run (inside M)")
+
+
+# ----- TempFFS (issue 4: tempfiles on vs off) ------------------------------------------------
+TEMPFFS_THESIS = [
+    "Thesis (sec. 4.2, Figs 4.3-4.6; TempFFS paper Figs 3-6), for comparison: ext2 with and "
+    "without TempFFS on a 1 GB machine, Maxtor 7200 rpm disk, Postmark 512 B-10 KB, 200k "
+    "transactions, 5k-30k files. Throughput +34 % to +69 % with TempFFS; at least 44 % of the "
+    "files deleted in TempFFS (all of them at 5k and 10k files, where TempFFS held the whole "
+    "set); IO traffic eliminated: nearly 100 % at 5k and 10k files, about 31 % above; "
+    "average file span 0 at 5k and 10k files and largely reduced above (Fig 4.6: span "
+    "recorded at deletion, over all files).",
+    "Here: *throughput on/off* = wall(tempfiles off) / wall(tempfiles on), same Postmark; "
+    "*vs lower FS* = wall(ext2 alone) / wall(x); both are means of per-repetition pairs. "
+    "*Eliminated* = 1 - on / off of the bytes written to the lower FS (`nvstack stat` "
+    "`lower.bytes_written`: what nvstack wrote into ext2, transformations included) and of "
+    "the bytes the lower FS wrote to its block device (loop device / modeled disk, timed "
+    "command + sync). *Span* = first to last physical block of a transformed file (FIEMAP at "
+    "transformation) in FS blocks; *all files* divides the span sum by all files created "
+    "(a file deleted in NVRAM has span 0, the thesis' convention). Spans are not measured with "
+    "tempfiles off (nvstack measures transformed files only), so Fig 4.6's ext2 bars have no "
+    "counterpart.",
+]
+
+
+def _mean_sd(a: dict | None, spec: str, k: float = 1.0, sd: bool = True) -> str:
+    if not a:
+        return ""
+    text = format(a["mean"] * k, spec)
+    if sd and a["n"] > 1:
+        text += " ± " + format(a["std"] * k, spec)
+    return text
+
+
+def _budget(rows: list[dict], fs: str) -> str:
+    r = next((r for r in rows if r["fs"] == fs and r["status"] == "ok"), None) or \
+        next((r for r in rows if r["fs"] == fs), None)
+    if r is None:
+        return ""
+    text = f"M {_mib(r['memory_bytes'])}"
+    if r.get("nvram_bytes"):
+        text += f", NVRAM {_mib(r['nvram_bytes'])}"
+    return text + " MiB"
+
+
+def tempffs_tables(rows: list[dict], fs_order: list[str] | None = None) -> list[str]:
+    """The TempFFS acceptance tables, for experiments with a tempfiles on/off pair
+    (fs.tempfiles_pairs): per file-set size x configuration, throughput and bytes written to
+    the lower FS (with the ratios to tempfiles off and to the lower FS alone), then the temp-file
+    counters of the tempfiles-on runs. Every row states its budget (M, NVRAM)."""
+    from . import fs as fs_mod
+    present = _order(rows, "fs")
+    pairs = fs_mod.tempfiles_pairs(present)
+    if not pairs:
+        return []
+    shown = []
+    for on, off in pairs.items():
+        low = fs_mod.lower_kernel_config(on, present)
+        shown += [f for f in (low, off, on) if f and f not in shown]
+    order = [f for f in (fs_order or []) if f in shown] + \
+        [f for f in shown if f not in (fs_order or [])]
+    agg = aggregate(rows)
+    groups = sorted({(r["workload"], r["config"], r["variant"]) for r in rows
+                     if r["fs"] in shown and r["status"] == "ok" and r["metric"]},
+                    key=lambda g: (g[0], g[1], natural(g[2])))
+    if not groups:
+        return []
+    get = lambda g, f, m: agg.get((*g, f, m))                      # noqa: E731
+    has = lambda m: any(k[4] == m for k in agg)                    # noqa: E731
+    disk = [(m, label, elim) for m, label, elim in
+            (("blk_write_bytes", "loop dev MiB written", "tempffs_blk_bytes_eliminated_pct"),
+             ("dev_bytes_written", "modeled disk MiB written", "tempffs_dev_bytes_eliminated_pct"))
+            if has(m)]
+    head = ["workload", "fs", "tempfiles", "budget", "n", "wall s", "tx/s (wall)",
+            "throughput vs lower FS", "throughput on/off", "lower FS MiB written",
+            "lower bytes eliminated %"]
+    for _m, label, _e in disk:
+        head += [label, label.split(" MiB")[0] + " bytes eliminated %"]
+    out = ["### TempFFS: throughput and bytes written to the lower FS (means ± std over "
+           "repetitions; every row with its budget)", "",
+           "| " + " | ".join(head) + " |", "|---|---|---|---|" + "---:|" * (len(head) - 4)]
+    for g in groups:
+        name = f"{g[0]} {g[1]}" + ("" if g[2] == "default" else f" {g[2]}")
+        for f in order:
+            wall = get(g, f, "wall_seconds")
+            if not wall:
+                continue
+            cfg = fs_mod.CONFIGS.get(f)
+            tf = (cfg.nvstack or {}).get("tempfiles", "") if cfg and cfg.nvstack else "-"
+            vs = "1 (itself)" if cfg is not None and not cfg.stacked else \
+                _mean_sd(get(g, f, "throughput_ratio_vs_lower_fs"), ".3f")
+            cells = [name, f, tf, _budget(rows, f), str(wall["n"]), _mean_sd(wall, ".2f"),
+                     _mean_sd(get(g, f, "pm_tx_per_wall_second"), ".0f", sd=False), vs,
+                     _mean_sd(get(g, f, "tempffs_throughput_ratio_on_off"), ".3f"),
+                     _mean_sd(get(g, f, "nv_lower.bytes_written"), ".1f", 2**-20, sd=False),
+                     _mean_sd(get(g, f, "tempffs_lower_bytes_eliminated_pct"), ".1f")]
+            for m, _label, elim in disk:
+                cells += [_mean_sd(get(g, f, m), ".1f", 2**-20, sd=False),
+                          _mean_sd(get(g, f, elim), ".1f")]
+            out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    # the temp files themselves
+    ons = [f for f in order if f in pairs]
+    head = ["workload", "fs", "budget", "NVRAM frames", "n", "files created",
+            "deleted in NVRAM", "deleted in NVRAM %", "transformed (by trigger)",
+            "MiB transformed", "span avg blocks (transformed files)",
+            "span avg blocks (all files)"]
+    lines = []
+    for g in groups:
+        name = f"{g[0]} {g[1]}" + ("" if g[2] == "default" else f" {g[2]}")
+        for f in ons:
+            created = get(g, f, "nv_tempfiles.created")
+            if not created:
+                continue
+            trig = {k[4].rsplit(".", 1)[1]: a["mean"] for k, a in agg.items()
+                    if k[:4] == (*g, f) and k[4].startswith("nv_tempfiles.transformed.")}
+            trig_text = ", ".join(f"{t} {v:.0f}" for t, v in
+                                  sorted(trig.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+            total = _mean_sd(get(g, f, "nv_tempfiles.transformed_total"), ".0f", sd=False)
+            span = _mean_sd(get(g, f, "nv_tempfiles.span_blocks_avg"), ".2f")
+            nspan = get(g, f, "nv_tempfiles.span_files")
+            if span and nspan:
+                span += f" ({nspan['mean']:.0f} files)"
+            lines.append("| " + " | ".join([
+                name, f, _budget(rows, f),
+                _mean_sd(get(g, f, "nv_nvram.frames_total"), ".0f", sd=False),
+                str(created["n"]), _mean_sd(created, ".0f", sd=False),
+                _mean_sd(get(g, f, "nv_tempfiles.deleted_in_nvram"), ".0f", sd=False),
+                _mean_sd(get(g, f, "tempffs_deleted_in_nvram_pct"), ".1f"),
+                total + (f" ({trig_text})" if trig_text else ""),
+                _mean_sd(get(g, f, "nv_tempfiles.bytes_transformed"), ".1f", 2**-20, sd=False),
+                span, _mean_sd(get(g, f, "tempffs_span_blocks_avg_all_files"), ".2f")]) + " |")
+    if lines:
+        out += ["### TempFFS: temp files of the tempfiles-on runs (`nvstack stat` deltas over "
+                "the timed command; means ± std)", "",
+                "| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
+        out += lines + [""]
+    for t in TEMPFFS_THESIS:
+        out += [t, ""]
+    return out
+
+
 def markdown(result_dir: Path) -> str:
     parts = ["# nvbench summary", ""]
     for csv_path in sorted(result_dir.glob("*.csv")):
@@ -102,9 +258,11 @@ def markdown(result_dir: Path) -> str:
         for note in meta.get("notes", []):
             parts += [f"> {note}", ""]
         m = rows[0]
+        nvram = _nvram_text(rows)
         parts += [f"Device: `{m['device']}`; memory budget M = {int(m['memory_bytes']) >> 20} MiB "
-                  f"(cgroup per run); scale = {m['scale']}; baseline = `{baseline}`; "
+                  f"(cgroup per run){nvram}; scale = {m['scale']}; baseline = `{baseline}`; "
                   f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/`.", ""]
+        parts += tempffs_tables(rows, meta.get("fs"))
         parts += ratio_table(rows, baseline, meta.get("fs"))
         parts += device_table(rows, baseline, meta.get("fs"))
         parts += nvstack_request_table(rows)
@@ -215,8 +373,6 @@ def device_rows(rows: list[dict], baseline: str, fs_order: list[str] | None = No
     present = _order(rows, "fs")
     order = [f for f in (fs_order or []) if f in present] + \
         [f for f in present if f not in (fs_order or [])]
-    def natural(v: str) -> list:          # files=2000 before files=10000
-        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", v)]
     out = []
     for (w, c, v, f) in sorted(acc, key=lambda k: (k[0], k[1], natural(k[2]),
                                                    order.index(k[3]))):

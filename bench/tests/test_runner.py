@@ -73,7 +73,8 @@ def test_nvstack_configs_skipped_with_reason(tmp_path):
     results = runner.run_experiment(exp, st, "none")
     skipped = [r for r in results if r["status"] == "skipped"]
     assert skipped and all("nvstack" in r["reason"] for r in skipped)
-    assert {r["spec"]["fs"] for r in skipped} == {"nvstack-ext2", "nvstack-ext2-tempffs"}
+    assert {r["spec"]["fs"] for r in skipped} == {"nvstack-ext2-trans",
+                                                  "nvstack-ext2-tempffs-trans"}
 
 
 def _repro(tmp_path, fsname, device="none"):

@@ -40,6 +40,8 @@ enum Command {
     Umount(cmd::umount::UmountArgs),
     /// Counters of a running mount: requests, bytes, NVRAM use (`--json` for tools).
     Stat(cmd::stat::StatArgs),
+    /// Transform every temp file of a running mount into the lower directory (progress bar).
+    Flush(cmd::flush::FlushArgs),
     /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
     InstallMountHelper(cmd::mount_helper::InstallArgs),
     /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => cmd::mount::run(args),
         Command::Umount(args) => cmd::umount::run(args),
         Command::Stat(args) => cmd::stat::run(args),
+        Command::Flush(args) => cmd::flush::run(args),
         Command::InstallMountHelper(args) => cmd::mount_helper::install(args),
         Command::Device(command) => {
             device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))

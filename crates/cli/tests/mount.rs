@@ -214,7 +214,24 @@ fn stat_counts_requests_and_bytes_and_is_refused_to_other_users() {
     assert!(v["requests"]["write"].as_u64().unwrap() >= 1);
     assert!(v["requests"]["create"].as_u64().unwrap() >= 1);
     assert_eq!(v["app"]["bytes_written"], 12345);
+    // A new file is a temp file: nothing reached the lower directory yet.
+    assert_eq!(v["lower"]["bytes_written"], 0);
+    assert_eq!(v["tempfiles"]["created"], 1);
+    assert_eq!(v["tempfiles"]["bytes_written_by_apps"], 12345);
+    assert_eq!(v["tempfiles"]["files_resident"], 1);
+    assert_eq!(v["tempfiles"]["pages_resident"], 4);
+    assert!(!f.lower().join("x").exists());
+    let out = nvstack(&["flush", f.mnt().to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("1 temp file(s) transformed"), "{}", text(&out));
+    assert_eq!(std::fs::read(f.lower().join("x")).unwrap(), vec![1u8; 12345]);
+    let out = nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["lower"]["bytes_written"], 12345);
+    assert_eq!(v["tempfiles"]["transformed"]["flush"], 1);
+    assert_eq!(v["tempfiles"]["bytes_transformed"], 12345);
+    assert_eq!(v["tempfiles"]["files_resident"], 0);
+    assert_eq!(v["tempfiles"]["span_files"], 1);
     assert!(v["nvram"]["frames_free"].as_u64().unwrap() > 0);
     assert!(v["nvram"]["undo_bytes_max"].as_u64().is_some());
     let human = nvstack(&["stat", f.mnt().to_str().unwrap()]);
@@ -247,6 +264,8 @@ fn files_created_by_a_user_belong_to_that_user() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    // `f` is a temp file until transformed; the transform keeps its owner.
+    assert!(nvstack(&["flush", f.mnt().to_str().unwrap(), "-q"]).status.success());
     for name in ["f", "d", "s", "p"] {
         let m = std::fs::symlink_metadata(f.lower().join("shared").join(name)).unwrap();
         assert_eq!((m.uid(), m.gid()), (65534, 65534), "{name} on the lower directory");
@@ -275,6 +294,7 @@ fn mount_8_with_the_helper_and_fstab_style_options() {
         Command::new(&helper).arg(f.lower()).arg(f.mnt()).args(["-o", &options]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     std::fs::write(f.mnt().join("via-helper"), b"ok").unwrap();
+    assert!(nvstack(&["flush", f.mnt().to_str().unwrap(), "-q"]).status.success());
     assert_eq!(std::fs::read(f.lower().join("via-helper")).unwrap(), b"ok");
     let v: serde_json::Value =
         serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout)

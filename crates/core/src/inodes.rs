@@ -9,26 +9,40 @@
 //! Node id = the lower inode number when the object is on the lower root's file system (so
 //! `st_ino` on the mount equals `st_ino` on the lower directory; fuser reports the node id as
 //! st_ino). Objects on another file system mounted inside the lower directory get ids from
-//! `FOREIGN_BASE` up. The root is always node id 1.
+//! `FOREIGN_BASE` up. Temp files (NVRAM only, no lower inode yet) have the key
+//! (`TEMP_DEV`, serial) and the id `TEMP_BASE + serial`; when one is transformed, its entry is
+//! re-keyed to the new lower object and keeps its id while the kernel knows it. The root is
+//! always node id 1.
 //!
 //! Invariants: I1 `by_key` and `nodes` describe the same entries; I2 the root is never removed;
 //! I3 an entry's count is the number of replies the kernel has not forgotten.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 pub const ROOT_ID: u64 = 1;
 /// Node ids of objects on file systems other than the lower root's start here.
 pub const FOREIGN_BASE: u64 = 1 << 62;
+/// Node ids of temp files: `TEMP_BASE + serial`.
+pub const TEMP_BASE: u64 = 1 << 61;
+/// The device part of a temp file's key.
+pub const TEMP_DEV: u64 = u64::MAX;
 
 #[derive(Debug)]
 pub struct Inode<N> {
     pub id: u64,
-    pub node: N,
-    key: (u64, u64),
+    node: RwLock<N>,
+    key: Mutex<(u64, u64)>,
     lookups: AtomicU64,
+}
+
+impl<N: Clone> Inode<N> {
+    /// The object behind the id (a clone: it may be replaced by `rekey`).
+    pub fn node(&self) -> N {
+        self.node.read().expect("inode lock").clone()
+    }
 }
 
 #[derive(Debug)]
@@ -45,10 +59,14 @@ pub struct InodeTable<N> {
     tables: RwLock<Tables<N>>,
 }
 
-impl<N> InodeTable<N> {
+impl<N: Clone> InodeTable<N> {
     pub fn new(root: N, root_key: (u64, u64)) -> Self {
-        let root =
-            Arc::new(Inode { id: ROOT_ID, node: root, key: root_key, lookups: AtomicU64::new(1) });
+        let root = Arc::new(Inode {
+            id: ROOT_ID,
+            node: RwLock::new(root),
+            key: Mutex::new(root_key),
+            lookups: AtomicU64::new(1),
+        });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT_ID, root);
         let mut by_key = HashMap::new();
@@ -72,14 +90,21 @@ impl<N> InodeTable<N> {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
             return id;
         }
-        let id = if key.0 == self.root_dev && key.1 != ROOT_ID && key.1 < FOREIGN_BASE {
+        let id = if key.0 == TEMP_DEV {
+            TEMP_BASE + key.1
+        } else if key.0 == self.root_dev && key.1 != ROOT_ID && key.1 < TEMP_BASE {
             key.1
         } else {
             t.next_foreign += 1;
             t.next_foreign
         };
         assert!(!t.nodes.contains_key(&id), "node id {id} reused while alive (I1)");
-        let inode = Arc::new(Inode { id, node, key, lookups: AtomicU64::new(1) });
+        let inode = Arc::new(Inode {
+            id,
+            node: RwLock::new(node),
+            key: Mutex::new(key),
+            lookups: AtomicU64::new(1),
+        });
         t.nodes.insert(id, inode);
         t.by_key.insert(key, id);
         id
@@ -96,10 +121,23 @@ impl<N> InodeTable<N> {
         let remaining = inode.lookups.load(Ordering::Relaxed).saturating_sub(n);
         inode.lookups.store(remaining, Ordering::Relaxed);
         if remaining == 0 {
-            let key = inode.key;
+            let key = *inode.key.lock().expect("inode key lock");
             t.nodes.remove(&id);
             t.by_key.remove(&key);
         }
+    }
+
+    /// The object behind `id` became another (a temp file transformed into a lower file):
+    /// the id stays, the key and node change. No-op when the kernel has forgotten `id`.
+    pub fn rekey(&self, id: u64, key: (u64, u64), node: N) {
+        let mut t = self.tables.write().expect("inode table lock");
+        let Some(inode) = t.nodes.get(&id).cloned() else { return };
+        let old = std::mem::replace(&mut *inode.key.lock().expect("inode key lock"), key);
+        t.by_key.remove(&old);
+        // The new lower object was created by us a moment ago, so no other id can name it.
+        let previous = t.by_key.insert(key, id);
+        assert!(previous.is_none() || previous == Some(id), "rekey onto a known object (I1)");
+        *inode.node.write().expect("inode lock") = node;
     }
 
     pub fn len(&self) -> usize {
@@ -125,7 +163,7 @@ mod tests {
         assert!(t.get(100).is_some());
         t.forget(100, 1);
         assert!(t.get(100).is_none());
-        assert_eq!(t.get(ROOT_ID).unwrap().node, "root");
+        assert_eq!(t.get(ROOT_ID).unwrap().node(), "root");
         t.forget(ROOT_ID, 5);
         assert!(t.get(ROOT_ID).is_some(), "I2");
     }
@@ -142,5 +180,15 @@ mod tests {
             FOREIGN_BASE + 2,
             "lower inode 1 would collide with the root id"
         );
+    }
+
+    #[test]
+    fn temp_files_keep_their_id_when_rekeyed() {
+        let t = InodeTable::new("root", (8, 2));
+        let id = t.remember("temp", (TEMP_DEV, 7));
+        assert_eq!(id, TEMP_BASE + 7);
+        t.rekey(id, (8, 500), "lower");
+        assert_eq!(t.get(id).unwrap().node(), "lower");
+        assert_eq!(t.remember("again", (8, 500)), id, "the lower key now names the same id");
     }
 }

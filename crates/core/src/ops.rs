@@ -1,30 +1,55 @@
 //! The operations. Each public method is one FUSE request, runs through [`Engine::op`] (counted,
 //! inside a transaction) and returns plain data; the front end replies.
 //!
-//! Lock order: inode table, then handle table; no lock is held across a lower syscall except
-//! the directory-stream mutex inside the lower adapter.
+//! Every method first asks what the object is: a lower object (passed through to the lower
+//! file system) or a temp file (TempFFS: kept in NVRAM; the namespace overlay and the
+//! transform live in `overlay.rs` and `transform.rs`).
+//!
+//! Lock order: temp index, then a temp file's state, then inode table, then handle table; no
+//! lock is held across a lower syscall except the temp index during short namespace calls
+//! (lookup, unlink, rename, fsyncdir of one directory) and the directory-stream mutex inside the
+//! lower adapter.
 
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use lower::{Attr, Creds, DirEntry, LowerFs, SetAttr, StatFs};
-use txn::{Pool, Tx};
+use lower::{Attr, Creds, DirEntry, LowerFs, SetAttr, StatFs, TimeSet};
+use txn::{Pool, Tx, TxError};
 
 use crate::error::{FsError, FsResult};
 use crate::handles::{Handle, HandleTable};
-use crate::inodes::{Inode, InodeTable, ROOT_ID};
+use crate::inodes::{Inode, InodeTable, ROOT_ID, TEMP_BASE, TEMP_DEV};
 use crate::stats::{Counters, NvramStats, Op, Stats};
+use crate::tempfs::{self, Fate, Index, TempConfig, TempCounters, TempFile, TempState, data};
+
+/// A test hook: called with the name of each persistence step of the temp-file protocols
+/// (e.g. `transform.copied`), so that process-level tests can kill the daemon exactly there.
+pub trait Failpoints: Send + Sync + std::fmt::Debug {
+    fn hit(&self, point: &'static str);
+}
 
 /// Limits and knobs of an engine, fixed at mount.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Most open files and directories at once.
     pub max_handles: usize,
+    /// The temp-file store (TempFFS).
+    pub temp: TempConfig,
+    /// Most directories the recovery walk visits to find a directory by its handle when the
+    /// lower file system cannot open handles directly (unprivileged daemon).
+    pub max_walk: usize,
+    pub failpoints: Option<Arc<dyn Failpoints>>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_handles: 1 << 16 }
+        EngineConfig {
+            max_handles: 1 << 16,
+            temp: TempConfig::default(),
+            max_walk: 1 << 20,
+            failpoints: None,
+        }
     }
 }
 
@@ -35,14 +60,67 @@ pub struct Entry {
     pub attr: Attr,
 }
 
+/// What a node id names.
+#[derive(Debug)]
+pub enum Obj<N> {
+    Lower(Arc<N>),
+    Temp(Arc<TempFile>),
+}
+
+impl<N> Clone for Obj<N> {
+    fn clone(&self) -> Self {
+        match self {
+            Obj::Lower(n) => Obj::Lower(Arc::clone(n)),
+            Obj::Temp(f) => Obj::Temp(Arc::clone(f)),
+        }
+    }
+}
+
+/// One entry of a merged directory listing (a directory holding temp files).
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub entry: DirEntry,
+    pub temp: Option<Arc<TempFile>>,
+}
+
+/// An open file or directory.
+#[derive(Debug)]
+pub enum Open<L: LowerFs> {
+    Lower(L::File),
+    /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
+    Temp {
+        file: Arc<TempFile>,
+        flags: i32,
+        lower: OnceLock<L::File>,
+    },
+    /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
+    /// directory held temp files (offsets are then positions in it: stable across changes).
+    Dir {
+        file: L::File,
+        key: tempfs::DirKey,
+        listing: Mutex<Option<Arc<Vec<Listed>>>>,
+    },
+}
+
 /// See the crate docs.
 #[derive(Debug)]
 pub struct Engine<L: LowerFs> {
-    lower: L,
-    pool: Pool,
-    inodes: InodeTable<Arc<L::Node>>,
-    handles: HandleTable<L::File>,
-    counters: Counters,
+    pub(crate) lower: L,
+    pub(crate) pool: Pool,
+    pub(crate) inodes: InodeTable<Obj<L::Node>>,
+    pub(crate) handles: HandleTable<Open<L>>,
+    pub(crate) counters: Counters,
+    pub(crate) temp: TempConfig,
+    pub(crate) index: Mutex<Index<L::Node>>,
+    pub(crate) tc: TempCounters,
+    pub(crate) lru: tempfs::Clock,
+    pub(crate) root_dev: u64,
+    pub(crate) max_walk: usize,
+    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
+    /// One pressure relief at a time.
+    pub(crate) relieving: AtomicBool,
+    /// Pages of temp files not yet accounted as transformed bytes (for `lower` statfs).
+    pub(crate) reserved_pages: AtomicU64,
 }
 
 /// The node of a stale id is an error the kernel should never cause; report ESTALE.
@@ -50,46 +128,129 @@ fn stale(id: u64) -> FsError {
     FsError::Stale(id)
 }
 
-impl<L: LowerFs> Engine<L> {
-    pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Engine<L> {
-        // The root node is borrowed from the adapter; the table holds its own reference by
-        // looking the root up again ("." of the root).
-        let root_key = lower.key(lower.root());
-        let (root, _) = lower.lookup(lower.root(), OsStr::new(".")).expect("lower root readable");
-        Engine {
-            inodes: InodeTable::new(Arc::new(root), root_key),
-            handles: HandleTable::new(config.max_handles),
-            counters: Counters::default(),
-            lower,
-            pool,
-        }
+pub(crate) fn errno(code: i32) -> FsError {
+    FsError::Lower(lower::Errno(code))
+}
+
+/// The transaction of one operation. Code that changes NVRAM state under a lock ends the
+/// transaction itself with [`OpTx::end`] *before* it releases the lock (strict two-phase
+/// locking: no other transaction may snapshot bytes this one changed until it has committed
+/// or rolled back), and only then updates the volatile mirror of that state. A later change in
+/// the same operation gets a new transaction from [`OpTx::tx`].
+#[derive(Debug)]
+pub struct OpTx<'p> {
+    pool: &'p Pool,
+    tx: Option<Tx<'p>>,
+}
+
+impl<'p> OpTx<'p> {
+    pub fn tx(&mut self) -> &mut Tx<'p> {
+        let pool = self.pool;
+        self.tx.get_or_insert_with(|| pool.begin())
     }
 
-    /// Runs one operation: counted, inside a transaction that commits if `f` succeeds and
-    /// aborts (rolling back its NVRAM changes) if it fails.
-    fn op<T>(&self, op: Op, f: impl FnOnce(&mut Tx<'_>) -> FsResult<T>) -> FsResult<T> {
-        let mut tx = self.pool.begin();
-        let result = f(&mut tx);
-        match &result {
-            Ok(_) => tx.commit(),
-            Err(_) => tx.abort(),
+    /// Commits (on `Ok`) or rolls back (on `Err`) now, and passes the result on.
+    pub fn end<T>(&mut self, result: FsResult<T>) -> FsResult<T> {
+        if let Some(tx) = self.tx.take() {
+            match &result {
+                Ok(_) => tx.commit(),
+                Err(_) => tx.abort(),
+            }
         }
+        result
+    }
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// Runs one operation: counted, inside a transaction (begun on first use) that commits if
+    /// `f` succeeds and aborts (rolling back its NVRAM changes) if it fails.
+    pub(crate) fn op<T>(
+        &self,
+        op: Op,
+        f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>,
+    ) -> FsResult<T> {
+        // The transaction begins at the first change of NVRAM state: an operation that only
+        // passes through to the lower file system holds no undo slot while it waits for it.
+        let mut otx = OpTx { pool: &self.pool, tx: None };
+        let result = f(&mut otx);
+        let result = otx.end(result);
         self.counters.request(op, result.is_ok());
         result
     }
 
-    fn inode(&self, id: u64) -> FsResult<Arc<Inode<Arc<L::Node>>>> {
+    pub(crate) fn fail(&self, point: &'static str) {
+        if let Some(f) = &self.failpoints {
+            f.hit(point);
+        }
+    }
+
+    pub(crate) fn inode(&self, id: u64) -> FsResult<Arc<Inode<Obj<L::Node>>>> {
         self.inodes.get(id).ok_or_else(|| stale(id))
     }
 
-    fn handle(&self, fh: u64) -> FsResult<Arc<Handle<L::File>>> {
+    /// The object behind a node id.
+    pub(crate) fn obj(&self, id: u64) -> FsResult<Obj<L::Node>> {
+        Ok(self.inode(id)?.node())
+    }
+
+    /// The lower object behind a node id; a temp file that is still in NVRAM yields `Err`
+    /// with the file, so callers that need a lower object can transform it first.
+    pub(crate) fn lower_obj(&self, id: u64) -> FsResult<Result<Arc<L::Node>, Arc<TempFile>>> {
+        Ok(match self.obj(id)? {
+            Obj::Lower(n) => Ok(n),
+            Obj::Temp(f) => Err(f),
+        })
+    }
+
+    /// A directory (always a lower object); a temp file is not one.
+    pub(crate) fn dir(&self, id: u64) -> FsResult<Arc<L::Node>> {
+        match self.obj(id)? {
+            Obj::Lower(n) => Ok(n),
+            Obj::Temp(_) => Err(errno(libc::ENOTDIR)),
+        }
+    }
+
+    pub(crate) fn handle(&self, fh: u64) -> FsResult<Arc<Handle<Open<L>>>> {
         self.handles.get(fh).ok_or_else(|| stale(fh))
     }
 
-    fn entry(&self, node: L::Node, attr: Attr) -> Entry {
+    pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
         let key = self.lower.key(&node);
-        let node_id = self.inodes.remember(Arc::new(node), key);
+        let node_id = self.inodes.remember(Obj::Lower(Arc::new(node)), key);
         Entry { node_id, attr }
+    }
+
+    /// Registers a temp file with the kernel (one lookup). Called with the index locked, so
+    /// that a transform cannot re-key the file in between.
+    pub(crate) fn temp_entry(&self, f: &Arc<TempFile>, st: &TempState) -> Entry {
+        let node_id = self.inodes.remember(Obj::Temp(Arc::clone(f)), (TEMP_DEV, f.serial));
+        Entry { node_id, attr: self.temp_attr(f, st) }
+    }
+
+    pub(crate) fn temp_attr(&self, f: &TempFile, st: &TempState) -> Attr {
+        let r = &st.rec;
+        Attr {
+            dev: self.root_dev,
+            ino: TEMP_BASE + f.serial,
+            size: r.size,
+            blocks: st.pages.len() as u64 * (data::PAGE / 512),
+            atime: r.atime,
+            mtime: r.mtime,
+            ctime: r.ctime,
+            mode: r.mode,
+            nlink: r.nlink,
+            uid: r.uid,
+            gid: r.gid,
+            rdev: 0,
+            blksize: data::PAGE as u32,
+        }
+    }
+
+    pub(crate) fn time(&self, t: TimeSet) -> (i64, u32) {
+        match t {
+            TimeSet::Now => self.lower.now(),
+            TimeSet::At(s, ns) => (s, ns),
+        }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -98,8 +259,14 @@ impl<L: LowerFs> Engine<L> {
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         self.op(Op::Lookup, |_| {
-            let p = self.inode(parent)?;
-            let (node, attr) = self.lower.lookup(&p.node, name)?;
+            let p = self.dir(parent)?;
+            if let Some(e) = self.temp_lookup(&p, name) {
+                return Ok(e);
+            }
+            if tempfs::is_hidden(name) {
+                return Err(errno(libc::ENOENT));
+            }
+            let (node, attr) = self.lower.lookup(&p, name)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -110,7 +277,21 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn getattr(&self, node_id: u64) -> FsResult<Attr> {
-        self.op(Op::Getattr, |_| Ok(self.lower.getattr(&self.inode(node_id)?.node)?))
+        self.op(Op::Getattr, |_| {
+            loop {
+                match self.obj(node_id)? {
+                    Obj::Lower(n) => return Ok(self.lower.getattr(&n)?),
+                    Obj::Temp(f) => {
+                        let st = f.lock();
+                        match st.fate {
+                            Fate::Resident => return Ok(self.temp_attr(&f, &st)),
+                            Fate::Freed => return Err(errno(libc::ENOENT)),
+                            Fate::Transformed => {} // the inode now names the lower file
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// `unprivileged`: the caller is not root. A truncate by such a caller removes the file's
@@ -123,13 +304,25 @@ impl<L: LowerFs> Engine<L> {
         set: &SetAttr,
         unprivileged: bool,
     ) -> FsResult<Attr> {
-        self.op(Op::Setattr, |_| {
-            let inode = self.inode(node_id)?;
-            let handle = fh.and_then(|fh| self.handles.get(fh));
-            if set.size.is_some() && set.mode.is_none() && unprivileged {
-                self.kill_suidgid(&inode.node)?;
+        self.op(Op::Setattr, |tx| {
+            loop {
+                let node = match self.obj(node_id)? {
+                    Obj::Lower(n) => n,
+                    Obj::Temp(f) => match self.temp_setattr(tx, &f, set, unprivileged)? {
+                        Some(attr) => return Ok(attr),
+                        None => continue, // transformed meanwhile
+                    },
+                };
+                let handle = fh.and_then(|fh| self.handles.get(fh));
+                let file = match handle.as_deref().map(|h| &h.file) {
+                    Some(Open::Lower(file) | Open::Dir { file, .. }) => Some(file),
+                    _ => None,
+                };
+                if set.size.is_some() && set.mode.is_none() && unprivileged {
+                    self.kill_suidgid(&node)?;
+                }
+                return Ok(self.lower.setattr(&node, file, set)?);
             }
-            Ok(self.lower.setattr(&inode.node, handle.as_ref().map(|h| &h.file), set)?)
         })
     }
 
@@ -143,13 +336,7 @@ impl<L: LowerFs> Engine<L> {
         if attr.kind() != lower::FileKind::Regular {
             return Ok(());
         }
-        let mut kill = 0;
-        if attr.mode & libc::S_ISUID != 0 {
-            kill |= libc::S_ISUID;
-        }
-        if attr.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
-            kill |= libc::S_ISGID;
-        }
+        let kill = suidgid_bits(attr.mode);
         if kill != 0 {
             let set = SetAttr { mode: Some(attr.mode & !kill & 0o7777), ..SetAttr::default() };
             self.lower.setattr(node, None, &set)?;
@@ -158,7 +345,23 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn readlink(&self, node_id: u64) -> FsResult<Vec<u8>> {
-        self.op(Op::Readlink, |_| Ok(self.lower.readlink(&self.inode(node_id)?.node)?))
+        self.op(Op::Readlink, |_| match self.obj(node_id)? {
+            Obj::Lower(n) => Ok(self.lower.readlink(&n)?),
+            Obj::Temp(_) => Err(errno(libc::EINVAL)),
+        })
+    }
+
+    /// Fails with EEXIST when `name` is a temp file in `parent` (the lower file system does
+    /// not see it), and refuses nvstack's hidden names.
+    fn check_new_name(&self, parent: &L::Node, name: &OsStr) -> FsResult<()> {
+        if tempfs::is_hidden(name) {
+            return Err(errno(libc::EPERM));
+        }
+        let key = self.lower.key(parent);
+        if self.index.lock().expect("temp index").get(key, name).is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        Ok(())
     }
 
     pub fn mknod(
@@ -170,16 +373,18 @@ impl<L: LowerFs> Engine<L> {
         rdev: u64,
     ) -> FsResult<Entry> {
         self.op(Op::Mknod, |_| {
-            let p = self.inode(parent)?;
-            let (node, attr) = self.lower.mknod(creds, &p.node, name, mode, rdev)?;
+            let p = self.dir(parent)?;
+            self.check_new_name(&p, name)?;
+            let (node, attr) = self.lower.mknod(creds, &p, name, mode, rdev)?;
             Ok(self.entry(node, attr))
         })
     }
 
     pub fn mkdir(&self, creds: &Creds, parent: u64, name: &OsStr, mode: u32) -> FsResult<Entry> {
         self.op(Op::Mkdir, |_| {
-            let p = self.inode(parent)?;
-            let (node, attr) = self.lower.mkdir(creds, &p.node, name, mode)?;
+            let p = self.dir(parent)?;
+            self.check_new_name(&p, name)?;
+            let (node, attr) = self.lower.mkdir(creds, &p, name, mode)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -192,29 +397,76 @@ impl<L: LowerFs> Engine<L> {
         target: &OsStr,
     ) -> FsResult<Entry> {
         self.op(Op::Symlink, |_| {
-            let p = self.inode(parent)?;
-            let (node, attr) = self.lower.symlink(creds, &p.node, name, target)?;
+            let p = self.dir(parent)?;
+            self.check_new_name(&p, name)?;
+            let (node, attr) = self.lower.symlink(creds, &p, name, target)?;
             Ok(self.entry(node, attr))
         })
     }
 
+    /// A hard link to a temp file transforms it first (links are the lower file system's).
     pub fn link(&self, node_id: u64, newparent: u64, newname: &OsStr) -> FsResult<Entry> {
+        let node = self.lower_object(node_id, tempfs::Trigger::Link)?;
         self.op(Op::Link, |_| {
-            let inode = self.inode(node_id)?;
-            let p = self.inode(newparent)?;
-            let attr = self.lower.link(&inode.node, &p.node, newname)?;
+            let p = self.dir(newparent)?;
+            self.check_new_name(&p, newname)?;
+            let attr = self.lower.link(&node, &p, newname)?;
             // The kernel counts this reply as a lookup of the same node.
-            let (node, _) = self.lower.lookup(&p.node, newname)?;
+            let (node, _) = self.lower.lookup(&p, newname)?;
             Ok(self.entry(node, attr))
         })
+    }
+
+    /// The lower object behind `node_id`, transforming a temp file first (`trigger`).
+    pub(crate) fn lower_object(
+        &self,
+        node_id: u64,
+        trigger: tempfs::Trigger,
+    ) -> FsResult<Arc<L::Node>> {
+        loop {
+            match self.lower_obj(node_id)? {
+                Ok(node) => return Ok(node),
+                Err(f) => {
+                    if f.lock().fate == Fate::Freed {
+                        return Err(errno(libc::ENOENT));
+                    }
+                    self.transform(&f, trigger)?;
+                }
+            }
+        }
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.op(Op::Unlink, |_| Ok(self.lower.unlink(&self.inode(parent)?.node, name)?))
+        self.op(Op::Unlink, |tx| {
+            let p = self.dir(parent)?;
+            if self.temp_unlink(tx, &p, name)? {
+                return Ok(());
+            }
+            if tempfs::is_hidden(name) {
+                return Err(errno(libc::ENOENT));
+            }
+            Ok(self.lower.unlink(&p, name)?)
+        })
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.op(Op::Rmdir, |_| Ok(self.lower.rmdir(&self.inode(parent)?.node, name)?))
+        self.op(Op::Rmdir, |_| {
+            let p = self.dir(parent)?;
+            let key = self.lower.key(&p);
+            if self.index.lock().expect("temp index").get(key, name).is_some() {
+                return Err(errno(libc::ENOTDIR));
+            }
+            if tempfs::is_hidden(name) {
+                return Err(errno(libc::ENOENT));
+            }
+            // A directory holding only temp files is empty to the lower file system.
+            if let Ok((child, _)) = self.lower.lookup(&p, name)
+                && self.index.lock().expect("temp index").has_entries(self.lower.key(&child))
+            {
+                return Err(errno(libc::ENOTEMPTY));
+            }
+            Ok(self.lower.rmdir(&p, name)?)
+        })
     }
 
     pub fn rename(
@@ -225,23 +477,31 @@ impl<L: LowerFs> Engine<L> {
         newname: &OsStr,
         flags: u32,
     ) -> FsResult<()> {
-        self.op(Op::Rename, |_| {
-            let p = self.inode(parent)?;
-            let np = self.inode(newparent)?;
-            Ok(self.lower.rename(&p.node, name, &np.node, newname, flags)?)
+        self.op(Op::Rename, |tx| {
+            let p = self.dir(parent)?;
+            let np = self.dir(newparent)?;
+            self.rename_merged(tx, &p, name, &np, newname, flags)
         })
     }
 
-    fn register(&self, node_id: u64, file: L::File) -> FsResult<u64> {
+    fn register(&self, node_id: u64, file: Open<L>) -> FsResult<u64> {
         // Too many open files: the lower file system would say EMFILE too.
-        self.handles.insert(node_id, file).ok_or(FsError::Lower(lower::Errno(libc::EMFILE)))
+        self.handles.insert(node_id, file).ok_or(errno(libc::EMFILE))
     }
 
     pub fn open(&self, node_id: u64, flags: i32) -> FsResult<u64> {
-        self.op(Op::Open, |_| {
-            let inode = self.inode(node_id)?;
-            let file = self.lower.open(&inode.node, flags)?;
-            self.register(node_id, file)
+        self.op(Op::Open, |tx| {
+            loop {
+                let node = match self.obj(node_id)? {
+                    Obj::Lower(n) => n,
+                    Obj::Temp(f) => match self.temp_open(tx, node_id, &f, flags)? {
+                        Some(fh) => return Ok(fh),
+                        None => continue,
+                    },
+                };
+                let file = self.lower.open(&node, flags)?;
+                return self.register(node_id, Open::Lower(file));
+            }
         })
     }
 
@@ -253,13 +513,40 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         flags: i32,
     ) -> FsResult<(Entry, u64)> {
-        self.op(Op::Create, |_| {
-            let p = self.inode(parent)?;
-            let (node, attr, file) = self.lower.create(creds, &p.node, name, mode, flags)?;
+        self.op(Op::Create, |tx| {
+            let p = self.dir(parent)?;
+            if let Some(created) = self.temp_create(tx, creds, &p, name, mode, flags)? {
+                return Ok(created);
+            }
+            self.check_new_name(&p, name)?;
+            let (node, attr, file) = self.lower.create(creds, &p, name, mode, flags)?;
             let entry = self.entry(node, attr);
-            let fh = self.register(entry.node_id, file)?;
+            let fh = self.register(entry.node_id, Open::Lower(file))?;
+            if self.temp.enabled {
+                Counters::add(&self.tc.created_in_lower, 1);
+            }
             Ok((entry, fh))
         })
+    }
+
+    /// The lower file of an open handle: the handle's own, or (for a temp file that has been
+    /// transformed since it was opened) the lower file opened now.
+    pub(crate) fn lower_file<'h>(&self, h: &'h Handle<Open<L>>) -> FsResult<&'h L::File> {
+        match &h.file {
+            Open::Lower(file) | Open::Dir { file, .. } => Ok(file),
+            Open::Temp { lower, flags, .. } => {
+                if let Some(file) = lower.get() {
+                    return Ok(file);
+                }
+                let Obj::Lower(node) = self.obj(h.node_id)? else {
+                    return Err(stale(h.node_id));
+                };
+                let file = self.lower.open(&node, *flags)?;
+                // Two threads may race here; the loser's descriptor is simply closed.
+                let _ = lower.set(file);
+                Ok(lower.get().expect("set above"))
+            }
+        }
     }
 
     /// Reads up to `size` bytes and hands them to `reply`. The bytes live in a buffer owned by
@@ -269,13 +556,26 @@ impl<L: LowerFs> Engine<L> {
         thread_local! {
             static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        self.op(Op::Read, |_| {
+        self.op(Op::Read, |tx| {
             let h = self.handle(fh)?;
             BUFFER.with_borrow_mut(|buf| {
                 if buf.len() < size as usize {
                     buf.resize(size as usize, 0);
                 }
-                let n = self.lower.read(&h.file, offset, &mut buf[..size as usize])?;
+                let buf = &mut buf[..size as usize];
+                if let Open::Temp { file, .. } = &h.file {
+                    let mut st = file.lock();
+                    if st.fate == Fate::Resident {
+                        let n = data::read(&self.pool, &st.pages, st.rec.size, offset, buf);
+                        st.last_use = self.lru.tick();
+                        self.temp_touch_atime(tx, file, &mut st)?;
+                        drop(st);
+                        Counters::add(&self.counters.app_bytes_read, n as u64);
+                        reply(&buf[..n]);
+                        return Ok(());
+                    }
+                }
+                let n = self.lower.read(self.lower_file(&h)?, offset, buf)?;
                 Counters::add(&self.counters.app_bytes_read, n as u64);
                 Counters::add(&self.counters.lower_bytes_read, n as u64);
                 reply(&buf[..n]);
@@ -287,16 +587,49 @@ impl<L: LowerFs> Engine<L> {
     /// `kill_suidgid`: the kernel asks to remove set-ID bits first (a write by an
     /// unprivileged caller).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
-        self.op(Op::Write, |_| {
-            let h = self.handle(fh)?;
-            if kill_suidgid {
-                self.kill_suidgid(&self.inode(h.node_id)?.node)?;
+        let mut pressured = false;
+        loop {
+            let result = self.op(Op::Write, |tx| {
+                let h = self.handle(fh)?;
+                if let Open::Temp { file, .. } = &h.file
+                    && let Some(written) = self.temp_write(tx, file, offset, data, kill_suidgid)?
+                {
+                    return Ok((written, Some(Arc::clone(file))));
+                }
+                if kill_suidgid {
+                    let Obj::Lower(node) = self.obj(h.node_id)? else {
+                        return Err(stale(h.node_id));
+                    };
+                    self.kill_suidgid(&node)?;
+                }
+                let n = self.lower.write(self.lower_file(&h)?, offset, data)?;
+                Counters::add(&self.counters.app_bytes_written, n as u64);
+                Counters::add(&self.counters.lower_bytes_written, n as u64);
+                Ok((n, None))
+            });
+            match result {
+                Ok((n, Some(file))) => {
+                    self.after_temp_write(&file);
+                    return Ok(n);
+                }
+                Ok((n, None)) => return Ok(n),
+                // Out of frames: make room (least recently used temp files first), then, if
+                // that did not help, move this file to the lower file system; never an error
+                // the lower file system would not give.
+                Err(FsError::NvramFull(_)) if !pressured => {
+                    pressured = true;
+                    self.relieve_pressure(true);
+                }
+                Err(FsError::NvramFull(e)) => {
+                    let h = self.handle(fh)?;
+                    let Open::Temp { file, .. } = &h.file else {
+                        return Err(FsError::NvramFull(e));
+                    };
+                    self.transform(file, tempfs::Trigger::NvramFull)?;
+                }
+                Err(e) => return Err(e),
             }
-            let n = self.lower.write(&h.file, offset, data)?;
-            Counters::add(&self.counters.app_bytes_written, n as u64);
-            Counters::add(&self.counters.lower_bytes_written, n as u64);
-            Ok(n)
-        })
+        }
     }
 
     pub fn flush(&self, fh: u64) -> FsResult<()> {
@@ -304,18 +637,34 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn release(&self, fh: u64) -> FsResult<()> {
-        self.op(Op::Release, |_| self.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
+        self.op(Op::Release, |tx| {
+            let h = self.handles.remove(fh).ok_or_else(|| stale(fh))?;
+            if let Open::Temp { file, .. } = &h.file {
+                self.temp_release(tx, file)?;
+            }
+            Ok(())
+        })
     }
 
+    /// A temp file is durable once a write returns (undo mode): fsync has nothing to do.
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
-        self.op(Op::Fsync, |_| Ok(self.lower.fsync(&self.handle(fh)?.file, datasync)?))
+        self.op(Op::Fsync, |_| {
+            let h = self.handle(fh)?;
+            if let Open::Temp { file, .. } = &h.file
+                && file.lock().fate == Fate::Resident
+            {
+                return Ok(());
+            }
+            Ok(self.lower.fsync(self.lower_file(&h)?, datasync)?)
+        })
     }
 
     pub fn opendir(&self, node_id: u64) -> FsResult<u64> {
         self.op(Op::Opendir, |_| {
-            let inode = self.inode(node_id)?;
-            let dir = self.lower.opendir(&inode.node)?;
-            self.register(node_id, dir)
+            let node = self.dir(node_id)?;
+            let dir = self.lower.opendir(&node)?;
+            let key = self.lower.key(&node);
+            self.register(node_id, Open::Dir { file: dir, key, listing: Mutex::new(None) })
         })
     }
 
@@ -326,7 +675,10 @@ impl<L: LowerFs> Engine<L> {
         offset: u64,
         emit: &mut dyn FnMut(DirEntry) -> bool,
     ) -> FsResult<()> {
-        self.op(Op::Readdir, |_| Ok(self.lower.readdir(&self.handle(fh)?.file, offset, emit)?))
+        self.op(Op::Readdir, |_| {
+            let h = self.handle(fh)?;
+            self.list_merged(&h, offset, &mut |l| emit(l.entry.clone()))
+        })
     }
 
     /// Lists entries after `offset` with their lookups (readdirplus): every entry except "."
@@ -341,16 +693,30 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         self.op(Op::Readdir, |_| {
             let handle = self.handle(fh)?;
-            let dir = self.inode(handle.node_id)?;
+            let dir = self.dir(handle.node_id)?;
             let mut failure = None;
-            self.lower.readdir(&handle.file, offset, &mut |entry| {
+            self.list_merged(&handle, offset, &mut |listed| {
+                let entry = &listed.entry;
                 if entry.name == "." || entry.name == ".." {
-                    return emit(&entry, None);
+                    return emit(entry, None);
                 }
-                match self.lower.lookup(&dir.node, &entry.name) {
-                    Ok((node, attr)) => {
-                        let looked_up = self.entry(node, attr);
-                        let added = emit(&entry, Some(&looked_up));
+                let looked_up = match &listed.temp {
+                    Some(f) => {
+                        let idx = self.index.lock().expect("temp index");
+                        let st = f.lock();
+                        if st.fate == Fate::Resident {
+                            Ok(self.temp_entry(f, &st))
+                        } else {
+                            drop(st);
+                            drop(idx);
+                            self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))
+                        }
+                    }
+                    None => self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a)),
+                };
+                match looked_up {
+                    Ok(looked_up) => {
+                        let added = emit(entry, Some(&looked_up));
                         if !added {
                             self.inodes.forget(looked_up.node_id, 1);
                         }
@@ -376,33 +742,61 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn fsyncdir(&self, fh: u64, datasync: bool) -> FsResult<()> {
-        self.op(Op::Fsyncdir, |_| Ok(self.lower.fsyncdir(&self.handle(fh)?.file, datasync)?))
-    }
-
-    pub fn statfs(&self, node_id: u64) -> FsResult<StatFs> {
-        self.op(Op::Statfs, |_| Ok(self.lower.statfs(&self.inode(node_id)?.node)?))
-    }
-
-    pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        self.op(Op::Setxattr, |_| {
-            Ok(self.lower.setxattr(&self.inode(node_id)?.node, name, value, flags)?)
+        self.op(Op::Fsyncdir, |_| {
+            let h = self.handle(fh)?;
+            Ok(self.lower.fsyncdir(self.lower_file(&h)?, datasync)?)
         })
     }
 
+    /// The lower file system's statfs, less the space and inodes reserved for temp files
+    /// (they will need it when transformed).
+    pub fn statfs(&self, node_id: u64) -> FsResult<StatFs> {
+        self.op(Op::Statfs, |_| {
+            let node = match self.obj(node_id)? {
+                Obj::Lower(n) => n,
+                Obj::Temp(_) => self.dir(ROOT_ID)?,
+            };
+            let mut s = self.lower.statfs(&node)?;
+            let unit = u64::from(s.frsize.max(1));
+            let reserved = self.reserved_bytes().div_ceil(unit);
+            s.bfree = s.bfree.saturating_sub(reserved);
+            s.bavail = s.bavail.saturating_sub(reserved);
+            s.ffree = s.ffree.saturating_sub(self.tc.files_resident.load(Ordering::Relaxed));
+            Ok(s)
+        })
+    }
+
+    /// Extended attributes live in the lower file system: setting or removing one on a temp
+    /// file transforms it first. A temp file has none (reads say ENODATA, lists are empty).
+    pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
+        self.op(Op::Setxattr, |_| Ok(self.lower.setxattr(&node, name, value, flags)?))
+    }
+
     pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
-        self.op(Op::Getxattr, |_| {
-            Ok(self.lower.getxattr(&self.inode(node_id)?.node, name, size)?)
+        self.op(Op::Getxattr, |_| match self.lower_obj(node_id)? {
+            Ok(node) => Ok(self.lower.getxattr(&node, name, size)?),
+            Err(_) => Err(errno(libc::ENODATA)),
         })
     }
 
     pub fn listxattr(&self, node_id: u64, size: usize) -> FsResult<Vec<u8>> {
-        self.op(Op::Listxattr, |_| Ok(self.lower.listxattr(&self.inode(node_id)?.node, size)?))
+        self.op(Op::Listxattr, |_| match self.lower_obj(node_id)? {
+            Ok(node) => Ok(self.lower.listxattr(&node, size)?),
+            Err(_) => Ok(Vec::new()),
+        })
     }
 
     pub fn removexattr(&self, node_id: u64, name: &OsStr) -> FsResult<()> {
-        self.op(Op::Removexattr, |_| {
-            Ok(self.lower.removexattr(&self.inode(node_id)?.node, name)?)
-        })
+        if let Err(f) = self.lower_obj(node_id)? {
+            // Nothing to remove: answer as the lower file system would for a file without it.
+            if f.lock().fate == Fate::Resident {
+                self.counters.request(Op::Removexattr, false);
+                return Err(errno(libc::ENODATA));
+            }
+        }
+        let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
+        self.op(Op::Removexattr, |_| Ok(self.lower.removexattr(&node, name)?))
     }
 
     /// Permission checks are the kernel's (`default_permissions`); this only confirms the node.
@@ -410,14 +804,35 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Access, |_| self.inode(node_id).map(drop))
     }
 
+    /// Allocation is the lower file system's business: fallocate on a temp file transforms
+    /// it first.
     pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, len: u64) -> FsResult<()> {
+        let h = self.handle(fh)?;
+        if let Open::Temp { .. } = &h.file {
+            self.lower_object(h.node_id, tempfs::Trigger::Fallocate)?;
+        }
         self.op(Op::Fallocate, |_| {
-            Ok(self.lower.fallocate(&self.handle(fh)?.file, mode, offset, len)?)
+            Ok(self.lower.fallocate(self.lower_file(&h)?, mode, offset, len)?)
         })
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<i64> {
-        self.op(Op::Lseek, |_| Ok(self.lower.lseek(&self.handle(fh)?.file, offset, whence)?))
+        self.op(Op::Lseek, |_| {
+            let h = self.handle(fh)?;
+            if let Open::Temp { file, .. } = &h.file {
+                let st = file.lock();
+                if st.fate == Fate::Resident {
+                    let from = u64::try_from(offset).map_err(|_| errno(libc::EINVAL))?;
+                    let found = match whence {
+                        libc::SEEK_DATA => data::seek_data(&st.pages, st.rec.size, from),
+                        libc::SEEK_HOLE => data::seek_hole(&st.pages, st.rec.size, from),
+                        _ => return Err(errno(libc::EINVAL)),
+                    };
+                    return found.and_then(|o| i64::try_from(o).ok()).ok_or(errno(libc::ENXIO));
+                }
+            }
+            Ok(self.lower.lseek(self.lower_file(&h)?, offset, whence)?)
+        })
     }
 
     pub fn copy_file_range(
@@ -428,13 +843,16 @@ impl<L: LowerFs> Engine<L> {
         offset_out: u64,
         len: u64,
     ) -> FsResult<u64> {
+        let input = self.handle(fh_in)?;
+        let output = self.handle(fh_out)?;
+        if matches!(input.file, Open::Temp { .. }) || matches!(output.file, Open::Temp { .. }) {
+            return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
+        }
         self.op(Op::CopyFileRange, |_| {
-            let input = self.handle(fh_in)?;
-            let output = self.handle(fh_out)?;
             let n = self.lower.copy_file_range(
-                &input.file,
+                self.lower_file(&input)?,
                 offset_in,
-                &output.file,
+                self.lower_file(&output)?,
                 offset_out,
                 len,
             )?;
@@ -442,6 +860,35 @@ impl<L: LowerFs> Engine<L> {
             Counters::add(&self.counters.lower_bytes_written, n);
             Ok(n)
         })
+    }
+
+    /// copy_file_range with a temp file on either side: read and write through the engine
+    /// (in chunks of at most 1 MiB; each chunk is one read and one write operation).
+    fn copy_by_buffer(
+        &self,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        const CHUNK: u64 = 1 << 20;
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(CHUNK) as u32;
+            let mut chunk = Vec::new();
+            self.read(fh_in, offset_in + done, want, |d| chunk.extend_from_slice(d))?;
+            if chunk.is_empty() {
+                break;
+            }
+            let n = self.write(fh_out, offset_out + done, &chunk, false)?;
+            done += n as u64;
+            if n < chunk.len() {
+                break;
+            }
+        }
+        self.counters.request(Op::CopyFileRange, true);
+        Ok(done)
     }
 
     pub fn stats(&self) -> Stats {
@@ -464,14 +911,20 @@ impl<L: LowerFs> Engine<L> {
                 .unwrap_or_default(),
             consistency: format!("{:?}", self.pool.consistency()).to_lowercase(),
         };
+        stats.tempfiles = self.tc.snapshot(&self.temp);
         stats
     }
 
-    /// Ends the engine: every open handle is closed, the region is marked clean.
+    /// Ends the engine: temp files are transformed (unless configured to stay in NVRAM),
+    /// every open handle is closed, the region is marked clean.
     pub fn shutdown(self) {
-        let Engine { pool, inodes, handles, .. } = self;
+        if self.temp.transform_on_unmount {
+            self.transform_all(tempfs::Trigger::Unmount, &mut |_, _| {});
+        }
+        let Engine { pool, inodes, handles, index, .. } = self;
         drop(handles);
         drop(inodes);
+        drop(index);
         pool.close();
     }
 
@@ -479,4 +932,45 @@ impl<L: LowerFs> Engine<L> {
     pub fn root_id(&self) -> u64 {
         ROOT_ID
     }
+
+    /// Bytes the lower file system must keep free for temp files: their resident pages plus
+    /// one block per file (inode table and directory growth are the lower file system's own).
+    pub(crate) fn reserved_bytes(&self) -> u64 {
+        (self.reserved_pages.load(Ordering::Relaxed)
+            + self.tc.files_resident.load(Ordering::Relaxed))
+            * data::PAGE
+    }
+
+    /// ENOSPC now when the lower file system could not take the temp files' data plus
+    /// `more_pages` at transform time.
+    pub(crate) fn reserve(&self, more_pages: u64) -> FsResult<()> {
+        if more_pages == 0 {
+            return Ok(());
+        }
+        let s = self.lower.statfs(self.lower.root())?;
+        let avail = s.bavail.saturating_mul(u64::from(s.frsize.max(1)));
+        if self.reserved_bytes() + more_pages * data::PAGE > avail {
+            return Err(errno(libc::ENOSPC));
+        }
+        Ok(())
+    }
+}
+
+/// The set-ID bits a write or truncate by an unprivileged caller removes (see
+/// `Engine::kill_suidgid`).
+pub(crate) fn suidgid_bits(mode: u32) -> u32 {
+    let mut kill = 0;
+    if mode & libc::S_ISUID != 0 {
+        kill |= libc::S_ISUID;
+    }
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    kill
+}
+
+/// `TxError` while changing a temp file: frames or undo space ran out.
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(nvram_full)`
+pub(crate) fn nvram_full(e: TxError) -> FsError {
+    FsError::NvramFull(e.to_string())
 }

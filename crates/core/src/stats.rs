@@ -161,6 +161,7 @@ pub struct Stats {
     pub inodes: u64,
     pub open_handles: u64,
     pub nvram: NvramStats,
+    pub tempfiles: crate::tempfs::TempStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]

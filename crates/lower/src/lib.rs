@@ -122,4 +122,60 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
     fn getxattr(&self, node: &Self::Node, name: &OsStr, size: usize) -> Result<Vec<u8>>;
     fn listxattr(&self, node: &Self::Node, size: usize) -> Result<Vec<u8>>;
     fn removexattr(&self, node: &Self::Node, name: &OsStr) -> Result<()>;
+
+    /// The lower file system's clock (for objects nvstack keeps itself, e.g. temp files, whose
+    /// times must read like the lower file system's own).
+    fn now(&self) -> (i64, u32);
+
+    /// A durable identity of a directory that survives renames and remounts (a file handle,
+    /// `name_to_handle_at`, where the lower file system has them; at most [`MAX_DIR_HANDLE`]
+    /// bytes). Only meaningful for directories on the lower root's file system.
+    fn dir_handle(&self, dir: &Self::Node) -> Result<Vec<u8>>;
+
+    /// The directory whose [`LowerFs::dir_handle`] is `handle`. The default walks the tree
+    /// from the root breadth-first, visiting at most `limit` directories (ENOENT when not
+    /// found); implementations with a direct way (`open_by_handle_at`) try it first.
+    fn find_dir(&self, handle: &[u8], limit: usize) -> Result<Self::Node> {
+        walk_for_dir(self, handle, limit)
+    }
+}
+
+/// Most bytes of a directory handle (MAX_HANDLE_SZ of the kernel is 128, plus 4 of type).
+pub const MAX_DIR_HANDLE: usize = 132;
+
+/// Breadth-first search of the directory with `handle` (see [`LowerFs::find_dir`]).
+pub fn walk_for_dir<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) -> Result<L::Node> {
+    let (root, _) = fs.lookup(fs.root(), OsStr::new("."))?;
+    if fs.dir_handle(&root)? == handle {
+        return Ok(root);
+    }
+    let root_dev = fs.key(fs.root()).0;
+    let mut queue = std::collections::VecDeque::from([root]);
+    let mut visited = 0usize;
+    while let Some(dir) = queue.pop_front() {
+        visited += 1;
+        if visited > limit {
+            break;
+        }
+        let stream = fs.opendir(&dir)?;
+        let mut names = Vec::new();
+        fs.readdir(&stream, 0, &mut |e| {
+            if e.name != "." && e.name != ".." && matches!(e.kind, Some(FileKind::Directory) | None)
+            {
+                names.push(e.name);
+            }
+            true
+        })?;
+        for name in names {
+            let Ok((node, attr)) = fs.lookup(&dir, &name) else { continue };
+            if attr.kind() != FileKind::Directory || fs.key(&node).0 != root_dev {
+                continue;
+            }
+            if fs.dir_handle(&node)? == handle {
+                return Ok(node);
+            }
+            queue.push_back(node);
+        }
+    }
+    Err(Errno(libc::ENOENT))
 }

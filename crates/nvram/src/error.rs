@@ -11,6 +11,8 @@ pub enum Area {
     StateWord,
     UndoSlot(u32),
     Descriptor(u64),
+    /// The contents of a frame (e.g. a temp-file record), by frame index.
+    Frame(u64),
 }
 
 impl fmt::Display for Area {
@@ -20,6 +22,7 @@ impl fmt::Display for Area {
             Area::StateWord => write!(f, "state word"),
             Area::UndoSlot(slot) => write!(f, "undo log slot {slot}"),
             Area::Descriptor(frame) => write!(f, "frame descriptor {frame}"),
+            Area::Frame(frame) => write!(f, "frame {frame}"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The control channel of a running mount: a unix socket in the mount's run directory. One
-//! request per connection, a line of text in, one JSON document out. Requests: `stat`.
+//! request per connection, a line of text in, the reply out. Requests: `stat` (one JSON
+//! document), `flush` (lines `progress DONE TOTAL`, then one JSON line with the result).
 //! Only root and the user who mounted may talk to it: the directory is 0700 and owned by that
 //! user, and the daemon also checks the peer's uid (SO_PEERCRED).
 
@@ -7,8 +8,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
-/// Serves requests until the listener is closed; `stat` produces the JSON of the counters.
-pub fn serve(listener: &UnixListener, owner: u32, stat: &(dyn Fn() -> String + Sync)) {
+/// Serves requests until `quit`; `handle` answers every other request on the stream.
+pub fn serve(listener: &UnixListener, owner: u32, handle: &(dyn Fn(&str, &mut dyn Write) + Sync)) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let Some(peer) = peer_uid(&stream) else { continue };
@@ -20,13 +21,11 @@ pub fn serve(listener: &UnixListener, owner: u32, stat: &(dyn Fn() -> String + S
         if BufReader::new(&stream).read_line(&mut line).is_err() {
             continue;
         }
-        let reply = match line.trim() {
-            "stat" => stat(),
+        match line.trim() {
             // Sent by the daemon itself after unmount (only root or the owner get here).
             "quit" => return,
-            other => format!("{{\"error\":\"unknown request {other:?}\"}}"),
-        };
-        let _ = stream.write_all(reply.as_bytes());
+            request => handle(request, &mut stream),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod check;
 pub mod control;
 pub mod demo;
+pub mod flush;
 pub mod format;
 pub mod inspect;
 pub mod mount;

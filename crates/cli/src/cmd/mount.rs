@@ -72,9 +72,86 @@ pub struct MountArgs {
     /// Largest write the kernel sends in one request.
     #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
     pub max_write: u64,
+    /// New regular files live only in NVRAM (TempFFS) until they are transformed into the
+    /// lower directory: when they grow beyond --tempfile-max-size, when temp files exceed
+    /// their share of the region (least recently used first), on `nvstack flush`, and at
+    /// unmount. Short-lived files never cost lower-FS IO. `off`: every file is created in the
+    /// lower directory (temp files left in the region are transformed at mount).
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub tempfiles: OnOff,
+    /// A temp file growing beyond this size is transformed into the lower directory.
+    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
+    pub tempfile_max_size: u64,
+    /// Percent of the region's frames temp files may hold before the least recently used are
+    /// transformed (NVRAM pressure).
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
+    pub tempfile_share: u64,
+    /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
+    /// directory alone then lacks them until the next mount).
+    #[arg(long)]
+    pub keep_tempfiles: bool,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
     pub daemon: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// The kill switch of process-level crash tests: `NVSTACK_FAILPOINT=<point>:<n>` SIGKILLs the
+/// daemon at the n-th time it reaches `<point>` (names in core/src/transform.rs).
+#[derive(Debug)]
+struct EnvFailpoint {
+    point: String,
+    remaining: std::sync::atomic::AtomicU64,
+}
+
+impl engine::Failpoints for EnvFailpoint {
+    fn hit(&self, point: &'static str) {
+        use std::sync::atomic::Ordering;
+        if point == self.point && self.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+    }
+}
+
+fn failpoints() -> Option<Arc<dyn engine::Failpoints>> {
+    let spec = std::env::var("NVSTACK_FAILPOINT").ok()?;
+    let (point, n) = spec.rsplit_once(':')?;
+    let n: u64 = n.parse().ok()?;
+    Some(Arc::new(EnvFailpoint { point: point.to_string(), remaining: n.into() }))
+}
+
+fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
+    // A transform frees every frame of a file in one transaction (64 bytes of undo log per
+    // frame); refuse a maximum the undo log cannot take.
+    let layout = pool.layout();
+    let frames = (args.tempfile_max_size + args.max_write).div_ceil(nvram::layout::FRAME_SIZE);
+    if frames * 64 + 4096 > layout.undo_slot_size {
+        let most = (layout.undo_slot_size - 4096) / 64 * nvram::layout::FRAME_SIZE;
+        return Err(CliError::Usage(format!(
+            "--tempfile-max-size {} is too large for this region's undo slots ({} each): at most \
+             about {} (less --max-write), or format the region with larger slots",
+            human(args.tempfile_max_size),
+            human(layout.undo_slot_size),
+            human(most.saturating_sub(args.max_write))
+        )));
+    }
+    Ok(EngineConfig {
+        temp: engine::TempConfig {
+            enabled: args.tempfiles == OnOff::On,
+            max_size: args.tempfile_max_size,
+            transform_on_unmount: !args.keep_tempfiles,
+            max_frames: layout.nr_frames * args.tempfile_share / 100,
+            ..engine::TempConfig::default()
+        },
+        failpoints: failpoints(),
+        ..EngineConfig::default()
+    })
 }
 
 pub fn run(args: &MountArgs) -> CliResult {
@@ -130,6 +207,10 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
         .args(["--attr-timeout", &args.attr_timeout.to_string()])
         .args(["--entry-timeout", &args.entry_timeout.to_string()])
         .args(["--max-write", &args.max_write.to_string()])
+        .args(["--tempfiles", if args.tempfiles == OnOff::On { "on" } else { "off" }])
+        .args(["--tempfile-max-size", &args.tempfile_max_size.to_string()])
+        .args(["--tempfile-share", &args.tempfile_share.to_string()])
+        .args(if args.keep_tempfiles { &["--keep-tempfiles"][..] } else { &[][..] })
         .arg("--daemon")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -250,7 +331,13 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     std::fs::write(rundir::pid_file(&run_dir), std::process::id().to_string())
         .map_err(|e| CliError::Other(e.to_string()))?;
 
-    let engine = Arc::new(Engine::new(lower, pool, EngineConfig::default()));
+    let engine = match start_engine(args, lower, pool) {
+        Ok(engine) => Arc::new(engine),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(e);
+        }
+    };
     let timeouts = Timeouts {
         entry: Duration::from_secs_f64(args.entry_timeout.max(0.0)),
         attr: Duration::from_secs_f64(args.attr_timeout.max(0.0)),
@@ -285,14 +372,10 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     let lower_text = lower_dir.display().to_string();
     let nvram_text = args.nvram.display().to_string();
     let control_thread = std::thread::spawn(move || {
-        let stat = move || {
-            let mut value = serde_json::to_value(stat_engine.stats()).expect("stats serialise");
-            value["mount"] = serde_json::json!({
-                "mountpoint": mp_text, "lower": lower_text, "nvram": nvram_text, "pid": std::process::id(),
-            });
-            serde_json::to_string_pretty(&value).expect("json")
+        let handle = move |request: &str, out: &mut dyn Write| {
+            control(&stat_engine, [&mp_text, &lower_text, &nvram_text], request, out);
         };
-        super::control::serve(&listener, owner, &stat);
+        super::control::serve(&listener, owner, &handle);
     });
     install_signal_handler(mountpoint.to_path_buf());
 
@@ -316,6 +399,47 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     }
     eprintln!("nvstack: unmounted {}", mountpoint.display());
     result.map_err(|e| CliError::Other(format!("FUSE session: {e}")))
+}
+
+/// The engine over the recovered region: rebuilds the temp-file overlay and finishes
+/// interrupted transforms.
+fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<Engine<PosixLower>> {
+    let config = engine_config(args, &pool)?;
+    Engine::new(lower, pool, config).map_err(|e| match e {
+        engine::StartError::Region(e) => CliError::Region(e),
+        e => CliError::Other(format!("cannot start over {}: {e}", args.nvram.display())),
+    })
+}
+
+/// Answers one control request (see `control.rs`): `stat` and `flush`.
+fn control(
+    engine: &Engine<PosixLower>,
+    [mp, lower, nvram]: [&str; 3],
+    request: &str,
+    out: &mut dyn Write,
+) {
+    match request {
+        "stat" => {
+            let mut value = serde_json::to_value(engine.stats()).expect("stats serialise");
+            value["mount"] = serde_json::json!({
+                "mountpoint": mp, "lower": lower, "nvram": nvram, "pid": std::process::id(),
+            });
+            let _ = out.write_all(serde_json::to_string_pretty(&value).expect("json").as_bytes());
+        }
+        "flush" => {
+            let (transformed, error) = engine.flush_tempfiles(&mut |done, total| {
+                let _ = writeln!(out, "progress {done} {total}");
+            });
+            let reply = serde_json::json!({
+                "transformed": transformed,
+                "error": error.map(|e| e.to_string()),
+            });
+            let _ = writeln!(out, "{reply}");
+        }
+        other => {
+            let _ = write!(out, "{{\"error\":\"unknown request {other:?}\"}}");
+        }
+    }
 }
 
 /// SIGTERM / SIGINT / SIGHUP: unmount, which ends the session and shuts down cleanly.

@@ -40,7 +40,16 @@ pub fn canonical_mountpoint(mp: &Path) -> std::io::Result<PathBuf> {
 /// True when `mp` is a mount point whose FUSE daemon is gone ("Transport endpoint is not
 /// connected").
 pub fn is_stale(mp: &Path) -> bool {
-    matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    if matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN)) {
+        return true;
+    }
+    // stat may be answered from the kernel's attribute cache without asking the (dead)
+    // daemon; statfs is never cached, so it reaches the connection and sees it aborted.
+    let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statvfs fills the zeroed struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &raw mut s) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
 /// True when `mp` appears in /proc/self/mountinfo as a mount point (the device layer's parser,

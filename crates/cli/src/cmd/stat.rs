@@ -53,6 +53,20 @@ pub fn run(args: &StatArgs) -> CliResult {
         value["lower"]["bytes_read"],
         value["lower"]["bytes_written"]
     );
+    let t = &value["tempfiles"];
+    if t["enabled"].as_bool() == Some(true) || t["created"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "tempfiles: {} created, {} deleted in NVRAM, {} transformed ({} B), {} resident \
+             ({} pages), average span {:.1} blocks",
+            t["created"],
+            t["deleted_in_nvram"],
+            t["transformed_total"],
+            t["bytes_transformed"],
+            t["files_resident"],
+            t["pages_resident"],
+            t["span_blocks_avg"].as_f64().unwrap_or(0.0)
+        );
+    }
     if let Some(requests) = value["requests"].as_object() {
         let list: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("requests: {}", list.join(", "));

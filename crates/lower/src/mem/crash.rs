@@ -128,6 +128,14 @@ impl MemLower {
         st.live.iter().filter(|(i, n)| st.durable.get(i) != Some(*n)).map(|(&i, _)| i).collect()
     }
 
+    /// An independent copy of the live state (as if everything had just been synced), e.g. to
+    /// try an operation on a copy first. Inode numbers are kept.
+    #[must_use]
+    pub fn fork(&self) -> MemLower {
+        let versions = self.fs.lock().live.clone();
+        self.image(versions)
+    }
+
     /// The file system a power cut now would leave: the durable state only (rule 6).
     #[must_use]
     pub fn crash(&self) -> MemLower {

@@ -593,4 +593,13 @@ impl LowerFs for MemLower {
     fn removexattr(&self, node: &MemNode, name: &OsStr) -> Result<()> {
         self.do_removexattr(node, name)
     }
+
+    fn now(&self) -> (i64, u32) {
+        self.fs.now()
+    }
+
+    /// The inode number: unique while the directory exists, which is all the model needs.
+    fn dir_handle(&self, dir: &MemNode) -> Result<Vec<u8>> {
+        Ok(dir.ino.to_le_bytes().to_vec())
+    }
 }

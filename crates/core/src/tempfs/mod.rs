@@ -1,0 +1,382 @@
+//! TempFFS: new files live only in NVRAM and are *transformed* into the lower file system late
+//! (thesis 3.1.1; DESIGN sections 4 and 5).
+//!
+//! A temp file is an object frame (its record: attributes, the lower directory and the name)
+//! plus one data frame per resident page (`record.rs`, `data.rs`). The *overlay* is the
+//! volatile index of named temp files by (lower directory, name), rebuilt from the records at
+//! mount; the engine consults it before the lower directory on lookup and merges it into
+//! readdir. `transform.rs` (engine side) moves a temp file into the lower file system.
+//!
+//! Locks and their order: the index mutex, then a temp file's state mutex. Namespace changes
+//! (create, unlink, rename) hold both; data changes hold the file's only. A file being
+//! transformed is marked `Transforming`: writers, truncates and namespace changes of that file
+//! wait on its condition variable until the transform ends (readers do not: the data is
+//! stable). A transform therefore holds no lock during its lower IO.
+
+pub mod data;
+pub mod record;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use txn::{FrameId, FrameTag, Pool};
+
+pub use record::{Record, State};
+
+/// The volatile identity of a lower directory: its (device, inode) key.
+pub type DirKey = (u64, u64);
+
+/// Names starting with this prefix are nvstack's hidden transform files in the lower
+/// directory: invisible through the mount, never created by it.
+pub const HIDDEN_PREFIX: &str = ".nvstack-transform-";
+
+pub fn hidden_name(serial: u64) -> OsString {
+    OsString::from(format!("{HIDDEN_PREFIX}{serial:016x}"))
+}
+
+pub fn is_hidden(name: &OsStr) -> bool {
+    name.as_encoded_bytes().starts_with(HIDDEN_PREFIX.as_bytes())
+}
+
+/// Why a temp file was transformed (counted per trigger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Trigger {
+    /// It grew beyond `--tempfile-max-size`.
+    Size,
+    /// Temp files exceeded their share of the region; least recently used first.
+    Pressure,
+    /// `nvstack flush`.
+    Flush,
+    /// Unmount (unless `--keep-tempfiles`), or mounting with `--tempfiles off`.
+    Unmount,
+    /// A hard link to it was asked for (links are made in the lower file system).
+    Link,
+    /// An extended attribute was set or removed (xattrs live in the lower file system).
+    Xattr,
+    /// fallocate(2) (allocation is the lower file system's business).
+    Fallocate,
+    /// A write found the NVRAM full even after pressure transforms.
+    NvramFull,
+    /// A lower object is renamed onto its name (the lower rename does the replacing).
+    LowerRename,
+    /// Recovery found it half transformed and finished the job.
+    Recovery,
+}
+
+pub const TRIGGERS: [Trigger; 10] = [
+    Trigger::Size,
+    Trigger::Pressure,
+    Trigger::Flush,
+    Trigger::Unmount,
+    Trigger::Link,
+    Trigger::Xattr,
+    Trigger::Fallocate,
+    Trigger::NvramFull,
+    Trigger::LowerRename,
+    Trigger::Recovery,
+];
+
+impl Trigger {
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Size => "size",
+            Trigger::Pressure => "pressure",
+            Trigger::Flush => "flush",
+            Trigger::Unmount => "unmount",
+            Trigger::Link => "link",
+            Trigger::Xattr => "xattr",
+            Trigger::Fallocate => "fallocate",
+            Trigger::NvramFull => "nvram_full",
+            Trigger::LowerRename => "lower_rename",
+            Trigger::Recovery => "recovery",
+        }
+    }
+}
+
+/// Knobs of the temp-file store, fixed at mount.
+#[derive(Clone, Copy, Debug)]
+pub struct TempConfig {
+    /// New regular files become temp files (`--tempfiles on`).
+    pub enabled: bool,
+    /// A temp file growing beyond this is transformed (`--tempfile-max-size`).
+    pub max_size: u64,
+    /// Transform every temp file at unmount (default) or keep them in NVRAM.
+    pub transform_on_unmount: bool,
+    /// Temp files may hold at most this many frames (their share of the region); beyond it
+    /// the least recently used are transformed.
+    pub max_frames: u64,
+    /// NR_WB: pages the pressure trigger frees at a time (thesis: N = NR_WB * NR_TempFFS /
+    /// NR_Dirty temp files' worth of pages; without the page cache NR_TempFFS = NR_Dirty).
+    pub writeback_batch: u64,
+}
+
+impl Default for TempConfig {
+    fn default() -> Self {
+        TempConfig {
+            enabled: true,
+            max_size: 1 << 20,
+            transform_on_unmount: true,
+            max_frames: u64::MAX,
+            writeback_batch: 256,
+        }
+    }
+}
+
+/// What became of a temp file object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// In NVRAM.
+    Resident,
+    /// Deleted: its frames are free. The node id answers ESTALE/ENOENT.
+    Freed,
+    /// Now a lower file: handles reopen it, the inode table names its lower node.
+    Transformed,
+}
+
+/// The volatile state of a temp file (mirror of its record plus the page map).
+#[derive(Debug)]
+pub struct TempState {
+    pub rec: Record,
+    pub dir: DirKey,
+    pub pages: BTreeMap<u64, FrameId>,
+    /// Open handles (an unlinked file lives until the last one closes).
+    pub opens: u32,
+    pub fate: Fate,
+    /// Last use tick (for LRU).
+    pub last_use: u64,
+}
+
+/// A temp file. `frame` (its object frame) and `serial` never change.
+#[derive(Debug)]
+pub struct TempFile {
+    pub frame: FrameId,
+    pub serial: u64,
+    state: Mutex<TempState>,
+    changed: Condvar,
+}
+
+impl TempFile {
+    pub fn new(frame: FrameId, st: TempState) -> TempFile {
+        TempFile { frame, serial: st.rec.serial, state: Mutex::new(st), changed: Condvar::new() }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, TempState> {
+        self.state.lock().expect("temp file lock")
+    }
+
+    /// Waits until the file is not being transformed; returns the guard re-taken.
+    pub fn wait_stable<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, TempState>,
+    ) -> MutexGuard<'a, TempState> {
+        while g.rec.state == State::Transforming && g.fate == Fate::Resident {
+            g = self.changed.wait(g).expect("temp file lock");
+        }
+        g
+    }
+
+    /// Wakes waiters after a transform ended.
+    pub fn notify(&self) {
+        self.changed.notify_all();
+    }
+}
+
+/// A lower directory holding temp files: its pinned node and its named temp files.
+#[derive(Debug)]
+pub struct Dir<N> {
+    pub node: Arc<N>,
+    pub handle: Vec<u8>,
+    pub names: BTreeMap<OsString, Arc<TempFile>>,
+}
+
+/// The overlay: named temp files by directory, and every live object by serial.
+#[derive(Debug)]
+pub struct Index<N> {
+    pub dirs: HashMap<DirKey, Dir<N>>,
+    pub objects: BTreeMap<u64, Arc<TempFile>>,
+    pub next_serial: u64,
+}
+
+impl<N> Index<N> {
+    pub fn get(&self, dir: DirKey, name: &OsStr) -> Option<&Arc<TempFile>> {
+        self.dirs.get(&dir).and_then(|d| d.names.get(name))
+    }
+
+    pub fn has_entries(&self, dir: DirKey) -> bool {
+        self.dirs.get(&dir).is_some_and(|d| !d.names.is_empty())
+    }
+
+    /// Removes a name; drops the directory's entry (and its pin) when it was the last.
+    pub fn remove_name(&mut self, dir: DirKey, name: &OsStr) -> Option<Arc<TempFile>> {
+        let d = self.dirs.get_mut(&dir)?;
+        let f = d.names.remove(name);
+        if d.names.is_empty() {
+            self.dirs.remove(&dir);
+        }
+        f
+    }
+
+    pub fn insert_name(
+        &mut self,
+        dir: DirKey,
+        node: &Arc<N>,
+        handle: &[u8],
+        name: &OsStr,
+        f: Arc<TempFile>,
+    ) {
+        self.dirs
+            .entry(dir)
+            .or_insert_with(|| Dir {
+                node: Arc::clone(node),
+                handle: handle.to_vec(),
+                names: BTreeMap::new(),
+            })
+            .names
+            .insert(name.to_os_string(), f);
+    }
+}
+
+/// Counters under `tempfiles` in `nvstack stat`.
+#[derive(Debug)]
+pub struct TempCounters {
+    pub created: AtomicU64,
+    pub deleted_in_nvram: AtomicU64,
+    pub transformed: [AtomicU64; TRIGGERS.len()],
+    pub bytes_written_by_apps: AtomicU64,
+    pub bytes_transformed: AtomicU64,
+    pub pages_resident: AtomicU64,
+    pub files_resident: AtomicU64,
+    pub span_files: AtomicU64,
+    pub span_blocks_sum: AtomicU64,
+    pub created_in_lower: AtomicU64,
+}
+
+impl Default for TempCounters {
+    fn default() -> Self {
+        TempCounters {
+            created: AtomicU64::new(0),
+            deleted_in_nvram: AtomicU64::new(0),
+            transformed: std::array::from_fn(|_| AtomicU64::new(0)),
+            bytes_written_by_apps: AtomicU64::new(0),
+            bytes_transformed: AtomicU64::new(0),
+            pages_resident: AtomicU64::new(0),
+            files_resident: AtomicU64::new(0),
+            span_files: AtomicU64::new(0),
+            span_blocks_sum: AtomicU64::new(0),
+            created_in_lower: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A snapshot of [`TempCounters`] (the JSON contract of `nvstack stat --json`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TempStats {
+    pub enabled: bool,
+    pub max_size: u64,
+    pub created: u64,
+    pub deleted_in_nvram: u64,
+    pub transformed_total: u64,
+    pub transformed: BTreeMap<&'static str, u64>,
+    pub bytes_written_by_apps: u64,
+    pub bytes_transformed: u64,
+    pub pages_resident: u64,
+    pub files_resident: u64,
+    /// Files created directly in the lower file system although tempfiles are on (the parent
+    /// is on another file system or carries a default ACL).
+    pub created_in_lower: u64,
+    pub span_files: u64,
+    pub span_blocks_sum: u64,
+    /// Average distance in blocks between the first and last physical block of transformed
+    /// files (thesis Fig 4.6); 0 when none was measured.
+    pub span_blocks_avg: f64,
+}
+
+impl TempCounters {
+    pub fn transformed(&self, t: Trigger) {
+        self.transformed[t as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self, config: &TempConfig) -> TempStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let transformed: BTreeMap<&'static str, u64> =
+            TRIGGERS.iter().map(|&t| (t.name(), get(&self.transformed[t as usize]))).collect();
+        let span_files = get(&self.span_files);
+        let span_blocks_sum = get(&self.span_blocks_sum);
+        TempStats {
+            enabled: config.enabled,
+            max_size: config.max_size,
+            created: get(&self.created),
+            deleted_in_nvram: get(&self.deleted_in_nvram),
+            transformed_total: transformed.values().sum(),
+            transformed,
+            bytes_written_by_apps: get(&self.bytes_written_by_apps),
+            bytes_transformed: get(&self.bytes_transformed),
+            pages_resident: get(&self.pages_resident),
+            files_resident: get(&self.files_resident),
+            created_in_lower: get(&self.created_in_lower),
+            span_files,
+            span_blocks_sum,
+            span_blocks_avg: if span_files == 0 {
+                0.0
+            } else {
+                span_blocks_sum as f64 / span_files as f64
+            },
+        }
+    }
+}
+
+/// One temp file found in the region at mount.
+#[derive(Debug)]
+pub struct Found {
+    pub frame: FrameId,
+    pub rec: Record,
+    pub pages: BTreeMap<u64, FrameId>,
+}
+
+/// Reads every temp-file object of the region (after recovery rolled back unfinished
+/// transactions) and checks T1-T3. Damage is reported with the frame named, never guessed.
+pub fn scan(pool: &Pool) -> Result<Vec<Found>, nvram::Error> {
+    let frames = pool.allocated_frames()?;
+    let mut objects: BTreeMap<u64, Found> = BTreeMap::new();
+    let mut data: Vec<(FrameId, FrameTag)> = Vec::new();
+    for (frame, tag) in frames {
+        match tag.kind {
+            record::KIND_OBJECT => {
+                let bytes = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
+                let rec = Record::decode(&bytes)
+                    .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
+                objects.insert(frame.0, Found { frame, rec, pages: BTreeMap::new() });
+            }
+            record::KIND_DATA => data.push((frame, tag)),
+            _ => {}
+        }
+    }
+    for (frame, tag) in data {
+        let Some(obj) = objects.get_mut(&tag.owner) else {
+            return Err(nvram::Error::corrupt(
+                nvram::Area::Frame(frame.0),
+                "temp-file data frame whose owner is not a temp-file object (T2)",
+            ));
+        };
+        if tag.index >= obj.rec.size.div_ceil(data::PAGE) {
+            return Err(nvram::Error::corrupt(
+                nvram::Area::Frame(frame.0),
+                "temp-file data frame beyond the file size (T3)",
+            ));
+        }
+        obj.pages.insert(tag.index, frame);
+    }
+    Ok(objects.into_values().collect())
+}
+
+/// Ticks for LRU order.
+#[derive(Debug, Default)]
+pub struct Clock(AtomicU64);
+
+impl Clock {
+    pub fn tick(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}

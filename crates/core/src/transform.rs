@@ -1,0 +1,485 @@
+//! The transform: a temp file becomes a lower file (DESIGN section 5), and the engine's start,
+//! which rebuilds the overlay from the region and finishes interrupted transforms.
+//!
+//! Protocol (each numbered step is a persistence point; failpoint names in brackets):
+//! 1. One transaction marks the record `Transforming` [transform.marked]. From now on the
+//!    file's name, size and data are frozen: writers, truncates and namespace changes of this
+//!    file wait (the condition variable), readers go on.
+//! 2. In the file's lower directory create the hidden file `.nvstack-transform-<serial>`
+//!    (an old one from an interrupted attempt is replaced), fallocate the size (one contiguous
+//!    allocation where the lower file system can), write the resident pages, set size, owner,
+//!    mode and times, fsync it [transform.copied].
+//! 3. rename it onto the file's name - atomically replacing a shadowed lower file - and fsync
+//!    the directory [transform.renamed].
+//! 4. One transaction frees the record and the data frames [transform.freed]; the index
+//!    forgets the name, the inode table re-keys the node id to the new lower file.
+//!
+//! Recovery: a record found `Transforming` is redone from step 2. Every step is idempotent
+//! given the record (step 2 recreates the hidden file, step 3 renames the same content onto the
+//! same name), so a crash at any point, also during recovery, ends with the file transformed
+//! completely, and the only hidden file that can exist belongs to a `Transforming` record (no
+//! orphans: it is created after step 1 and gone before step 4). A failure in step 2 or 3 (the
+//! lower file system said no) removes the hidden file and returns the record to `Live`.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
+use txn::Pool;
+
+use crate::error::{FsError, FsResult};
+use crate::handles::HandleTable;
+use crate::inodes::{InodeTable, TEMP_DEV};
+use crate::ops::{Engine, EngineConfig, Obj, errno, nvram_full};
+use crate::stats::Counters;
+use crate::tempfs::{
+    self, Fate, Index, Record, State, TempCounters, TempFile, TempState, Trigger, data,
+};
+
+/// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
+const CHUNK_PAGES: u64 = 256;
+
+/// Why an engine could not start over its region.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Region(#[from] nvram::Error),
+    #[error(
+        "{files} temp file(s) of a lower directory that no longer exists (directory handle {handle}): \
+         the lower directory was changed behind nvstack's back"
+    )]
+    MissingDir { files: usize, handle: String },
+    #[error("lower file system: {0}")]
+    Lower(lower::Errno),
+    #[error("finishing an interrupted transform of temp file {serial}: {error}")]
+    Redo { serial: u64, error: FsError },
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// Starts an engine over a recovered region: rebuilds the temp-file overlay, frees temp
+    /// files that were unlinked while open, finishes interrupted transforms, and with
+    /// tempfiles off moves every temp file to the lower file system.
+    pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
+        // The root node is borrowed from the adapter; the table holds its own reference by
+        // looking the root up again ("." of the root).
+        let root_key = lower.key(lower.root());
+        let (root, _) =
+            lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
+        let engine = Engine {
+            inodes: InodeTable::new(Obj::Lower(Arc::new(root)), root_key),
+            handles: HandleTable::new(config.max_handles),
+            counters: Counters::default(),
+            temp: config.temp,
+            index: Mutex::new(Index {
+                dirs: HashMap::new(),
+                objects: std::collections::BTreeMap::new(),
+                next_serial: 1,
+            }),
+            tc: TempCounters::default(),
+            lru: tempfs::Clock::default(),
+            root_dev: root_key.0,
+            max_walk: config.max_walk,
+            failpoints: config.failpoints,
+            relieving: AtomicBool::new(false),
+            reserved_pages: AtomicU64::new(0),
+            lower,
+            pool,
+        };
+        engine.rebuild()?;
+        if !engine.temp.enabled {
+            engine.transform_all(Trigger::Unmount, &mut |_, _| {});
+        }
+        Ok(engine)
+    }
+
+    fn rebuild(&self) -> Result<(), StartError> {
+        let found = tempfs::scan(&self.pool)?;
+        let mut dirs: HashMap<Vec<u8>, Arc<L::Node>> = HashMap::new();
+        let mut redo = Vec::new();
+        let mut idx = self.index.lock().expect("temp index");
+        idx.next_serial = found.iter().map(|f| f.rec.serial + 1).max().unwrap_or(1);
+        for f in found {
+            let pages = f.pages.len() as u64;
+            let file = Arc::new(TempFile::new(
+                f.frame,
+                TempState {
+                    dir: (0, 0),
+                    rec: f.rec,
+                    pages: f.pages,
+                    opens: 0,
+                    fate: Fate::Resident,
+                    last_use: 0,
+                },
+            ));
+            self.tc.pages_resident.fetch_add(pages, Ordering::Relaxed);
+            self.reserved_pages.fetch_add(pages, Ordering::Relaxed);
+            self.tc.files_resident.fetch_add(1, Ordering::Relaxed);
+            let mut st = file.lock();
+            if st.rec.nlink == 0 {
+                // Unlinked while open, and nothing is open after a restart.
+                let mut tx = self.pool.begin();
+                let mut pages = st.pages.clone();
+                let n = data::free_all(&mut tx, file.frame, &mut pages)
+                    .map_err(|e| StartError::Redo { serial: file.serial, error: nvram_full(e) })?;
+                tx.commit();
+                self.tc.pages_resident.fetch_sub(n, Ordering::Relaxed);
+                self.reserved_pages.fetch_sub(n, Ordering::Relaxed);
+                self.tc.files_resident.fetch_sub(1, Ordering::Relaxed);
+                st.fate = Fate::Freed;
+                continue;
+            }
+            let dir = if let Some(d) = dirs.get(&st.rec.dir) {
+                Arc::clone(d)
+            } else {
+                let node = self
+                    .lower
+                    .find_dir(&st.rec.dir, self.max_walk)
+                    .map_err(|_| StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) })?;
+                let node = Arc::new(node);
+                dirs.insert(st.rec.dir.clone(), Arc::clone(&node));
+                node
+            };
+            let key = self.lower.key(&dir);
+            st.dir = key;
+            let (name, handle) = (st.rec.name.clone(), st.rec.dir.clone());
+            if st.rec.state == State::Transforming {
+                redo.push(Arc::clone(&file));
+            }
+            drop(st);
+            idx.insert_name(key, &dir, &handle, &name, Arc::clone(&file));
+            idx.objects.insert(file.serial, file);
+        }
+        drop(idx);
+        for f in redo {
+            self.finish_transform(&f, Trigger::Recovery)
+                .map_err(|error| StartError::Redo { serial: f.serial, error })?;
+        }
+        Ok(())
+    }
+
+    /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
+    /// when another thread did it; a file that is unlinked or freed is left alone.
+    pub fn transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+        {
+            let idx = self.index.lock().expect("temp index");
+            let st = f.lock();
+            if st.fate != Fate::Resident || st.rec.nlink == 0 {
+                return Ok(());
+            }
+            if st.rec.state == State::Transforming {
+                drop(idx);
+                drop(f.wait_stable(st));
+                return Ok(());
+            }
+            let mut st = st;
+            // Step 1.
+            let mut rec = st.rec.clone();
+            rec.state = State::Transforming;
+            let mut tx = self.pool.begin();
+            if let Err(e) = data::put_record(&mut tx, f.frame, &rec) {
+                tx.abort();
+                return Err(nvram_full(e));
+            }
+            tx.commit();
+            st.rec = rec;
+            drop(idx);
+        }
+        self.fail("transform.marked");
+        self.finish_transform(f, trigger)
+    }
+
+    /// Steps 2-4 for a file whose record is `Transforming`.
+    fn finish_transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+        let result = self.copy_and_switch(f, trigger);
+        if result.is_err() {
+            // Back to Live: the file stays in NVRAM, correct and complete. Its name may now
+            // have a lower file (the rename of step 3 may have happened), so it shadows one
+            // from now on (O1; unlinking a name without a lower file is harmless).
+            let mut st = f.lock();
+            if st.fate == Fate::Resident && st.rec.state == State::Transforming {
+                let mut rec = st.rec.clone();
+                rec.state = State::Live;
+                rec.set_shadows(true);
+                let mut tx = self.pool.begin();
+                match data::put_record(&mut tx, f.frame, &rec) {
+                    Ok(()) => {
+                        tx.commit();
+                        st.rec = rec;
+                    }
+                    Err(_) => tx.abort(),
+                }
+            }
+        }
+        f.notify();
+        result
+    }
+
+    fn copy_and_switch(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+        // The state is frozen while Transforming; take what step 2 needs.
+        let (rec, pages, key) = {
+            let st = f.lock();
+            (st.rec.clone(), st.pages.clone(), st.dir)
+        };
+        let dir = {
+            let idx = self.index.lock().expect("temp index");
+            Arc::clone(&idx.dirs.get(&key).ok_or(errno(libc::ESTALE))?.node)
+        };
+        let hidden = tempfs::hidden_name(rec.serial);
+        // Step 2.
+        let copied = self.copy_out(&dir, &hidden, &rec, &pages);
+        let (span, written) = match copied {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = self.lower.unlink(&dir, &hidden);
+                return Err(e);
+            }
+        };
+        self.fail("transform.copied");
+        // Steps 3 and 4 under the index lock: the name cannot change (it is frozen anyway)
+        // and lookups cannot register the temp id while we re-key it.
+        let mut idx = self.index.lock().expect("temp index");
+        let mut st = f.lock();
+        let renamed = self
+            .lower
+            .rename(&dir, &hidden, &dir, &rec.name, 0)
+            .and_then(|()| self.sync_dir(&dir))
+            .and_then(|()| self.lower.lookup(&dir, &rec.name));
+        let (node, _) = match renamed {
+            Ok(found) => found,
+            Err(e) => {
+                drop(st);
+                drop(idx);
+                let _ = self.lower.unlink(&dir, &hidden);
+                return Err(e.into());
+            }
+        };
+        self.fail("transform.renamed");
+        let mut tx = self.pool.begin();
+        let mut left = st.pages.clone();
+        if let Err(e) = data::free_all(&mut tx, f.frame, &mut left) {
+            tx.abort();
+            // The lower file is complete; the record stays Transforming and is finished by
+            // the next attempt or at the next mount.
+            return Err(nvram_full(e));
+        }
+        tx.commit();
+        self.fail("transform.freed");
+        let n = st.pages.len() as u64;
+        st.pages.clear();
+        st.fate = Fate::Transformed;
+        idx.remove_name(key, &rec.name);
+        idx.objects.remove(&f.serial);
+        let new_key = self.lower.key(&node);
+        self.inodes.rekey(crate::inodes::TEMP_BASE + f.serial, new_key, Obj::Lower(Arc::new(node)));
+        drop(st);
+        drop(idx);
+        self.tc.pages_resident.fetch_sub(n, Ordering::Relaxed);
+        self.reserved_pages.fetch_sub(n, Ordering::Relaxed);
+        self.tc.files_resident.fetch_sub(1, Ordering::Relaxed);
+        self.tc.transformed(trigger);
+        Counters::add(&self.tc.bytes_transformed, rec.size);
+        Counters::add(&self.counters.lower_bytes_written, written);
+        if let Some(span) = span {
+            Counters::add(&self.tc.span_files, 1);
+            Counters::add(&self.tc.span_blocks_sum, span);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sync_dir(&self, dir: &L::Node) -> lower::Result<()> {
+        let d = self.lower.opendir(dir)?;
+        self.lower.fsyncdir(&d, false)
+    }
+
+    /// Step 2: the hidden file with the data and attributes, durable. Returns the file span
+    /// in blocks (FIEMAP: first to last physical block) when the lower file system maps it,
+    /// and the bytes written.
+    fn copy_out(
+        &self,
+        dir: &L::Node,
+        hidden: &OsString,
+        rec: &Record,
+        pages: &std::collections::BTreeMap<u64, txn::FrameId>,
+    ) -> FsResult<(Option<u64>, u64)> {
+        let root = Creds { uid: 0, gid: 0, groups: Vec::new() };
+        let created = match self.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR) {
+            Err(lower::Errno(libc::EEXIST)) => {
+                // Left by an interrupted attempt: start over.
+                self.lower.unlink(dir, hidden)?;
+                self.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR)?
+            }
+            other => other?,
+        };
+        let (node, _, file) = created;
+        if rec.size > 0 {
+            match self.lower.fallocate(&file, 0, 0, rec.size) {
+                Ok(()) | Err(lower::Errno(libc::EOPNOTSUPP | libc::ENOSYS)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Runs of consecutive resident pages, written in chunks of at most 1 MiB.
+        let mut buf = Vec::with_capacity((CHUNK_PAGES * data::PAGE) as usize);
+        let mut run_start = None::<u64>;
+        let written = std::cell::Cell::new(0u64);
+        let flush = |start: u64, buf: &mut Vec<u8>| -> FsResult<()> {
+            let offset = start * data::PAGE;
+            let len = (buf.len() as u64).min(rec.size.saturating_sub(offset)) as usize;
+            let mut done = 0;
+            while done < len {
+                done += self.lower.write(&file, offset + done as u64, &buf[done..len])?;
+            }
+            written.set(written.get() + done as u64);
+            buf.clear();
+            Ok(())
+        };
+        let mut expected = 0u64;
+        for (&page, &frame) in pages {
+            if run_start.is_some()
+                && (page != expected || buf.len() as u64 >= CHUNK_PAGES * data::PAGE)
+            {
+                flush(run_start.take().expect("run"), &mut buf)?;
+            }
+            if run_start.is_none() {
+                run_start = Some(page);
+            }
+            let at = buf.len();
+            buf.resize(at + data::PAGE as usize, 0);
+            self.pool.read(self.pool.frame_offset(frame), &mut buf[at..]);
+            expected = page + 1;
+        }
+        if let Some(start) = run_start {
+            flush(start, &mut buf)?;
+        }
+        // Size (trailing holes), owner, then mode (chown clears set-ID bits), then times.
+        let size = SetAttr { size: Some(rec.size), ..SetAttr::default() };
+        self.lower.setattr(&node, Some(&file), &size)?;
+        let owner = SetAttr { uid: Some(rec.uid), gid: Some(rec.gid), ..SetAttr::default() };
+        match self.lower.setattr(&node, Some(&file), &owner) {
+            // An unprivileged daemon cannot give files away; its lower creates cannot either.
+            Ok(_) | Err(lower::Errno(libc::EPERM)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let rest = SetAttr {
+            mode: Some(rec.mode & 0o7777),
+            atime: Some(TimeSet::At(rec.atime.0, rec.atime.1)),
+            mtime: Some(TimeSet::At(rec.mtime.0, rec.mtime.1)),
+            ..SetAttr::default()
+        };
+        self.lower.setattr(&node, Some(&file), &rest)?;
+        self.lower.fsync(&file, false)?;
+        let span = match self.lower.fiemap(&file) {
+            Ok(extents) if !extents.is_empty() => {
+                let attr = self.lower.getattr(&node)?;
+                let block = u64::from(attr.blksize.max(512));
+                let first = extents.iter().map(|e| e.physical).min().unwrap_or(0);
+                let last = extents.iter().map(|e| e.physical + e.length).max().unwrap_or(0);
+                Some((last.saturating_sub(first)).div_ceil(block).saturating_sub(1))
+            }
+            _ => None,
+        };
+        debug_assert!(self.lower.getattr(&node).is_ok_and(|a| a.kind() == FileKind::Regular));
+        Ok((span, written.get()))
+    }
+
+    /// Transforms every named temp file (flush, unmount); `progress(done, total)` after each.
+    /// Returns how many were transformed and the first error (the others were still tried).
+    pub fn transform_all(
+        &self,
+        trigger: Trigger,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> (u64, Option<FsError>) {
+        let files: Vec<Arc<TempFile>> =
+            self.index.lock().expect("temp index").objects.values().cloned().collect();
+        let total = files.len() as u64;
+        let mut done = 0;
+        let mut first_error = None;
+        for (i, f) in files.iter().enumerate() {
+            match self.transform(f, trigger) {
+                Ok(()) => {
+                    if f.lock().fate == Fate::Transformed {
+                        done += 1;
+                    }
+                }
+                Err(e) => {
+                    eprintln!("nvstack: transform of temp file {} failed: {e}", f.serial);
+                    first_error.get_or_insert(e);
+                }
+            }
+            progress(i as u64 + 1, total);
+        }
+        (done, first_error)
+    }
+
+    /// NVRAM pressure (thesis 3.1.1): when temp files hold more than their share of frames, or
+    /// `force` (a write found no free frame), transform the least recently used temp files
+    /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed. Without a page cache every
+    /// dirty page is a temp file's, so N = NR_WB (`writeback_batch`).
+    pub(crate) fn relieve_pressure(&self, force: bool) {
+        let resident = self.tc.pages_resident.load(Ordering::Relaxed)
+            + self.tc.files_resident.load(Ordering::Relaxed);
+        if !force && resident <= self.temp.max_frames {
+            return;
+        }
+        if self.relieving.swap(true, Ordering::AcqRel) {
+            return; // another thread is at it
+        }
+        let nr_tempffs = self.tc.pages_resident.load(Ordering::Relaxed);
+        let nr_dirty = nr_tempffs.max(1);
+        let target = (self.temp.writeback_batch * nr_tempffs / nr_dirty).max(1);
+        let mut candidates: Vec<(u64, Arc<TempFile>)> = self
+            .index
+            .lock()
+            .expect("temp index")
+            .objects
+            .values()
+            .filter_map(|f| {
+                let st = f.lock();
+                (st.fate == Fate::Resident && st.rec.nlink > 0)
+                    .then(|| (st.last_use, Arc::clone(f)))
+            })
+            .collect();
+        candidates.sort_by_key(|(t, f)| (*t, f.serial));
+        let mut freed = 0u64;
+        for (_, f) in candidates {
+            if freed >= target {
+                break;
+            }
+            let pages = f.lock().pages.len() as u64 + 1;
+            match self.transform(&f, Trigger::Pressure) {
+                Ok(()) => freed += pages,
+                Err(e) => {
+                    eprintln!("nvstack: pressure transform of temp file {} failed: {e}", f.serial);
+                }
+            }
+        }
+        self.relieving.store(false, Ordering::Release);
+    }
+
+    /// `nvstack flush`: transforms every temp file.
+    pub fn flush_tempfiles(&self, progress: &mut dyn FnMut(u64, u64)) -> (u64, Option<FsError>) {
+        self.transform_all(Trigger::Flush, progress)
+    }
+
+    /// The temp file behind a node id, if it is one and still in NVRAM (tests, tools).
+    pub fn temp_file(&self, node_id: u64) -> Option<Arc<TempFile>> {
+        match self.obj(node_id) {
+            Ok(Obj::Temp(f)) if f.lock().fate == Fate::Resident => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The key a temp file is registered under in the inode table.
+    pub fn temp_key(serial: u64) -> (u64, u64) {
+        (TEMP_DEV, serial)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
