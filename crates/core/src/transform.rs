@@ -41,6 +41,30 @@ use crate::tempfs::{
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
 const CHUNK_PAGES: u64 = 256;
 
+/// Files transformed together by `transform_group` (bounds how long a file stays frozen).
+const GROUP: usize = 256;
+
+/// How a transform makes its lower writes durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sync {
+    /// fsync of the file, fsync of the directory (one file alone).
+    PerFile,
+    /// one syncfs of the lower file system for a whole group.
+    Group,
+}
+
+/// One file's transform in progress.
+struct Job<L: LowerFs> {
+    f: Arc<TempFile>,
+    rec: Record,
+    pages: std::collections::BTreeMap<u64, txn::FrameId>,
+    key: tempfs::DirKey,
+    dir: Arc<L::Node>,
+    hidden: OsString,
+    span: Option<u64>,
+    written: u64,
+}
+
 /// Why an engine could not start over its region.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -162,62 +186,45 @@ impl<L: LowerFs> Engine<L> {
     /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
     /// when another thread did it; a file that is unlinked or freed is left alone.
     pub fn transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        {
-            let idx = self.index.lock().expect("temp index");
-            let st = f.lock();
-            if st.fate != Fate::Resident || st.rec.nlink == 0 {
-                return Ok(());
-            }
-            if st.rec.state == State::Transforming {
-                drop(idx);
-                drop(f.wait_stable(st));
-                return Ok(());
-            }
-            let mut st = st;
-            // Step 1.
-            let mut rec = st.rec.clone();
-            rec.state = State::Transforming;
-            let mut tx = self.pool.begin();
-            if let Err(e) = data::put_record(&mut tx, f.frame, &rec) {
-                tx.abort();
-                return Err(nvram_full(e));
-            }
-            tx.commit();
-            st.rec = rec;
-            drop(idx);
-        }
-        self.fail("transform.marked");
-        self.finish_transform(f, trigger)
+        if self.mark(f)? { self.finish_transform(f, trigger) } else { Ok(()) }
     }
 
     /// Steps 2-4 for a file whose record is `Transforming`.
     fn finish_transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        let result = self.copy_and_switch(f, trigger);
+        let result = self.prepare(f).and_then(|mut job| {
+            self.copy_step(&mut job, Sync::PerFile)?;
+            let node = self.rename_step(&job, Sync::PerFile)?;
+            self.free_step(&job, node, trigger)
+        });
         if result.is_err() {
-            // Back to Live: the file stays in NVRAM, correct and complete. Its name may now
-            // have a lower file (the rename of step 3 may have happened), so it shadows one
-            // from now on (O1; unlinking a name without a lower file is harmless).
-            let mut st = f.lock();
-            if st.fate == Fate::Resident && st.rec.state == State::Transforming {
-                let mut rec = st.rec.clone();
-                rec.state = State::Live;
-                rec.set_shadows(true);
-                let mut tx = self.pool.begin();
-                match data::put_record(&mut tx, f.frame, &rec) {
-                    Ok(()) => {
-                        tx.commit();
-                        st.rec = rec;
-                    }
-                    Err(_) => tx.abort(),
-                }
-            }
+            self.back_to_live(f);
         }
         f.notify();
         result
     }
 
-    fn copy_and_switch(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        // The state is frozen while Transforming; take what step 2 needs.
+    /// After a failed step 2 or 3 the file stays in NVRAM, correct and complete. Its name may
+    /// now have a lower file (the rename of step 3 may have happened), so it shadows one from
+    /// now on (O1; unlinking a name without a lower file is harmless).
+    fn back_to_live(&self, f: &TempFile) {
+        let mut st = f.lock();
+        if st.fate == Fate::Resident && st.rec.state == State::Transforming {
+            let mut rec = st.rec.clone();
+            rec.state = State::Live;
+            rec.set_shadows(true);
+            let mut tx = self.pool.begin();
+            match data::put_record(&mut tx, f.frame, &rec) {
+                Ok(()) => {
+                    tx.commit();
+                    st.rec = rec;
+                }
+                Err(_) => tx.abort(),
+            }
+        }
+    }
+
+    /// What steps 2-4 need, read once: the state is frozen while Transforming.
+    fn prepare(&self, f: &Arc<TempFile>) -> FsResult<Job<L>> {
         let (rec, pages, key) = {
             let st = f.lock();
             (st.rec.clone(), st.pages.clone(), st.dir)
@@ -227,35 +234,53 @@ impl<L: LowerFs> Engine<L> {
             Arc::clone(&idx.dirs.get(&key).ok_or(errno(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
-        // Step 2.
-        let copied = self.copy_out(&dir, &hidden, &rec, &pages);
-        let (span, written) = match copied {
-            Ok(done) => done,
-            Err(e) => {
-                let _ = self.lower.unlink(&dir, &hidden);
-                return Err(e);
+        Ok(Job { f: Arc::clone(f), rec, pages, key, dir, hidden, span: None, written: 0 })
+    }
+
+    /// Step 2; the hidden file is removed again when it fails.
+    fn copy_step(&self, job: &mut Job<L>, sync: Sync) -> FsResult<()> {
+        match self.copy_out(&job.dir, &job.hidden, &job.rec, &job.pages, sync == Sync::PerFile) {
+            Ok((span, written)) => {
+                (job.span, job.written) = (span, written);
+                self.fail("transform.copied");
+                Ok(())
             }
-        };
-        self.fail("transform.copied");
-        // Steps 3 and 4 under the index lock: the name cannot change (it is frozen anyway)
-        // and lookups cannot register the temp id while we re-key it.
-        let mut idx = self.index.lock().expect("temp index");
-        let mut st = f.lock();
+            Err(e) => {
+                let _ = self.lower.unlink(&job.dir, &job.hidden);
+                Err(e)
+            }
+        }
+    }
+
+    /// Step 3 (the directory fsync only with `Sync::PerFile`; a batch syncs the file system
+    /// once). Under the index lock, so that no lookup races with the name's two owners.
+    fn rename_step(&self, job: &Job<L>, sync: Sync) -> FsResult<L::Node> {
+        let _idx = self.index.lock().expect("temp index");
         let renamed = self
             .lower
-            .rename(&dir, &hidden, &dir, &rec.name, 0)
-            .and_then(|()| self.sync_dir(&dir))
-            .and_then(|()| self.lower.lookup(&dir, &rec.name));
-        let (node, _) = match renamed {
-            Ok(found) => found,
-            Err(e) => {
-                drop(st);
-                drop(idx);
-                let _ = self.lower.unlink(&dir, &hidden);
-                return Err(e.into());
+            .rename(&job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
+            .and_then(|()| if sync == Sync::PerFile { self.sync_dir(&job.dir) } else { Ok(()) })
+            .and_then(|()| self.lower.lookup(&job.dir, &job.rec.name));
+        match renamed {
+            Ok((node, _)) => {
+                if sync == Sync::PerFile {
+                    self.fail("transform.renamed");
+                }
+                Ok(node)
             }
-        };
-        self.fail("transform.renamed");
+            Err(e) => {
+                let _ = self.lower.unlink(&job.dir, &job.hidden);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Step 4: one transaction frees the record and the data frames; the index forgets the
+    /// name; the node id now names the lower file.
+    fn free_step(&self, job: &Job<L>, node: L::Node, trigger: Trigger) -> FsResult<()> {
+        let f = &job.f;
+        let mut idx = self.index.lock().expect("temp index");
+        let mut st = f.lock();
         let mut tx = self.pool.begin();
         let mut left = st.pages.clone();
         if let Err(e) = data::free_all(&mut tx, f.frame, &mut left) {
@@ -269,7 +294,7 @@ impl<L: LowerFs> Engine<L> {
         let n = st.pages.len() as u64;
         st.pages.clear();
         st.fate = Fate::Transformed;
-        idx.remove_name(key, &rec.name);
+        idx.remove_name(job.key, &job.rec.name);
         idx.objects.remove(&f.serial);
         let new_key = self.lower.key(&node);
         self.inodes.rekey(crate::inodes::TEMP_BASE + f.serial, new_key, Obj::Lower(Arc::new(node)));
@@ -279,13 +304,128 @@ impl<L: LowerFs> Engine<L> {
         self.reserved_pages.fetch_sub(n, Ordering::Relaxed);
         self.tc.files_resident.fetch_sub(1, Ordering::Relaxed);
         self.tc.transformed(trigger);
-        Counters::add(&self.tc.bytes_transformed, rec.size);
-        Counters::add(&self.counters.lower_bytes_written, written);
-        if let Some(span) = span {
+        Counters::add(&self.tc.bytes_transformed, job.rec.size);
+        Counters::add(&self.counters.lower_bytes_written, job.written);
+        if let Some(span) = job.span {
             Counters::add(&self.tc.span_files, 1);
             Counters::add(&self.tc.span_blocks_sum, span);
         }
         Ok(())
+    }
+
+    /// Step 1 for one file: `Ok(false)` when there is nothing to do (freed, unlinked,
+    /// transformed, or being transformed by another thread, which this call waits for).
+    fn mark(&self, f: &Arc<TempFile>) -> FsResult<bool> {
+        let idx = self.index.lock().expect("temp index");
+        let mut st = f.lock();
+        if st.fate != Fate::Resident || st.rec.nlink == 0 {
+            return Ok(false);
+        }
+        if st.rec.state == State::Transforming {
+            drop(idx);
+            drop(f.wait_stable(st));
+            return Ok(false);
+        }
+        let mut rec = st.rec.clone();
+        rec.state = State::Transforming;
+        let mut tx = self.pool.begin();
+        if let Err(e) = data::put_record(&mut tx, f.frame, &rec) {
+            tx.abort();
+            return Err(nvram_full(e));
+        }
+        tx.commit();
+        st.rec = rec;
+        drop(st);
+        drop(idx);
+        self.fail("transform.marked");
+        Ok(true)
+    }
+
+    /// Transforms many files as one group (flush, unmount, pressure): every file goes through
+    /// the same four steps, but the durability of steps 2 and 3 comes from one `syncfs` of the
+    /// lower file system each instead of an fsync per file and per directory (groups of
+    /// `GROUP` files, so that no file stays frozen for long). The protocol's proof holds per
+    /// file: step 4 of any file runs only after its rename is durable.
+    pub fn transform_group(
+        &self,
+        files: &[Arc<TempFile>],
+        trigger: Trigger,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> (u64, Option<FsError>) {
+        let total = files.len() as u64;
+        let (mut done, mut seen) = (0u64, 0u64);
+        let mut first_error: Option<FsError> = None;
+        for group in files.chunks(GROUP) {
+            let mut jobs = Vec::new();
+            for f in group {
+                match self.mark(f).and_then(|marked| marked.then(|| self.prepare(f)).transpose()) {
+                    Ok(Some(job)) => jobs.push(job),
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.back_to_live(f);
+                        f.notify();
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            let mut copied = Vec::new();
+            for mut job in jobs {
+                match self.copy_step(&mut job, Sync::Group) {
+                    Ok(()) => copied.push(job),
+                    Err(e) => {
+                        self.back_to_live(&job.f);
+                        job.f.notify();
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            let mut renamed = Vec::new();
+            if let Err(e) = self.lower.syncfs() {
+                for job in &copied {
+                    let _ = self.lower.unlink(&job.dir, &job.hidden);
+                    self.back_to_live(&job.f);
+                    job.f.notify();
+                }
+                first_error.get_or_insert(e.into());
+                copied.clear();
+            }
+            for job in copied {
+                match self.rename_step(&job, Sync::Group) {
+                    Ok(node) => renamed.push((job, node)),
+                    Err(e) => {
+                        self.back_to_live(&job.f);
+                        job.f.notify();
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            if !renamed.is_empty() {
+                if let Err(e) = self.lower.syncfs() {
+                    // Renamed but maybe not durable: keep them transforming (a later attempt
+                    // or the next mount finishes them) - but let waiters see them as live.
+                    for (job, _) in &renamed {
+                        self.back_to_live(&job.f);
+                        job.f.notify();
+                    }
+                    first_error.get_or_insert(e.into());
+                    renamed.clear();
+                } else {
+                    self.fail("transform.renamed");
+                }
+            }
+            for (job, node) in renamed {
+                match self.free_step(&job, node, trigger) {
+                    Ok(()) => done += 1,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                job.f.notify();
+            }
+            seen += group.len() as u64;
+            progress(seen, total);
+        }
+        (done, first_error)
     }
 
     pub(crate) fn sync_dir(&self, dir: &L::Node) -> lower::Result<()> {
@@ -302,6 +442,7 @@ impl<L: LowerFs> Engine<L> {
         hidden: &OsString,
         rec: &Record,
         pages: &std::collections::BTreeMap<u64, txn::FrameId>,
+        fsync: bool,
     ) -> FsResult<(Option<u64>, u64)> {
         let root = Creds { uid: 0, gid: 0, groups: Vec::new() };
         let created = match self.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR) {
@@ -368,7 +509,9 @@ impl<L: LowerFs> Engine<L> {
             ..SetAttr::default()
         };
         self.lower.setattr(&node, Some(&file), &rest)?;
-        self.lower.fsync(&file, false)?;
+        if fsync {
+            self.lower.fsync(&file, false)?;
+        }
         let span = match self.lower.fiemap(&file) {
             Ok(extents) if !extents.is_empty() => {
                 let attr = self.lower.getattr(&node)?;
@@ -383,8 +526,9 @@ impl<L: LowerFs> Engine<L> {
         Ok((span, written.get()))
     }
 
-    /// Transforms every named temp file (flush, unmount); `progress(done, total)` after each.
-    /// Returns how many were transformed and the first error (the others were still tried).
+    /// Transforms every named temp file (flush, unmount) as groups; `progress(done, total)`
+    /// after each group. Returns how many were transformed and the first error (the others
+    /// were still tried).
     pub fn transform_all(
         &self,
         trigger: Trigger,
@@ -392,24 +536,7 @@ impl<L: LowerFs> Engine<L> {
     ) -> (u64, Option<FsError>) {
         let files: Vec<Arc<TempFile>> =
             self.index.lock().expect("temp index").objects.values().cloned().collect();
-        let total = files.len() as u64;
-        let mut done = 0;
-        let mut first_error = None;
-        for (i, f) in files.iter().enumerate() {
-            match self.transform(f, trigger) {
-                Ok(()) => {
-                    if f.lock().fate == Fate::Transformed {
-                        done += 1;
-                    }
-                }
-                Err(e) => {
-                    eprintln!("nvstack: transform of temp file {} failed: {e}", f.serial);
-                    first_error.get_or_insert(e);
-                }
-            }
-            progress(i as u64 + 1, total);
-        }
-        (done, first_error)
+        self.transform_group(&files, trigger, progress)
     }
 
     /// NVRAM pressure (thesis 3.1.1): when temp files hold more than their share of frames, or
@@ -441,18 +568,18 @@ impl<L: LowerFs> Engine<L> {
             })
             .collect();
         candidates.sort_by_key(|(t, f)| (*t, f.serial));
-        let mut freed = 0u64;
+        let mut chosen = Vec::new();
+        let mut pages = 0u64;
         for (_, f) in candidates {
-            if freed >= target {
+            if pages >= target {
                 break;
             }
-            let pages = f.lock().pages.len() as u64 + 1;
-            match self.transform(&f, Trigger::Pressure) {
-                Ok(()) => freed += pages,
-                Err(e) => {
-                    eprintln!("nvstack: pressure transform of temp file {} failed: {e}", f.serial);
-                }
-            }
+            pages += f.lock().pages.len() as u64 + 1;
+            chosen.push(f);
+        }
+        let (_, error) = self.transform_group(&chosen, Trigger::Pressure, &mut |_, _| {});
+        if let Some(e) = error {
+            eprintln!("nvstack: pressure transform failed: {e}");
         }
         self.relieving.store(false, Ordering::Release);
     }

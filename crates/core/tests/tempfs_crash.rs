@@ -200,7 +200,7 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     let name = NAMES[rng.below(NAMES.len() as u64) as usize];
     let p = dirs[dir];
     let os = OsStr::new(name);
-    match rng.below(10) {
+    match rng.below(11) {
         0 | 1 => {
             // One state change per step: the create (the writes are steps of their own).
             if let Ok((e, fh)) = engine.create(&ROOT, p, os, 0o644, libc::O_RDWR) {
@@ -249,6 +249,11 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
                 engine.forget(e.node_id, 1);
             }
             format!("transform {dir}/{name}")
+        }
+        10 => {
+            // Every temp file at once: the group transform (one syncfs per step).
+            let _ = engine.flush_tempfiles(&mut |_, _| {});
+            "flush".to_string()
         }
         _ => {
             // Over the size limit: the size trigger transforms it.

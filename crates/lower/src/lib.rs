@@ -123,6 +123,9 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
     fn listxattr(&self, node: &Self::Node, size: usize) -> Result<Vec<u8>>;
     fn removexattr(&self, node: &Self::Node, name: &OsStr) -> Result<()>;
 
+    /// syncfs(2): everything written to the lower file system so far is durable.
+    fn syncfs(&self) -> Result<()>;
+
     /// The lower file system's clock (for objects nvstack keeps itself, e.g. temp files, whose
     /// times must read like the lower file system's own).
     fn now(&self) -> (i64, u32);

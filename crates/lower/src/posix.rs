@@ -566,6 +566,13 @@ impl LowerFs for PosixLower {
         check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
 
+    fn syncfs(&self) -> Result<()> {
+        // syncfs needs a real descriptor (not O_PATH) on the file system.
+        let fd = self.reopen(&self.root, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        // SAFETY: syncfs of a descriptor we own.
+        check(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+    }
+
     fn now(&self) -> (i64, u32) {
         // The kernel stamps files from the coarse real-time clock; read the same one so that
         // nvstack's own times never run ahead of the lower file system's.

@@ -598,6 +598,11 @@ impl LowerFs for MemLower {
         self.fs.now()
     }
 
+    fn syncfs(&self) -> Result<()> {
+        self.sync_all();
+        Ok(())
+    }
+
     /// The inode number: unique while the directory exists, which is all the model needs.
     fn dir_handle(&self, dir: &MemNode) -> Result<Vec<u8>> {
         Ok(dir.ino.to_le_bytes().to_vec())

@@ -1,0 +1,246 @@
+//! TempFFS behaviour at its boundaries, on the engine over the in-memory lower file system: a
+//! full lower file system (ENOSPC at write time, never a lost file at transform), a full NVRAM
+//! (transforms, never an error the lower file system would not give), unlinked-but-open temp
+//! files, shadowing renames over lower files, hard links, xattrs, and the counters.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use engine::{Engine, EngineConfig, FsError, TempConfig};
+use lower::{Creds, Errno, LowerFs, MemConfig, MemLower};
+use nvram::{FormatParams, SimRegion};
+use txn::{Consistency, Pool};
+
+const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
+
+fn pool(frames: u64) -> Pool {
+    let params = FormatParams {
+        region_size: 12288 + 4 * 65536 + 4096 + frames * 4096,
+        undo_slots: 4,
+        undo_slot_size: 65536,
+    };
+    let region = Arc::new(SimRegion::new(params.region_size));
+    Pool::format(&*region, params).unwrap();
+    Pool::open(region, Consistency::Undo).unwrap().0
+}
+
+fn engine(lower: MemLower, frames: u64, temp: TempConfig) -> Engine<MemLower> {
+    Engine::new(lower, pool(frames), EngineConfig { temp, ..EngineConfig::default() }).unwrap()
+}
+
+fn name(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+fn read_all(e: &Engine<MemLower>, parent: u64, n: &str) -> Vec<u8> {
+    let id = e.lookup(parent, name(n)).unwrap().node_id;
+    let fh = e.open(id, libc::O_RDONLY).unwrap();
+    let mut out = Vec::new();
+    e.read(fh, 0, 1 << 22, |d| out.extend_from_slice(d)).unwrap();
+    e.release(fh).unwrap();
+    e.forget(id, 1);
+    out
+}
+
+fn lower_content(lower: &MemLower, n: &str) -> Option<Vec<u8>> {
+    let (node, attr) = lower.lookup(lower.root(), name(n)).ok()?;
+    let f = lower.open(&node, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0u8; attr.size as usize];
+    let got = lower.read(&f, 0, &mut buf).unwrap();
+    buf.truncate(got);
+    Some(buf)
+}
+
+#[test]
+fn a_full_lower_file_system_says_enospc_at_write_time_and_every_accepted_byte_lands() {
+    // 64 blocks of 4 KiB: room for the root directory and some data.
+    let lower = MemLower::new(MemConfig { blocks: 64, ..MemConfig::default() });
+    let view = lower.clone();
+    let e = engine(lower, 256, TempConfig::default());
+    let root = e.root_id();
+    let mut accepted = Vec::new();
+    let mut refused = None;
+    'files: for i in 0..40 {
+        let (entry, fh) = match e.create(&ROOT, root, name(&format!("f{i}")), 0o644, libc::O_RDWR) {
+            Ok(x) => x,
+            Err(err) => {
+                refused = Some(err);
+                break;
+            }
+        };
+        let mut written = 0u64;
+        for _ in 0..4 {
+            match e.write(fh, written, &[i + 1; 4096], false) {
+                Ok(n) => written += n as u64,
+                Err(err) => {
+                    refused = Some(err);
+                    e.release(fh).unwrap();
+                    accepted.push((format!("f{i}"), written));
+                    break 'files;
+                }
+            }
+        }
+        e.release(fh).unwrap();
+        e.forget(entry.node_id, 1);
+        accepted.push((format!("f{i}"), written));
+    }
+    assert_eq!(refused, Some(FsError::Lower(Errno(libc::ENOSPC))), "the writer hears ENOSPC");
+    // statfs already counts the reserved space as used.
+    let s = e.statfs(root).unwrap();
+    assert!(s.bavail <= 1, "statfs shows the reservation: {s:?}");
+    let (done, err) = e.flush_tempfiles(&mut |_, _| {});
+    assert!(err.is_none(), "no transform fails for lack of space: {err:?}");
+    assert_eq!(done as usize, accepted.len());
+    for (n, len) in &accepted {
+        let i: u8 = n[1..].parse().unwrap();
+        assert_eq!(lower_content(&view, n), Some(vec![i + 1; *len as usize]), "{n}");
+    }
+}
+
+#[test]
+fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
+    let lower = MemLower::default();
+    let view = lower.clone();
+    // 48 frames for everything; writes of 60 files x 12 KiB need 240.
+    let temp = TempConfig { max_frames: 40, writeback_batch: 8, ..TempConfig::default() };
+    let e = engine(lower, 48, temp);
+    let root = e.root_id();
+    for i in 0..60u8 {
+        let (entry, fh) =
+            e.create(&ROOT, root, name(&format!("g{i}")), 0o600, libc::O_RDWR).unwrap();
+        e.write(fh, 0, &[i; 12288], false).unwrap();
+        e.release(fh).unwrap();
+        e.forget(entry.node_id, 1);
+    }
+    let t = e.stats().tempfiles;
+    assert_eq!(t.created, 60);
+    assert!(t.transformed["pressure"] + t.transformed["nvram_full"] > 0, "{t:?}");
+    assert!(t.pages_resident + t.files_resident <= 48);
+    for i in 0..60u8 {
+        assert_eq!(read_all(&e, root, &format!("g{i}")), vec![i; 12288], "g{i}");
+    }
+    e.shutdown();
+    for i in 0..60u8 {
+        assert_eq!(lower_content(&view, &format!("g{i}")), Some(vec![i; 12288]));
+    }
+}
+
+#[test]
+fn an_unlinked_open_temp_file_stays_usable_until_closed_then_its_frames_are_free() {
+    let e = engine(MemLower::default(), 64, TempConfig::default());
+    let root = e.root_id();
+    let free0 = e.stats().nvram.frames_free;
+    let (entry, fh) = e.create(&ROOT, root, name("t"), 0o644, libc::O_RDWR).unwrap();
+    e.write(fh, 0, b"still here", false).unwrap();
+    e.unlink(root, name("t")).unwrap();
+    assert_eq!(e.lookup(root, name("t")).unwrap_err(), FsError::Lower(Errno(libc::ENOENT)));
+    assert_eq!(e.getattr(entry.node_id).unwrap().nlink, 0);
+    let mut got = Vec::new();
+    e.read(fh, 0, 100, |d| got.extend_from_slice(d)).unwrap();
+    assert_eq!(got, b"still here");
+    e.write(fh, 10, b"!", false).unwrap();
+    assert_eq!(e.stats().tempfiles.deleted_in_nvram, 1);
+    e.release(fh).unwrap();
+    assert_eq!(e.stats().nvram.frames_free, free0, "object and data frames freed at close");
+    assert_eq!(e.stats().tempfiles.files_resident, 0);
+}
+
+#[test]
+fn renames_over_lower_files_shadow_them_until_the_transform_replaces_them() {
+    let lower = MemLower::default();
+    let view = lower.clone();
+    {
+        let (_, _, f) =
+            lower.create(&ROOT, lower.root(), name("old"), 0o644, libc::O_RDWR).unwrap();
+        lower.write(&f, 0, b"old content").unwrap();
+        let (_, _, f) =
+            lower.create(&ROOT, lower.root(), name("linked"), 0o644, libc::O_RDWR).unwrap();
+        lower.write(&f, 0, b"has two names").unwrap();
+        let (n, _) = lower.lookup(lower.root(), name("linked")).unwrap();
+        lower.link(&n, lower.root(), name("linked2")).unwrap();
+    }
+    let e = engine(lower, 64, TempConfig::default());
+    let root = e.root_id();
+    let (a, fh) = e.create(&ROOT, root, name("new"), 0o644, libc::O_RDWR).unwrap();
+    e.write(fh, 0, b"new content", false).unwrap();
+    e.release(fh).unwrap();
+    e.forget(a.node_id, 1);
+    e.rename(root, name("new"), root, name("old"), 0).unwrap();
+    // The mount shows the temp file; the lower file is still there, shadowed.
+    assert_eq!(read_all(&e, root, "old"), b"new content");
+    assert_eq!(lower_content(&view, "old").unwrap(), b"old content");
+    assert!(lower_content(&view, "new").is_none());
+    // NOREPLACE and EXCHANGE against the merged namespace.
+    let (b, fh) = e.create(&ROOT, root, name("other"), 0o644, libc::O_RDWR).unwrap();
+    e.release(fh).unwrap();
+    e.forget(b.node_id, 1);
+    let err = e.rename(root, name("other"), root, name("old"), libc::RENAME_NOREPLACE).unwrap_err();
+    assert_eq!(err, FsError::Lower(Errno(libc::EEXIST)));
+    e.rename(root, name("other"), root, name("old"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(read_all(&e, root, "other"), b"new content");
+    assert_eq!(read_all(&e, root, "old"), b"");
+    // Renaming a temp file over a lower file with another link: the lower rename does it
+    // (after a transform), so the other link's count is right.
+    e.rename(root, name("other"), root, name("linked"), 0).unwrap();
+    let l2 = e.lookup(root, name("linked2")).unwrap();
+    assert_eq!(l2.attr.nlink, 1);
+    assert_eq!(e.stats().tempfiles.transformed["lower_rename"], 1);
+    // The transform of the shadowing file replaces the lower one in one rename.
+    e.flush_tempfiles(&mut |_, _| {});
+    assert_eq!(lower_content(&view, "old").unwrap(), b"");
+    assert_eq!(lower_content(&view, "linked").unwrap(), b"new content");
+    assert_eq!(lower_content(&view, "linked2").unwrap(), b"has two names");
+}
+
+#[test]
+fn links_and_xattrs_move_a_temp_file_to_the_lower_file_system_first() {
+    let lower = MemLower::default();
+    let view = lower.clone();
+    let eng = engine(lower, 64, TempConfig::default());
+    let e = &eng;
+    let root = e.root_id();
+    let (x_entry, fh) = e.create(&ROOT, root, name("x"), 0o640, libc::O_RDWR).unwrap();
+    e.write(fh, 0, b"data", false).unwrap();
+    assert_eq!(
+        e.getxattr(x_entry.node_id, name("user.k"), 0).unwrap_err(),
+        FsError::Lower(Errno(libc::ENODATA))
+    );
+    assert!(e.listxattr(x_entry.node_id, 0).unwrap().is_empty());
+    e.setxattr(x_entry.node_id, name("user.k"), b"v", 0).unwrap();
+    assert_eq!(e.getxattr(x_entry.node_id, name("user.k"), 16).unwrap(), b"v");
+    assert_eq!(lower_content(&view, "x").unwrap(), b"data");
+    // The open handle follows the file into the lower file system.
+    e.write(fh, 4, b"+more", false).unwrap();
+    e.release(fh).unwrap();
+    assert_eq!(lower_content(&view, "x").unwrap(), b"data+more");
+    let (y_entry, fh) = e.create(&ROOT, root, name("y"), 0o600, libc::O_RDWR).unwrap();
+    e.release(fh).unwrap();
+    let linked = e.link(y_entry.node_id, root, name("y2")).unwrap();
+    assert_eq!(linked.attr.nlink, 2);
+    let counts = e.stats().tempfiles;
+    assert_eq!((counts.transformed["xattr"], counts.transformed["link"]), (1, 1));
+    assert_eq!(counts.created, 2);
+}
+
+#[test]
+fn a_directory_holding_only_temp_files_is_not_empty() {
+    let lower = MemLower::default();
+    let e = engine(lower, 64, TempConfig::default());
+    let root = e.root_id();
+    let d = e.mkdir(&ROOT, root, name("d"), 0o755).unwrap();
+    let (f, fh) = e.create(&ROOT, d.node_id, name("inside"), 0o644, libc::O_RDWR).unwrap();
+    e.release(fh).unwrap();
+    e.forget(f.node_id, 1);
+    assert_eq!(e.rmdir(root, name("d")).unwrap_err(), FsError::Lower(Errno(libc::ENOTEMPTY)));
+    let e2 = e.mkdir(&ROOT, root, name("e"), 0o755).unwrap();
+    assert_eq!(
+        e.rename(root, name("e"), root, name("d"), 0).unwrap_err(),
+        FsError::Lower(Errno(libc::ENOTEMPTY))
+    );
+    // Renaming the directory keeps its temp files (they follow the directory's identity).
+    e.rename(root, name("d"), e2.node_id, name("moved"), 0).unwrap();
+    let moved = e.lookup(e2.node_id, name("moved")).unwrap();
+    assert!(e.lookup(moved.node_id, name("inside")).is_ok());
+    e.unlink(moved.node_id, name("inside")).unwrap();
+    e.rmdir(e2.node_id, name("moved")).unwrap();
+}
