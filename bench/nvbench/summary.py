@@ -440,9 +440,10 @@ def showcase_text(result_dir: Path) -> str:
     text.append("")
     text.append("wall time = the timed Postmark; disk counters are of the modeled disk "
                 "(nvstack device stat) over the timed Postmark and the sync after it.")
-    text.append("nvstack today passes every operation through to ext2 inside an undo-log "
-                "transaction (TempFFS and the NVRAM page cache are not built yet), so it "
-                "writes the same data plus FUSE and transaction costs.")
+    text.append("nvstack-ext2-trans passes every operation through to ext2 inside an undo-log "
+                "transaction; nvstack-ext2-tempffs-trans keeps new files in the NVRAM region and "
+                "transforms the least recently used into ext2 (durably: a syncfs per group) when "
+                "the region is full. The NVRAM page cache for existing files is not built yet.")
     return "\n".join(text)
 
 

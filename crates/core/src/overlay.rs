@@ -24,7 +24,7 @@ use txn::Tx;
 use crate::error::FsResult;
 use crate::handles::Handle;
 use crate::inodes::TEMP_BASE;
-use crate::ops::{Engine, Entry, Listed, Obj, OpTx, Open, errno, nvram_full, suidgid_bits};
+use crate::ops::{Engine, Entry, Listed, OpTx, Open, errno, nvram_full, suidgid_bits};
 use crate::stats::Counters;
 use crate::tempfs::{self, Fate, Record, State, TempFile, TempState, data};
 
@@ -823,11 +823,6 @@ impl<L: LowerFs> Engine<L> {
         let set = SetAttr { mtime: Some(lower::TimeSet::Now), ..SetAttr::default() };
         self.lower.setattr(dir, None, &set)?;
         Ok(())
-    }
-
-    /// Is `node_id` a temp file still in NVRAM?
-    pub fn is_temp(&self, node_id: u64) -> bool {
-        matches!(self.obj(node_id), Ok(Obj::Temp(f)) if f.lock().fate == Fate::Resident)
     }
 }
 

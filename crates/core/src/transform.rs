@@ -31,7 +31,7 @@ use txn::Pool;
 
 use crate::error::{FsError, FsResult};
 use crate::handles::HandleTable;
-use crate::inodes::{InodeTable, TEMP_DEV};
+use crate::inodes::InodeTable;
 use crate::ops::{Engine, EngineConfig, Obj, errno, nvram_full};
 use crate::stats::Counters;
 use crate::tempfs::{
@@ -595,11 +595,6 @@ impl<L: LowerFs> Engine<L> {
             Ok(Obj::Temp(f)) if f.lock().fate == Fate::Resident => Some(f),
             _ => None,
         }
-    }
-
-    /// The key a temp file is registered under in the inode table.
-    pub fn temp_key(serial: u64) -> (u64, u64) {
-        (TEMP_DEV, serial)
     }
 }
 

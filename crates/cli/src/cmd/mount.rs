@@ -51,6 +51,14 @@ pub struct MountArgs {
     /// Size of a region created by this mount (ignored for an existing region).
     #[arg(long, value_parser = parse_size, default_value = "256M", value_name = "SIZE")]
     pub size: u64,
+    /// Undo-log slots of a region created by this mount (at most this many operations change
+    /// NVRAM at once; others wait). Default: a quarter of the region's size in slots, 2 to 16.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), value_name = "N")]
+    pub undo_slots: Option<u32>,
+    /// Size of each undo slot of a region created by this mount: the most NVRAM one operation
+    /// may change (a 1 MiB write needs a little over 1 MiB).
+    #[arg(long, value_parser = parse_size, default_value = "1088K", value_name = "SIZE")]
+    pub undo_slot_size: u64,
     /// How operations are made crash-consistent.
     #[arg(long, value_enum, default_value = "undo")]
     pub consistency: ConsistencyArg,
@@ -199,6 +207,12 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
         .arg("--nvram")
         .arg(&args.nvram)
         .args(["--size", &args.size.to_string()])
+        .args(["--undo-slot-size", &args.undo_slot_size.to_string()])
+        .args(
+            args.undo_slots
+                .map(|n| vec!["--undo-slots".to_string(), n.to_string()])
+                .unwrap_or_default(),
+        )
         .args([
             "--consistency",
             if args.consistency == ConsistencyArg::Undo { "undo" } else { "none" },
@@ -264,7 +278,15 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
     };
     let mut note = String::new();
     if !args.nvram.exists() {
-        let params = FormatParams { region_size: args.size, ..FormatParams::default() };
+        // Small regions would be mostly undo log with 16 slots: a quarter of the region at most.
+        let slots = args.undo_slots.unwrap_or_else(|| {
+            u32::try_from(args.size / 4 / args.undo_slot_size.max(1)).unwrap_or(16).clamp(2, 16)
+        });
+        let params = FormatParams {
+            region_size: args.size,
+            undo_slots: slots,
+            undo_slot_size: args.undo_slot_size,
+        };
         let layout = super::format::format(&args.nvram, params, false)?;
         note = format!(
             "formatted a new region {} ({})",
