@@ -301,3 +301,50 @@ fn mount_8_with_the_helper_and_fstab_style_options() {
             .unwrap();
     assert_eq!(v["nvram"]["consistency"], "none");
 }
+
+#[test]
+fn keep_tempfiles_keeps_them_across_unmounts_and_tempfiles_off_moves_them_down() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--keep-tempfiles"]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(f.mnt().join("kept"), b"in NVRAM only").unwrap();
+    f.umount();
+    // The lower directory alone lacks it; the region still has it.
+    assert!(!f.lower().join("kept").exists());
+    let out = f.mount_with(&["--keep-tempfiles"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(f.mnt().join("kept")).unwrap(), b"in NVRAM only");
+    f.umount();
+    // Mounting with tempfiles off transforms what the region holds, at once.
+    let out = f.mount_with(&["--tempfiles", "off"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(f.lower().join("kept")).unwrap(), b"in NVRAM only");
+    std::fs::write(f.mnt().join("direct"), b"straight down").unwrap();
+    assert_eq!(std::fs::read(f.lower().join("direct")).unwrap(), b"straight down");
+    let v: serde_json::Value =
+        serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout)
+            .unwrap();
+    assert_eq!(v["tempfiles"]["enabled"], false);
+    assert_eq!(v["tempfiles"]["created"], 0);
+    f.umount();
+    // And a default mount transforms at unmount.
+    f.mount();
+    std::fs::write(f.mnt().join("late"), b"down at unmount").unwrap();
+    assert!(!f.lower().join("late").exists());
+    f.umount();
+    assert_eq!(std::fs::read(f.lower().join("late")).unwrap(), b"down at unmount");
+}
+
+#[test]
+fn a_tempfile_max_size_beyond_the_undo_log_is_refused_with_the_limit() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--tempfile-max-size", "1T"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("too large for this region's undo slots"), "{}", text(&out));
+}
