@@ -348,3 +348,40 @@ fn a_tempfile_max_size_beyond_the_undo_log_is_refused_with_the_limit() {
     assert!(!out.status.success());
     assert!(text(&out).contains("too large for this region's undo slots"), "{}", text(&out));
 }
+
+#[test]
+fn inspect_lists_temp_files_and_check_finds_a_damaged_temp_record() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--keep-tempfiles"]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(f.mnt().join("one"), b"first").unwrap();
+    std::fs::write(f.mnt().join("two"), vec![7u8; 9000]).unwrap();
+    f.umount();
+    let nv = f.nvram();
+    let out = nvstack(&["inspect", "--nvram", nv.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = v["tempfiles"].as_array().unwrap();
+    let names: Vec<&str> = list.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["one", "two"]);
+    assert_eq!(list[1]["size"], 9000);
+    assert_eq!(list[1]["pages"], 3);
+    let out = nvstack(&["check", "--nvram", nv.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("2 temp file(s) in NVRAM"), "{}", text(&out));
+    // One flipped bit in the first record (frame 0: allocation is lowest first): check and
+    // mount both refuse the region with the frame named, exit code 4.
+    let frames = v["layout"]["frames_offset"].as_u64().unwrap();
+    let mut image = std::fs::read(&nv).unwrap();
+    image[(frames + 240) as usize] ^= 0x10;
+    std::fs::write(&nv, &image).unwrap();
+    let out = nvstack(&["check", "--nvram", nv.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("frame 0"), "{}", text(&out));
+    let out = f.mount_with(&[]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("frame 0"), "{}", text(&out));
+}

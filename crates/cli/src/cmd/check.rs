@@ -28,6 +28,14 @@ pub fn run(args: &CheckArgs) -> CliResult {
             e,
         )));
     }
+    // Temp-file records are part of the region: a damaged one is reported as the mount would.
+    let temps = match engine::tempfs::scan(&pool) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED: {e}");
+            return Err(e.into());
+        }
+    };
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
     let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
     if report.transactions_rolled_back == 0 {
@@ -39,6 +47,19 @@ pub fn run(args: &CheckArgs) -> CliResult {
             report.transactions_rolled_back,
             report.records_undone,
             human(report.bytes_restored)
+        );
+    }
+    let transforming =
+        temps.iter().filter(|t| t.rec.state == engine::tempfs::State::Transforming).count();
+    if !temps.is_empty() {
+        println!(
+            "{path}: {} temp file(s) in NVRAM{}",
+            temps.len(),
+            if transforming > 0 {
+                format!(", {transforming} half transformed (finished at the next mount)")
+            } else {
+                String::new()
+            }
         );
     }
     Ok(())

@@ -23,9 +23,30 @@ pub fn run(args: &InspectArgs) -> CliResult {
     // are then a racy snapshot (said in the output).
     let region = open_unlocked(&args.nvram)?;
     let report = txn::inspect(&region)?;
+    let temps = temp_files(&args.nvram);
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
         value["in_use"] = serde_json::Value::Bool(in_use);
+        value["tempfiles"] = match &temps {
+            Ok(list) => serde_json::json!(
+                list.iter()
+                    .take(MAX_LISTED)
+                    .map(|t| serde_json::json!({
+                        "serial": t.rec.serial,
+                        "name": t.rec.name.to_string_lossy(),
+                        "state": format!("{:?}", t.rec.state).to_lowercase(),
+                        "size": t.rec.size,
+                        "pages": t.pages.len(),
+                        "nlink": t.rec.nlink,
+                        "shadows": t.rec.shadows(),
+                        "mode": format!("{:o}", t.rec.mode),
+                        "uid": t.rec.uid,
+                        "gid": t.rec.gid,
+                    }))
+                    .collect::<Vec<_>>()
+            ),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
@@ -66,7 +87,12 @@ pub fn run(args: &InspectArgs) -> CliResult {
         report.frames_used, report.frames_free, report.frames_total
     );
     for (kind, n) in &report.frames_by_kind {
-        println!("  kind {kind:<6} {n}");
+        let what = match *kind {
+            engine::tempfs::record::KIND_OBJECT => "temp-file records",
+            engine::tempfs::record::KIND_DATA => "temp-file data pages",
+            _ => "",
+        };
+        println!("  kind {kind:<6} {n:<10} {what}");
     }
     let busy: Vec<String> = report
         .undo_slot_used
@@ -81,7 +107,39 @@ pub fn run(args: &InspectArgs) -> CliResult {
         if busy.is_empty() { String::new() } else { format!(" ({})", busy.join(", ")) }
     );
     println!("root area   {} bytes used", report.root_area_bytes_used);
+    match temps {
+        Ok(list) => {
+            let pages: usize = list.iter().map(|t| t.pages.len()).sum();
+            println!("temp files  {} in NVRAM ({pages} data pages)", list.len());
+            for t in list.iter().take(20) {
+                println!(
+                    "  #{:<6} {:>10} B  {:<12} {}",
+                    t.rec.serial,
+                    t.rec.size,
+                    format!("{:?}", t.rec.state).to_lowercase(),
+                    if t.rec.nlink == 0 {
+                        "(unlinked, open at the crash)".to_string()
+                    } else {
+                        t.rec.name.to_string_lossy().into_owned()
+                    }
+                );
+            }
+            if list.len() > 20 {
+                println!("  ... ({} more; --json lists up to {MAX_LISTED})", list.len() - 20);
+            }
+        }
+        Err(e) => println!("temp files  unreadable: {e}"),
+    }
     Ok(())
+}
+
+/// Most temp files `--json` lists.
+const MAX_LISTED: usize = 10_000;
+
+/// The temp files as the next mount will see them: recovery runs on a copy-on-write view.
+fn temp_files(path: &std::path::Path) -> CliResult<Vec<engine::tempfs::Found>> {
+    let (pool, _) = super::dry_open(path)?;
+    Ok(engine::tempfs::scan(&pool)?)
 }
 
 fn open_unlocked(path: &std::path::Path) -> CliResult<MmapRegion> {
