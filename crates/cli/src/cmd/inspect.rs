@@ -27,26 +27,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
         value["in_use"] = serde_json::Value::Bool(in_use);
-        value["tempfiles"] = match &temps {
-            Ok(list) => serde_json::json!(
-                list.iter()
-                    .take(MAX_LISTED)
-                    .map(|t| serde_json::json!({
-                        "serial": t.rec.serial,
-                        "name": t.rec.name.to_string_lossy(),
-                        "state": format!("{:?}", t.rec.state).to_lowercase(),
-                        "size": t.rec.size,
-                        "pages": t.pages.len(),
-                        "nlink": t.rec.nlink,
-                        "shadows": t.rec.shadows(),
-                        "mode": format!("{:o}", t.rec.mode),
-                        "uid": t.rec.uid,
-                        "gid": t.rec.gid,
-                    }))
-                    .collect::<Vec<_>>()
-            ),
-            Err(e) => serde_json::json!({ "error": e.to_string() }),
-        };
+        value["tempfiles"] = temps_json(&temps);
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
@@ -107,6 +88,34 @@ pub fn run(args: &InspectArgs) -> CliResult {
         if busy.is_empty() { String::new() } else { format!(" ({})", busy.join(", ")) }
     );
     println!("root area   {} bytes used", report.root_area_bytes_used);
+    print_temps(&temps);
+    Ok(())
+}
+
+fn temps_json(temps: &CliResult<Vec<engine::tempfs::Found>>) -> serde_json::Value {
+    match temps {
+        Ok(list) => serde_json::json!(
+            list.iter()
+                .take(MAX_LISTED)
+                .map(|t| serde_json::json!({
+                    "serial": t.rec.serial,
+                    "name": t.rec.name.to_string_lossy(),
+                    "state": format!("{:?}", t.rec.state).to_lowercase(),
+                    "size": t.rec.size,
+                    "pages": t.pages.len(),
+                    "nlink": t.rec.nlink,
+                    "shadows": t.rec.shadows(),
+                    "mode": format!("{:o}", t.rec.mode),
+                    "uid": t.rec.uid,
+                    "gid": t.rec.gid,
+                }))
+                .collect::<Vec<_>>()
+        ),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
+fn print_temps(temps: &CliResult<Vec<engine::tempfs::Found>>) {
     match temps {
         Ok(list) => {
             let pages: usize = list.iter().map(|t| t.pages.len()).sum();
@@ -130,7 +139,6 @@ pub fn run(args: &InspectArgs) -> CliResult {
         }
         Err(e) => println!("temp files  unreadable: {e}"),
     }
-    Ok(())
 }
 
 /// Most temp files `--json` lists.
