@@ -94,6 +94,10 @@ pub struct MountArgs {
     /// transformed (NVRAM pressure).
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
     pub tempfile_share: u64,
+    /// NR_WB of the thesis' pressure rule: pages of temp files transformed per pressure round
+    /// (N = NR_WB x NR_TempFFS / NR_Dirty); each round ends with one syncfs of the lower FS.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES")]
+    pub tempfile_writeback_batch: u64,
     /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
     /// directory alone then lacks them until the next mount).
     #[arg(long)]
@@ -155,7 +159,7 @@ fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
             max_size: args.tempfile_max_size,
             transform_on_unmount: !args.keep_tempfiles,
             max_frames: layout.nr_frames * args.tempfile_share / 100,
-            ..engine::TempConfig::default()
+            writeback_batch: args.tempfile_writeback_batch,
         },
         failpoints: failpoints(),
         ..EngineConfig::default()
@@ -224,6 +228,7 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
         .args(["--tempfiles", if args.tempfiles == OnOff::On { "on" } else { "off" }])
         .args(["--tempfile-max-size", &args.tempfile_max_size.to_string()])
         .args(["--tempfile-share", &args.tempfile_share.to_string()])
+        .args(["--tempfile-writeback-batch", &args.tempfile_writeback_batch.to_string()])
         .args(if args.keep_tempfiles { &["--keep-tempfiles"][..] } else { &[][..] })
         .arg("--daemon")
         .stdin(Stdio::null())
