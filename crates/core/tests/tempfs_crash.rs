@@ -179,17 +179,14 @@ fn check_point(s: &mut Sweep, point: &nvram::CrashPoint<'_>) -> Result<(), Strin
     Ok(())
 }
 
-struct Rng(u64);
+/// The seeded generator of the workload (replayable by seed).
+struct Rng(rand_chacha::ChaCha8Rng);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Rng {
+        Rng(rand::SeedableRng::seed_from_u64(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        rand::Rng::random_range(&mut self.0, 0..n)
     }
 }
 
@@ -298,7 +295,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
             s.failure = Some(e);
         }
     })));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     for _ in 0..ops {
         // The state after the operation, needed at its crash points, comes from a dry run of
         // the same operation on a fork (copies of the region and of the lower file system).
@@ -309,7 +306,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
         let fork = Engine::new(fork_lower, fork_pool, config()).map_err(|e| e.to_string())?;
         let fork_dirs =
             [fork.root_id(), fork.lookup(fork.root_id(), OsStr::new("d")).unwrap().node_id];
-        let mut fork_rng = Rng(rng.0);
+        let mut fork_rng = Rng(rng.0.clone());
         let label = step(&fork, &mut fork_rng, &fork_dirs);
         let after = view(&fork)?;
         {

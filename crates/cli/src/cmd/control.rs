@@ -48,10 +48,32 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
 
 /// Sends `request` to the mount's control socket and returns the reply.
 pub fn request(socket: &Path, request: &str) -> std::io::Result<String> {
-    let mut stream = UnixStream::connect(socket)?;
+    send(&mut UnixStream::connect(socket)?, request)
+}
+
+/// Sends `request` on a connected control stream and returns the whole reply.
+pub fn send(stream: &mut UnixStream, request: &str) -> std::io::Result<String> {
     stream.write_all(format!("{request}\n").as_bytes())?;
     stream.shutdown(std::net::Shutdown::Write)?;
     let mut reply = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut reply)?;
+    std::io::Read::read_to_string(stream, &mut reply)?;
     Ok(reply)
+}
+
+/// Connects to the control socket of the mount at `mountpoint` (as given by the user), with
+/// the error a user can act on.
+pub fn connect(mountpoint: &Path) -> crate::error::CliResult<(UnixStream, std::path::PathBuf)> {
+    use crate::error::CliError;
+    let mountpoint = super::rundir::canonical_mountpoint(mountpoint)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", mountpoint.display())))?;
+    let socket = super::rundir::socket(&super::rundir::dir_for(&mountpoint));
+    let stream = UnixStream::connect(&socket).map_err(|e| {
+        CliError::Other(format!(
+            "no nvstack daemon answers for {} ({}: {e}); is it mounted, and are you root or the \
+             user who mounted it?",
+            mountpoint.display(),
+            socket.display()
+        ))
+    })?;
+    Ok((stream, mountpoint))
 }

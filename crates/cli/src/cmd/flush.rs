@@ -2,10 +2,8 @@
 //! directory, with a progress bar (the daemon streams `progress DONE TOTAL` lines).
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use super::rundir;
 use crate::error::{CliError, CliResult};
 
 #[derive(Debug, clap::Args)]
@@ -17,17 +15,7 @@ pub struct FlushArgs {
 }
 
 pub fn run(args: &FlushArgs) -> CliResult {
-    let mountpoint = rundir::canonical_mountpoint(&args.mountpoint)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", args.mountpoint.display())))?;
-    let socket = rundir::socket(&rundir::dir_for(&mountpoint));
-    let mut stream = UnixStream::connect(&socket).map_err(|e| {
-        CliError::Other(format!(
-            "no nvstack daemon answers for {} ({}: {e}); is it mounted, and are you root or the \
-             user who mounted it?",
-            mountpoint.display(),
-            socket.display()
-        ))
-    })?;
+    let (mut stream, mountpoint) = super::control::connect(&args.mountpoint)?;
     let io = |e: std::io::Error| CliError::Other(format!("control socket: {e}"));
     stream.write_all(b"flush\n").map_err(io)?;
     stream.shutdown(std::net::Shutdown::Write).map_err(io)?;

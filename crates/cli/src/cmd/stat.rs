@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{control, rundir};
+use super::control;
 use crate::error::{CliError, CliResult};
 
 #[derive(Debug, clap::Args)]
@@ -14,17 +14,9 @@ pub struct StatArgs {
 }
 
 pub fn run(args: &StatArgs) -> CliResult {
-    let mountpoint = rundir::canonical_mountpoint(&args.mountpoint)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", args.mountpoint.display())))?;
-    let socket = rundir::socket(&rundir::dir_for(&mountpoint));
-    let reply = control::request(&socket, "stat").map_err(|e| {
-        CliError::Other(format!(
-            "no nvstack daemon answers for {} ({}: {e}); is it mounted, and are you root or the \
-             user who mounted it?",
-            mountpoint.display(),
-            socket.display()
-        ))
-    })?;
+    let (mut stream, _) = control::connect(&args.mountpoint)?;
+    let reply = control::send(&mut stream, "stat")
+        .map_err(|e| CliError::Other(format!("control socket: {e}")))?;
     let value: serde_json::Value = serde_json::from_str(&reply)
         .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}")))?;
     if let Some(err) = value.get("error") {
