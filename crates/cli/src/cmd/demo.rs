@@ -29,7 +29,7 @@ pub struct DemoChildArgs {
     pub nvram: PathBuf,
 }
 
-const MESSAGE_KIND: u32 = 1;
+const MESSAGE_KIND: u32 = 0xde30;
 const COMMITTED: &[u8] = b"transaction A: committed, durable, survives any crash";
 const UNCOMMITTED: &[u8] = b"transaction B: NOT committed - a crash must erase this";
 

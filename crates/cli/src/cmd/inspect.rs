@@ -73,7 +73,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
             engine::tempfs::record::KIND_DATA => "temp-file data pages",
             _ => "",
         };
-        println!("  kind {kind:<6} {n:<10} {what}");
+        println!("  kind {kind:<#12x} {n:<10} {what}");
     }
     let busy: Vec<String> = report
         .undo_slot_used

@@ -5,8 +5,11 @@
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 1 [`KIND_OBJECT`] | the record below | 0 | 0 |
-//! | 2 [`KIND_DATA`] | one 4 KiB page of file data | object frame number | page number |
+//! | 0x5446_0001 [`KIND_OBJECT`] | the record below | 0 | 0 |
+//! | 0x5446_0002 [`KIND_DATA`] | one 4 KiB page of file data | object frame number | page number |
+//!
+//! (Kinds are distinctive numbers, "TF" in the high half, so that frames of other users of a
+//! region - the demo, test workloads - are never read as temp files.)
 //!
 //! Record (little endian, at offset 0 of the object frame; the rest of the frame is unused):
 //!
@@ -44,8 +47,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
-pub const KIND_OBJECT: u32 = 1;
-pub const KIND_DATA: u32 = 2;
+pub const KIND_OBJECT: u32 = 0x5446_0001;
+pub const KIND_DATA: u32 = 0x5446_0002;
 
 pub const RECORD_SIZE: usize = 496;
 const MAGIC: &[u8; 8] = b"NVSTMP01";
