@@ -385,3 +385,34 @@ fn inspect_lists_temp_files_and_check_finds_a_damaged_temp_record() {
     assert!(!out.status.success());
     assert!(text(&out).contains("frame 0"), "{}", text(&out));
 }
+
+#[test]
+fn xattrs_off_stops_the_kernel_asking_before_every_write() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--xattrs", "off"]);
+    assert!(out.status.success(), "{}", text(&out));
+    for i in 0..40 {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(f.mnt().join(format!("f{}", i % 4)))
+            .unwrap();
+        file.write_all(format!("line {i}\n").as_bytes()).unwrap(); // one write(2)
+    }
+    let path = std::ffi::CString::new(f.mnt().join("f1").to_str().unwrap()).unwrap();
+    // SAFETY: setxattr of a path with a 1-byte value.
+    let rc =
+        unsafe { libc::setxattr(path.as_ptr(), c"user.k".as_ptr(), c"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(rc, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EOPNOTSUPP));
+    let v: serde_json::Value =
+        serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout)
+            .unwrap();
+    assert_eq!(v["requests"]["write"], 40);
+    assert!(v["requests"]["getxattr"].as_u64().unwrap_or(0) <= 1, "{}", v["requests"]);
+    assert!(v["requests"]["setxattr"].as_u64().unwrap_or(0) <= 1, "{}", v["requests"]);
+}

@@ -40,6 +40,10 @@ pub struct EngineConfig {
     /// lower file system cannot open handles directly (unprivileged daemon).
     pub max_walk: usize,
     pub failpoints: Option<Arc<dyn Failpoints>>,
+    /// Extended attributes served (on) or refused with ENOSYS, after which the kernel stops
+    /// asking (it otherwise asks for security.capability before every write(2), because FUSE
+    /// super blocks lack SB_NOSEC).
+    pub xattrs: bool,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +53,7 @@ impl Default for EngineConfig {
             temp: TempConfig::default(),
             max_walk: 1 << 20,
             failpoints: None,
+            xattrs: true,
         }
     }
 }
@@ -121,6 +126,7 @@ pub struct Engine<L: LowerFs> {
     pub(crate) relieving: AtomicBool,
     /// Pages of temp files not yet accounted as transformed bytes (for `lower` statfs).
     pub(crate) reserved_pages: AtomicU64,
+    pub(crate) xattrs: bool,
 }
 
 /// The node of a stale id is an error the kernel should never cause; report ESTALE.
@@ -768,12 +774,24 @@ impl<L: LowerFs> Engine<L> {
 
     /// Extended attributes live in the lower file system: setting or removing one on a temp
     /// file transforms it first. A temp file has none (reads say ENODATA, lists are empty).
+    /// With xattrs off every xattr request fails with ENOSYS: the kernel then marks the
+    /// operation unsupported for the mount and answers EOPNOTSUPP itself from then on.
+    fn xattrs_off(&self, op: Op) -> FsResult<()> {
+        if self.xattrs {
+            return Ok(());
+        }
+        self.counters.request(op, false);
+        Err(errno(libc::ENOSYS))
+    }
+
     pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        self.xattrs_off(Op::Setxattr)?;
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
         self.op(Op::Setxattr, |_| Ok(self.lower.setxattr(&node, name, value, flags)?))
     }
 
     pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
+        self.xattrs_off(Op::Getxattr)?;
         self.op(Op::Getxattr, |_| match self.lower_obj(node_id)? {
             Ok(node) => Ok(self.lower.getxattr(&node, name, size)?),
             Err(_) => Err(errno(libc::ENODATA)),
@@ -781,6 +799,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn listxattr(&self, node_id: u64, size: usize) -> FsResult<Vec<u8>> {
+        self.xattrs_off(Op::Listxattr)?;
         self.op(Op::Listxattr, |_| match self.lower_obj(node_id)? {
             Ok(node) => Ok(self.lower.listxattr(&node, size)?),
             Err(_) => Ok(Vec::new()),
@@ -788,6 +807,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn removexattr(&self, node_id: u64, name: &OsStr) -> FsResult<()> {
+        self.xattrs_off(Op::Removexattr)?;
         if let Err(f) = self.lower_obj(node_id)? {
             // Nothing to remove: answer as the lower file system would for a file without it.
             if f.lock().fate == Fate::Resident {

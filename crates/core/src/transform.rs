@@ -108,6 +108,7 @@ impl<L: LowerFs> Engine<L> {
             failpoints: config.failpoints,
             relieving: AtomicBool::new(false),
             reserved_pages: AtomicU64::new(0),
+            xattrs: config.xattrs,
             lower,
             pool,
         };

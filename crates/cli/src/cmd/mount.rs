@@ -98,6 +98,12 @@ pub struct MountArgs {
     /// (N = NR_WB x NR_TempFFS / NR_Dirty); each round ends with one syncfs of the lower FS.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES")]
     pub tempfile_writeback_batch: u64,
+    /// Extended attributes (and with them ACLs set through the mount). `off` answers every
+    /// xattr request with "not supported" once, after which the kernel stops asking: it
+    /// otherwise asks for security.capability before every write(2) (one FUSE round trip per
+    /// write; Postmark: ~2 per file).
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub xattrs: OnOff,
     /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
     /// directory alone then lacks them until the next mount).
     #[arg(long)]
@@ -162,6 +168,7 @@ fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
             writeback_batch: args.tempfile_writeback_batch,
         },
         failpoints: failpoints(),
+        xattrs: args.xattrs == OnOff::On,
         ..EngineConfig::default()
     })
 }
@@ -229,6 +236,7 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
         .args(["--tempfile-max-size", &args.tempfile_max_size.to_string()])
         .args(["--tempfile-share", &args.tempfile_share.to_string()])
         .args(["--tempfile-writeback-batch", &args.tempfile_writeback_batch.to_string()])
+        .args(["--xattrs", if args.xattrs == OnOff::On { "on" } else { "off" }])
         .args(if args.keep_tempfiles { &["--keep-tempfiles"][..] } else { &[][..] })
         .arg("--daemon")
         .stdin(Stdio::null())
