@@ -300,7 +300,6 @@ impl<L: LowerFs> Engine<L> {
         let last = end.div_ceil(data::PAGE);
         let missing = (first..last).filter(|p| !st.pages.contains_key(p)).count() as u64;
         self.reserve(missing)?;
-        let mut pages = st.pages.clone();
         let mut rec = st.rec.clone();
         let now = self.lower.now();
         rec.size = rec.size.max(end);
@@ -309,14 +308,14 @@ impl<L: LowerFs> Engine<L> {
         if kill_suidgid {
             rec.mode &= !suidgid_bits(rec.mode);
         }
-        let r = (|| {
-            let tx = otx.tx();
-            data::write(tx, f.frame, &mut pages, offset, buf)?;
+        // The page map is changed in place (no copy per write on this hot path): the pages a
+        // rolled-back write added are taken out again while the file lock is still held.
+        let tx = otx.tx();
+        let r = data::write(tx, f.frame, &mut st.pages, offset, buf).and_then(|fresh| {
             data::put_record(tx, f.frame, &rec)
-        })()
-        .map_err(nvram_full);
-        otx.end(r)?;
-        st.pages = pages;
+                .inspect_err(|_| data::forget_pages(&mut st.pages, &fresh))
+        });
+        otx.end(r.map(drop).map_err(nvram_full))?;
         st.rec = rec;
         st.last_use = self.lru.tick();
         self.tc.pages_resident.fetch_add(missing, Ordering::Relaxed);

@@ -16,16 +16,39 @@ use super::record::{KIND_DATA, Record};
 
 pub const PAGE: u64 = FRAME_SIZE;
 
-/// Writes `data` at `offset`; returns the number of data frames allocated.
+/// Writes `data` at `offset`; returns the pages it allocated (added to `pages`). On error no
+/// page was added: the caller's map stays the mirror of what the rollback leaves.
 pub fn write(
     tx: &mut Tx<'_>,
     object: FrameId,
     pages: &mut BTreeMap<u64, FrameId>,
     offset: u64,
     data: &[u8],
-) -> Result<u64, TxError> {
+) -> Result<Vec<u64>, TxError> {
+    let mut fresh = Vec::new();
+    let result = write_into(tx, object, pages, offset, data, &mut fresh);
+    if result.is_err() {
+        forget_pages(pages, &fresh);
+    }
+    result.map(|()| fresh)
+}
+
+/// Takes pages added by `write` out of the map again (their transaction rolled back).
+pub fn forget_pages(pages: &mut BTreeMap<u64, FrameId>, fresh: &[u64]) {
+    for p in fresh {
+        pages.remove(p);
+    }
+}
+
+fn write_into(
+    tx: &mut Tx<'_>,
+    object: FrameId,
+    pages: &mut BTreeMap<u64, FrameId>,
+    offset: u64,
+    data: &[u8],
+    fresh: &mut Vec<u64>,
+) -> Result<(), TxError> {
     let pool = tx.pool();
-    let mut fresh = 0;
     let mut done = 0usize;
     while done < data.len() {
         let pos = offset + done as u64;
@@ -43,11 +66,11 @@ pub fn write(
             buf[in_page..in_page + n].copy_from_slice(chunk);
             tx.write(pool.frame_offset(frame), &buf);
             pages.insert(page, frame);
-            fresh += 1;
+            fresh.push(page);
         }
         done += n;
     }
-    Ok(fresh)
+    Ok(())
 }
 
 /// Reads up to `buf.len()` bytes at `offset`, bounded by the size; holes read as zeros.
