@@ -110,13 +110,14 @@ impl<N: Clone> InodeTable<N> {
         id
     }
 
-    /// The kernel forgot `n` lookups of `id`; drops the entry at zero (never the root).
-    pub fn forget(&self, id: u64, n: u64) {
+    /// The kernel forgot `n` lookups of `id`; drops the entry at zero (never the root) and
+    /// then returns the key it had.
+    pub fn forget(&self, id: u64, n: u64) -> Option<(u64, u64)> {
         if id == ROOT_ID {
-            return;
+            return None;
         }
         let mut t = self.tables.write().expect("inode table lock");
-        let Some(inode) = t.nodes.get(&id) else { return };
+        let inode = t.nodes.get(&id)?;
         // Under the write lock no lookup can race with this update.
         let remaining = inode.lookups.load(Ordering::Relaxed).saturating_sub(n);
         inode.lookups.store(remaining, Ordering::Relaxed);
@@ -124,7 +125,9 @@ impl<N: Clone> InodeTable<N> {
             let key = *inode.key.lock().expect("inode key lock");
             t.nodes.remove(&id);
             t.by_key.remove(&key);
+            return Some(key);
         }
+        None
     }
 
     /// The object behind `id` became another (a temp file transformed into a lower file):

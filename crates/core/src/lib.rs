@@ -15,7 +15,10 @@
 //! front end in one place).
 
 pub mod binding;
+pub mod cache;
+pub mod cached;
 pub mod error;
+pub mod flusher;
 pub mod handles;
 pub mod inodes;
 pub mod ops;
@@ -25,6 +28,7 @@ pub mod tempfs;
 pub mod transform;
 pub mod writeback;
 
+pub use cache::{CacheConfig, Reason};
 pub use error::{FsError, FsResult};
 pub use ops::{Engine, EngineConfig, Entry, Failpoints};
 pub use stats::{Op, Stats};

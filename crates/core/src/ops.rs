@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use lower::{Attr, Creds, DirEntry, LowerFs, SetAttr, StatFs, TimeSet};
 use txn::{Pool, Tx, TxError};
 
+use crate::cache::{CacheConfig, PageCache, Reason};
 use crate::error::{FsError, FsResult};
 use crate::handles::{Handle, HandleTable};
 use crate::inodes::{Inode, InodeTable, ROOT_ID, TEMP_BASE, TEMP_DEV};
@@ -44,6 +45,8 @@ pub struct EngineConfig {
     /// asking (it otherwise asks for security.capability before every write(2), because FUSE
     /// super blocks lack SB_NOSEC).
     pub xattrs: bool,
+    /// The NVRAM page cache and its write-back.
+    pub cache: CacheConfig,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +57,7 @@ impl Default for EngineConfig {
             max_walk: 1 << 20,
             failpoints: None,
             xattrs: true,
+            cache: CacheConfig::default(),
         }
     }
 }
@@ -91,20 +95,15 @@ pub struct Listed {
 /// An open file or directory.
 #[derive(Debug)]
 pub enum Open<L: LowerFs> {
-    Lower(L::File),
+    /// An open lower object (not a directory): `key` is its lower identity, `regular` whether
+    /// it is a regular file (only those are cached), `direct` whether opened with O_DIRECT
+    /// (its IO goes to the lower file, which is written back first).
+    Lower { file: L::File, key: (u64, u64), regular: bool, direct: bool },
     /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
-    Temp {
-        file: Arc<TempFile>,
-        flags: i32,
-        lower: OnceLock<L::File>,
-    },
+    Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },
     /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
     /// directory held temp files (offsets are then positions in it: stable across changes).
-    Dir {
-        file: L::File,
-        key: tempfs::DirKey,
-        listing: Mutex<Option<Arc<Vec<Listed>>>>,
-    },
+    Dir { file: L::File, key: tempfs::DirKey, listing: Mutex<Option<Arc<Vec<Listed>>>> },
 }
 
 /// See the crate docs.
@@ -127,6 +126,25 @@ pub struct Engine<L: LowerFs> {
     /// Pages of temp files not yet accounted as transformed bytes (for `lower` statfs).
     pub(crate) reserved_pages: AtomicU64,
     pub(crate) xattrs: bool,
+    pub(crate) cache: PageCache<L::Node, L::File>,
+}
+
+/// How a handle's IO reaches its lower file (see [`Engine::via`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Via {
+    /// Through the page cache (a regular file).
+    Cache((u64, u64)),
+    /// A regular file opened with O_DIRECT: to the lower file, written back first.
+    Direct((u64, u64)),
+    /// Not a regular file (device, FIFO): straight through.
+    Plain,
+}
+
+/// What a write leaves to do after its operation ended.
+enum After {
+    Nothing,
+    Temp(Arc<TempFile>),
+    Cached,
 }
 
 /// The node of a stale id is an error the kernel should never cause; report ESTALE.
@@ -223,7 +241,7 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
         let key = self.lower.key(&node);
         let node_id = self.inodes.remember(Obj::Lower(Arc::new(node)), key);
-        Entry { node_id, attr }
+        Entry { node_id, attr: self.overlay_attr(key, attr) }
     }
 
     /// Registers a temp file with the kernel (one lookup). Called with the index locked, so
@@ -279,14 +297,19 @@ impl<L: LowerFs> Engine<L> {
 
     pub fn forget(&self, node_id: u64, nlookup: u64) {
         self.counters.request(Op::Forget, true);
-        self.inodes.forget(node_id, nlookup);
+        // The kernel's last reference: the pages of a deleted file are dropped now.
+        if let Some(key) = self.inodes.forget(node_id, nlookup) {
+            self.drop_if_deleted(key);
+        }
     }
 
     pub fn getattr(&self, node_id: u64) -> FsResult<Attr> {
         self.op(Op::Getattr, |_| {
             loop {
                 match self.obj(node_id)? {
-                    Obj::Lower(n) => return Ok(self.lower.getattr(&n)?),
+                    Obj::Lower(n) => {
+                        return Ok(self.overlay_attr(self.lower.key(&n), self.lower.getattr(&n)?));
+                    }
                     Obj::Temp(f) => {
                         let st = f.lock();
                         match st.fate {
@@ -321,11 +344,23 @@ impl<L: LowerFs> Engine<L> {
                 };
                 let handle = fh.and_then(|fh| self.handles.get(fh));
                 let file = match handle.as_deref().map(|h| &h.file) {
-                    Some(Open::Lower(file) | Open::Dir { file, .. }) => Some(file),
+                    Some(Open::Lower { file, .. } | Open::Dir { file, .. }) => Some(file),
                     _ => None,
                 };
                 if set.size.is_some() && set.mode.is_none() && unprivileged {
                     self.kill_suidgid(&node)?;
+                }
+                let key = self.lower.key(&node);
+                if let Some(cf) = self.cached(key) {
+                    match self.cached_setattr(tx, &cf, &node, file, set)? {
+                        Some(attr) => return Ok(attr),
+                        None => continue, // written back meanwhile
+                    }
+                }
+                if set.size.is_some() {
+                    // Changes the lower file's data: no record may start meanwhile.
+                    return self
+                        .with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?));
                 }
                 return Ok(self.lower.setattr(&node, file, set)?);
             }
@@ -505,8 +540,13 @@ impl<L: LowerFs> Engine<L> {
                         None => continue,
                     },
                 };
-                let file = self.lower.open(&node, flags)?;
-                return self.register(node_id, Open::Lower(file));
+                // O_DIRECT is the kernel's business above FUSE (it bypasses its page cache and
+                // sends us every request); our lower IO uses buffers of any alignment.
+                let file = self.lower.open(&node, flags & !libc::O_DIRECT)?;
+                let regular = self.lower.getattr(&node)?.kind() == lower::FileKind::Regular;
+                let key = self.lower.key(&node);
+                let direct = flags & libc::O_DIRECT != 0;
+                return self.register(node_id, Open::Lower { file, key, regular, direct });
             }
         })
     }
@@ -525,9 +565,13 @@ impl<L: LowerFs> Engine<L> {
                 return Ok(created);
             }
             self.check_new_name(&p, name)?;
-            let (node, attr, file) = self.lower.create(creds, &p, name, mode, flags)?;
+            let (node, attr, file) =
+                self.lower.create(creds, &p, name, mode, flags & !libc::O_DIRECT)?;
+            let key = self.lower.key(&node);
             let entry = self.entry(node, attr);
-            let fh = self.register(entry.node_id, Open::Lower(file))?;
+            let direct = flags & libc::O_DIRECT != 0;
+            let fh =
+                self.register(entry.node_id, Open::Lower { file, key, regular: true, direct })?;
             if self.temp.enabled {
                 Counters::add(&self.tc.created_in_lower, 1);
             }
@@ -539,7 +583,7 @@ impl<L: LowerFs> Engine<L> {
     /// transformed since it was opened) the lower file opened now.
     pub(crate) fn lower_file<'h>(&self, h: &'h Handle<Open<L>>) -> FsResult<&'h L::File> {
         match &h.file {
-            Open::Lower(file) | Open::Dir { file, .. } => Ok(file),
+            Open::Lower { file, .. } | Open::Dir { file, .. } => Ok(file),
             Open::Temp { lower, flags, .. } => {
                 if let Some(file) = lower.get() {
                     return Ok(file);
@@ -581,7 +625,25 @@ impl<L: LowerFs> Engine<L> {
                         return Ok(());
                     }
                 }
-                let n = self.lower.read(self.lower_file(&h)?, offset, buf)?;
+                let file = self.lower_file(&h)?;
+                let n = match self.via(&h)? {
+                    Via::Cache(key) => {
+                        let cached = match self.cached(key) {
+                            Some(cf) => self.cached_read(&cf, file, offset, buf)?,
+                            None => None,
+                        };
+                        if let Some(n) = cached {
+                            Counters::add(&self.counters.app_bytes_read, n as u64);
+                            reply(&buf[..n]);
+                            return Ok(());
+                        }
+                        self.lower.read(file, offset, buf)?
+                    }
+                    Via::Direct(key) => {
+                        self.with_clean_lower(key, || Ok(self.lower.read(file, offset, buf)?))?
+                    }
+                    Via::Plain => self.lower.read(file, offset, buf)?,
+                };
                 Counters::add(&self.counters.app_bytes_read, n as u64);
                 Counters::add(&self.counters.lower_bytes_read, n as u64);
                 reply(&buf[..n]);
@@ -594,48 +656,97 @@ impl<L: LowerFs> Engine<L> {
     /// unprivileged caller).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
         let mut pressured = false;
+        let mut write_through = false;
         loop {
             let result = self.op(Op::Write, |tx| {
                 let h = self.handle(fh)?;
                 if let Open::Temp { file, .. } = &h.file
                     && let Some(written) = self.temp_write(tx, file, offset, data, kill_suidgid)?
                 {
-                    return Ok((written, Some(Arc::clone(file))));
+                    return Ok((written, After::Temp(Arc::clone(file))));
                 }
-                if kill_suidgid {
+                let via = self.via(&h)?;
+                if kill_suidgid || matches!(via, Via::Cache(_)) {
                     let Obj::Lower(node) = self.obj(h.node_id)? else {
                         return Err(stale(h.node_id));
                     };
-                    self.kill_suidgid(&node)?;
+                    if kill_suidgid {
+                        self.kill_suidgid(&node)?;
+                    }
+                    if let Via::Cache(key) = via
+                        && self.cache.config.enabled
+                        && !write_through
+                    {
+                        while let Some(cf) = self.cache_entry(tx, &node, key)? {
+                            if let Some(n) = self.cached_write(tx, &cf, offset, data)? {
+                                Counters::add(&self.counters.app_bytes_written, n as u64);
+                                return Ok((n, After::Cached));
+                            }
+                        }
+                    }
                 }
-                let n = self.lower.write(self.lower_file(&h)?, offset, data)?;
+                let file = self.lower_file(&h)?;
+                let n = match via {
+                    Via::Cache(key) | Via::Direct(key) => {
+                        self.with_clean_lower(key, || Ok(self.lower.write(file, offset, data)?))?
+                    }
+                    Via::Plain => self.lower.write(file, offset, data)?,
+                };
                 Counters::add(&self.counters.app_bytes_written, n as u64);
                 Counters::add(&self.counters.lower_bytes_written, n as u64);
-                Ok((n, None))
+                Ok((n, After::Nothing))
             });
             match result {
-                Ok((n, Some(file))) => {
+                Ok((n, After::Temp(file))) => {
                     self.after_temp_write(&file);
                     return Ok(n);
                 }
-                Ok((n, None)) => return Ok(n),
-                // Out of frames: make room (least recently used temp files first), then, if
-                // that did not help, move this file to the lower file system; never an error
-                // the lower file system would not give.
+                Ok((n, After::Cached)) => {
+                    self.after_cached_write();
+                    return Ok(n);
+                }
+                Ok((n, After::Nothing)) => return Ok(n),
+                // Out of frames: make room (least recently used temp files first, inactive
+                // dirty pages by the write-back policy), then, if that did not help, move this
+                // file to the lower file system (a temp file is transformed, a cached file is
+                // written back and the write goes through); never an error the lower file
+                // system would not give.
                 Err(FsError::NvramFull(_)) if !pressured => {
                     pressured = true;
                     self.relieve_pressure(true);
+                    if let Err(e) = self.writeback_for_room() {
+                        eprintln!("nvstack: write-back for room failed: {e}");
+                    }
                 }
                 Err(FsError::NvramFull(e)) => {
                     let h = self.handle(fh)?;
-                    let Open::Temp { file, .. } = &h.file else {
-                        return Err(FsError::NvramFull(e));
-                    };
-                    self.transform(file, tempfs::Trigger::NvramFull)?;
+                    match &h.file {
+                        Open::Temp { file, .. } if file.lock().fate == Fate::Resident => {
+                            self.transform(file, tempfs::Trigger::NvramFull)?;
+                        }
+                        _ if !write_through => {
+                            write_through = true;
+                            crate::cache::inc(&self.cache.counters.write_through);
+                        }
+                        _ => return Err(FsError::NvramFull(e)),
+                    }
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// How IO on an open lower object (or a transformed temp file) reaches the lower file.
+    pub(crate) fn via(&self, h: &Handle<Open<L>>) -> FsResult<Via> {
+        Ok(match &h.file {
+            Open::Lower { key, regular: true, direct: false, .. } => Via::Cache(*key),
+            Open::Lower { key, regular: true, direct: true, .. } => Via::Direct(*key),
+            Open::Lower { .. } | Open::Dir { .. } => Via::Plain,
+            Open::Temp { .. } => match self.obj(h.node_id)? {
+                Obj::Lower(n) => Via::Cache(self.lower.key(&n)),
+                Obj::Temp(_) => Via::Plain,
+            },
+        })
     }
 
     pub fn flush(&self, fh: u64) -> FsResult<()> {
@@ -832,7 +943,12 @@ impl<L: LowerFs> Engine<L> {
             self.lower_object(h.node_id, tempfs::Trigger::Fallocate)?;
         }
         self.op(Op::Fallocate, |_| {
-            Ok(self.lower.fallocate(self.lower_file(&h)?, mode, offset, len)?)
+            let file = self.lower_file(&h)?;
+            match self.via(&h)? {
+                Via::Cache(key) | Via::Direct(key) => self
+                    .with_clean_lower(key, || Ok(self.lower.fallocate(file, mode, offset, len)?)),
+                Via::Plain => Ok(self.lower.fallocate(file, mode, offset, len)?),
+            }
         })
     }
 
@@ -851,6 +967,13 @@ impl<L: LowerFs> Engine<L> {
                     return found.and_then(|o| i64::try_from(o).ok()).ok_or(errno(libc::ENXIO));
                 }
             }
+            if let Via::Cache(key) = self.via(&h)?
+                && let Some(cf) = self.cached(key)
+                && matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE)
+                && let Some(found) = self.cached_seek(&cf, self.lower_file(&h)?, offset, whence)?
+            {
+                return Ok(found);
+            }
             Ok(self.lower.lseek(self.lower_file(&h)?, offset, whence)?)
         })
     }
@@ -868,14 +991,26 @@ impl<L: LowerFs> Engine<L> {
         if matches!(input.file, Open::Temp { .. }) || matches!(output.file, Open::Temp { .. }) {
             return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
         }
+        // A side with dirty pages in NVRAM, or a cached output: copy through the cache.
+        let (via_in, via_out) = (self.via(&input)?, self.via(&output)?);
+        let cached = |v: Via| matches!(v, Via::Cache(k) if self.cached(k).is_some());
+        if cached(via_in) || (matches!(via_out, Via::Cache(_)) && self.cache.config.enabled) {
+            return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
+        }
         self.op(Op::CopyFileRange, |_| {
-            let n = self.lower.copy_file_range(
-                self.lower_file(&input)?,
-                offset_in,
-                self.lower_file(&output)?,
-                offset_out,
-                len,
-            )?;
+            let copy = || -> FsResult<u64> {
+                Ok(self.lower.copy_file_range(
+                    self.lower_file(&input)?,
+                    offset_in,
+                    self.lower_file(&output)?,
+                    offset_out,
+                    len,
+                )?)
+            };
+            let n = match via_out {
+                Via::Cache(key) | Via::Direct(key) => self.with_clean_lower(key, copy)?,
+                Via::Plain => copy()?,
+            };
             Counters::add(&self.counters.app_bytes_written, n);
             Counters::add(&self.counters.lower_bytes_written, n);
             Ok(n)
@@ -932,6 +1067,8 @@ impl<L: LowerFs> Engine<L> {
             consistency: format!("{:?}", self.pool.consistency()).to_lowercase(),
         };
         stats.tempfiles = self.tc.snapshot(&self.temp);
+        (stats.cache, stats.writeback) =
+            self.cache.counters.snapshot(&self.cache.config, self.cache.policy.name());
         stats
     }
 
@@ -940,6 +1077,11 @@ impl<L: LowerFs> Engine<L> {
     pub fn shutdown(self) {
         if self.temp.transform_on_unmount {
             self.transform_all(tempfs::Trigger::Unmount, &mut |_, _| {});
+        }
+        if self.cache.config.writeback_on_unmount
+            && let (_, Some(e)) = self.flush_cache(Reason::Unmount, &mut |_, _| {})
+        {
+            eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
         }
         let Engine { pool, inodes, handles, index, .. } = self;
         drop(handles);

@@ -162,6 +162,8 @@ pub struct Stats {
     pub open_handles: u64,
     pub nvram: NvramStats,
     pub tempfiles: crate::tempfs::TempStats,
+    pub cache: crate::cache::CacheStats,
+    pub writeback: crate::cache::WritebackStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]

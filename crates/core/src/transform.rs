@@ -79,6 +79,16 @@ pub enum StartError {
     Lower(lower::Errno),
     #[error("finishing an interrupted transform of temp file {serial}: {error}")]
     Redo { serial: u64, error: FsError },
+    #[error(
+        "finding the lower file of cached-file record in frame {object} by its handle: {error} \
+         (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
+         the walk limit)"
+    )]
+    CachedFile { object: u64, error: lower::Errno },
+    #[error("NVRAM: {0}")]
+    Nvram(String),
+    #[error("writing back the page cache with the cache off: {0}")]
+    Flush(FsError),
 }
 
 impl<L: LowerFs> Engine<L> {
@@ -88,6 +98,16 @@ impl<L: LowerFs> Engine<L> {
     pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
         // The root node is borrowed from the adapter; the table holds its own reference by
         // looking the root up again ("." of the root).
+        let policy = crate::writeback::by_name(config.cache.policy).ok_or_else(|| {
+            StartError::Nvram(format!("unknown write-back policy {}", config.cache.policy))
+        })?;
+        let mut config = config;
+        let frames = pool.stats().frames_total;
+        if config.cache.high_pages == u64::MAX {
+            // Defaults: write back from 80 % of the region's frames down to 60 %.
+            config.cache.high_pages = frames * 8 / 10;
+            config.cache.low_pages = frames * 6 / 10;
+        }
         let root_key = lower.key(lower.root());
         let (root, _) =
             lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
@@ -109,12 +129,19 @@ impl<L: LowerFs> Engine<L> {
             relieving: AtomicBool::new(false),
             reserved_pages: AtomicU64::new(0),
             xattrs: config.xattrs,
+            cache: crate::cache::PageCache::new(config.cache, policy),
             lower,
             pool,
         };
         engine.rebuild()?;
+        engine.rebuild_cache()?;
         if !engine.temp.enabled {
             engine.transform_all(Trigger::Unmount, &mut |_, _| {});
+        }
+        if !engine.cache.config.enabled
+            && let (_, Some(e)) = engine.flush_cache(crate::cache::Reason::Unmount, &mut |_, _| {})
+        {
+            return Err(StartError::Flush(e));
         }
         Ok(engine)
     }
@@ -542,8 +569,8 @@ impl<L: LowerFs> Engine<L> {
 
     /// NVRAM pressure (thesis 3.1.1): when temp files hold more than their share of frames, or
     /// `force` (a write found no free frame), transform the least recently used temp files
-    /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed. Without a page cache every
-    /// dirty page is a temp file's, so N = NR_WB (`writeback_batch`).
+    /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed, NR_Dirty counting the page
+    /// cache's dirty pages too (the rest of the room comes from write-back).
     pub(crate) fn relieve_pressure(&self, force: bool) {
         let resident = self.tc.pages_resident.load(Ordering::Relaxed)
             + self.tc.files_resident.load(Ordering::Relaxed);
@@ -554,7 +581,8 @@ impl<L: LowerFs> Engine<L> {
             return; // another thread is at it
         }
         let nr_tempffs = self.tc.pages_resident.load(Ordering::Relaxed);
-        let nr_dirty = nr_tempffs.max(1);
+        let nr_dirty =
+            (nr_tempffs + self.cache.counters.pages_dirty.load(Ordering::Relaxed)).max(1);
         let target = (self.temp.writeback_batch * nr_tempffs / nr_dirty).max(1);
         let mut candidates: Vec<(u64, Arc<TempFile>)> = self
             .index

@@ -18,10 +18,12 @@ fn pool() -> Pool {
     Pool::open(region, Consistency::Undo).unwrap().0
 }
 
-/// Tempfiles off: these tests are about passing through to the lower file system.
+/// Tempfiles and the page cache off: these tests are about passing through to the lower file
+/// system.
 fn passthrough() -> EngineConfig {
     EngineConfig {
         temp: engine::TempConfig { enabled: false, ..engine::TempConfig::default() },
+        cache: engine::CacheConfig { enabled: false, ..engine::CacheConfig::default() },
         ..EngineConfig::default()
     }
 }

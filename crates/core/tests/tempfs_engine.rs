@@ -212,6 +212,9 @@ fn links_and_xattrs_move_a_temp_file_to_the_lower_file_system_first() {
     // The open handle follows the file into the lower file system.
     e.write(fh, 4, b"+more", false).unwrap();
     e.release(fh).unwrap();
+    // (The write is a dirty page of the lower file in NVRAM until written back.)
+    assert_eq!(lower_content(&view, "x").unwrap(), b"data");
+    assert_eq!(e.flush_cache(engine::Reason::Flush, &mut |_, _| {}), (1, None));
     assert_eq!(lower_content(&view, "x").unwrap(), b"data+more");
     let (y_entry, fh) = e.create(&ROOT, root, name("y"), 0o600, libc::O_RDWR).unwrap();
     e.release(fh).unwrap();

@@ -141,6 +141,20 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
     fn find_dir(&self, handle: &[u8], limit: usize) -> Result<Self::Node> {
         walk_for_dir(self, handle, limit)
     }
+
+    /// A durable identity of a regular file that never names another object, even after the
+    /// file is deleted and its inode number reused (a file handle with its generation; the
+    /// page cache finds the owner of dirty pages again after a crash with it). EOPNOTSUPP
+    /// when the file system has none.
+    fn file_handle(&self, file: &Self::Node) -> Result<Vec<u8>> {
+        self.dir_handle(file)
+    }
+
+    /// The regular file whose [`LowerFs::file_handle`] is `handle`: like `find_dir`, but the
+    /// walk compares the handles of regular files (ENOENT or ESTALE when it is gone).
+    fn find_file(&self, handle: &[u8], limit: usize) -> Result<Self::Node> {
+        walk_for_handle(self, handle, limit, FileKind::Regular)
+    }
 }
 
 /// Most bytes of a directory handle (MAX_HANDLE_SZ of the kernel is 128, plus 4 of type).
@@ -148,8 +162,19 @@ pub const MAX_DIR_HANDLE: usize = 132;
 
 /// Breadth-first search of the directory with `handle` (see [`LowerFs::find_dir`]).
 pub fn walk_for_dir<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) -> Result<L::Node> {
+    walk_for_handle(fs, handle, limit, FileKind::Directory)
+}
+
+/// Breadth-first search from the root for the object of kind `want` with `handle`, visiting
+/// at most `limit` directories.
+pub fn walk_for_handle<L: LowerFs + ?Sized>(
+    fs: &L,
+    handle: &[u8],
+    limit: usize,
+    want: FileKind,
+) -> Result<L::Node> {
     let (root, _) = fs.lookup(fs.root(), OsStr::new("."))?;
-    if fs.dir_handle(&root)? == handle {
+    if want == FileKind::Directory && fs.dir_handle(&root)? == handle {
         return Ok(root);
     }
     let root_dev = fs.key(fs.root()).0;
@@ -163,21 +188,27 @@ pub fn walk_for_dir<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) ->
         let stream = fs.opendir(&dir)?;
         let mut names = Vec::new();
         fs.readdir(&stream, 0, &mut |e| {
-            if e.name != "." && e.name != ".." && matches!(e.kind, Some(FileKind::Directory) | None)
-            {
+            let wanted = matches!(e.kind, Some(FileKind::Directory) | None) || e.kind == Some(want);
+            if e.name != "." && e.name != ".." && wanted {
                 names.push(e.name);
             }
             true
         })?;
         for name in names {
             let Ok((node, attr)) = fs.lookup(&dir, &name) else { continue };
-            if attr.kind() != FileKind::Directory || fs.key(&node).0 != root_dev {
+            if fs.key(&node).0 != root_dev {
                 continue;
             }
-            if fs.dir_handle(&node)? == handle {
+            let found = match want {
+                FileKind::Directory => fs.dir_handle(&node),
+                _ => fs.file_handle(&node),
+            };
+            if attr.kind() == want && found? == handle {
                 return Ok(node);
             }
-            queue.push_back(node);
+            if attr.kind() == FileKind::Directory {
+                queue.push_back(node);
+            }
         }
     }
     Err(Errno(libc::ENOENT))

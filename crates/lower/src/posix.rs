@@ -583,67 +583,99 @@ impl LowerFs for PosixLower {
     }
 
     fn dir_handle(&self, dir: &PosixNode) -> Result<Vec<u8>> {
-        let mut buf = [0u8; 8 + 128];
-        buf[..4].copy_from_slice(&128u32.to_ne_bytes());
-        let mut mount_id: libc::c_int = 0;
-        let empty = c"";
-        // SAFETY: name_to_handle_at with AT_EMPTY_PATH on our descriptor; `buf` is a struct
-        // file_handle with room for MAX_HANDLE_SZ (128) bytes.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_name_to_handle_at,
-                dir.raw(),
-                empty.as_ptr(),
-                buf.as_mut_ptr(),
-                &raw mut mount_id,
-                libc::AT_EMPTY_PATH,
-            )
-        };
-        if rc < 0 {
-            let e = Errno::last();
-            if e.0 != libc::EOPNOTSUPP && e.0 != libc::ENOTSUP {
-                return Err(e);
-            }
+        match name_to_handle(dir) {
             // No file handles: the inode number, unique while the directory exists (a
             // directory holding temp files cannot be removed through the mount).
-            let mut h = u32::MAX.to_le_bytes().to_vec();
-            h.extend_from_slice(&dir.ino.to_le_bytes());
-            return Ok(h);
+            Err(Errno(libc::EOPNOTSUPP)) => {
+                let mut h = u32::MAX.to_le_bytes().to_vec();
+                h.extend_from_slice(&dir.ino.to_le_bytes());
+                Ok(h)
+            }
+            other => other,
         }
-        let len = u32::from_ne_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
-        let mut h = buf[4..8].to_vec(); // handle_type
-        h.extend_from_slice(&buf[8..8 + len]);
-        Ok(h)
+    }
+
+    /// Only a real file handle (it carries the generation): an inode number could name a
+    /// different file after a crash.
+    fn file_handle(&self, file: &PosixNode) -> Result<Vec<u8>> {
+        name_to_handle(file)
     }
 
     fn find_dir(&self, handle: &[u8], limit: usize) -> Result<PosixNode> {
-        if handle.len() >= 4 && handle[..4] != u32::MAX.to_le_bytes() && handle.len() <= 4 + 128 {
-            let mut buf = [0u8; 8 + 128];
-            let len = handle.len() - 4;
-            buf[..4].copy_from_slice(&(len as u32).to_ne_bytes());
-            buf[4..8].copy_from_slice(&handle[..4]);
-            buf[8..8 + len].copy_from_slice(&handle[4..]);
-            // open_by_handle_at wants a descriptor that is not O_PATH on the file system.
-            if let Ok(mount_fd) = self.reopen(&self.root, libc::O_RDONLY | libc::O_DIRECTORY) {
-                // SAFETY: open_by_handle_at with a well-formed struct file_handle; it needs
-                // CAP_DAC_READ_SEARCH and fails with EPERM otherwise (then we walk).
-                let fd = unsafe {
-                    libc::syscall(
-                        libc::SYS_open_by_handle_at,
-                        mount_fd.as_raw_fd(),
-                        buf.as_mut_ptr(),
-                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                    )
-                };
-                if fd >= 0 {
-                    let fd = owned(fd as libc::c_int)?;
-                    let attr = fstat(fd.as_raw_fd())?;
-                    return Ok(PosixNode { fd, dev: attr.dev, ino: attr.ino });
-                }
-            }
+        if let Some(node) = self.open_by_handle(handle, libc::O_DIRECTORY) {
+            return Ok(node);
         }
         crate::walk_for_dir(self, handle, limit)
     }
+
+    fn find_file(&self, handle: &[u8], limit: usize) -> Result<PosixNode> {
+        if let Some(node) = self.open_by_handle(handle, 0) {
+            return Ok(node);
+        }
+        crate::walk_for_handle(self, handle, limit, FileKind::Regular)
+    }
+}
+
+impl PosixLower {
+    /// open_by_handle_at of a handle made by `dir_handle`; `None` when the handle is an inode
+    /// number (no file handles), the caller lacks CAP_DAC_READ_SEARCH, or the object is gone.
+    fn open_by_handle(&self, handle: &[u8], flags: i32) -> Option<PosixNode> {
+        if handle.len() < 4 || handle[..4] == u32::MAX.to_le_bytes() || handle.len() > 4 + 128 {
+            return None;
+        }
+        let mut buf = [0u8; 8 + 128];
+        let len = handle.len() - 4;
+        buf[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        buf[4..8].copy_from_slice(&handle[..4]);
+        buf[8..8 + len].copy_from_slice(&handle[4..]);
+        // open_by_handle_at wants a descriptor that is not O_PATH on the file system.
+        let mount_fd = self.reopen(&self.root, libc::O_RDONLY | libc::O_DIRECTORY).ok()?;
+        // SAFETY: open_by_handle_at with a well-formed struct file_handle; it needs
+        // CAP_DAC_READ_SEARCH and fails with EPERM otherwise (then the caller walks).
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mount_fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                libc::O_PATH | libc::O_CLOEXEC | flags,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        let fd = owned(fd as libc::c_int).ok()?;
+        let attr = fstat(fd.as_raw_fd()).ok()?;
+        Some(PosixNode { fd, dev: attr.dev, ino: attr.ino })
+    }
+}
+
+/// name_to_handle_at of a node: the handle type (4 bytes), then the handle; EOPNOTSUPP when
+/// the file system has no file handles.
+fn name_to_handle(node: &PosixNode) -> Result<Vec<u8>> {
+    let mut buf = [0u8; 8 + 128];
+    buf[..4].copy_from_slice(&128u32.to_ne_bytes());
+    let mut mount_id: libc::c_int = 0;
+    let empty = c"";
+    // SAFETY: name_to_handle_at with AT_EMPTY_PATH on our descriptor; `buf` is a struct
+    // file_handle with room for MAX_HANDLE_SZ (128) bytes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            node.raw(),
+            empty.as_ptr(),
+            buf.as_mut_ptr(),
+            &raw mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        let e = Errno::last();
+        return Err(if e.0 == libc::ENOTSUP { Errno(libc::EOPNOTSUPP) } else { e });
+    }
+    let len = u32::from_ne_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+    let mut h = buf[4..8].to_vec(); // handle_type
+    h.extend_from_slice(&buf[8..8 + len]);
+    Ok(h)
 }
 
 /// FS_IOC_FIEMAP in batches of 64 extents until the last extent.

@@ -1,5 +1,6 @@
 //! `nvstack flush MOUNTPOINT`: transform every temp file of a running mount into the lower
-//! directory, with a progress bar (the daemon streams `progress DONE TOTAL` lines).
+//! directory and write back every dirty page of the page cache, with a progress bar (the
+//! daemon streams `progress DONE TOTAL` lines, and `phase writeback` between the two).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -31,6 +32,16 @@ pub fn run(args: &FlushArgs) -> CliResult {
     };
     for line in BufReader::new(stream).lines() {
         let line = line.map_err(io)?;
+        if line == "phase writeback" {
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "writing back dirty pages {bar:40} {pos}/{len} ({elapsed})",
+                )
+                .expect("static template"),
+            );
+            bar.set_position(0);
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("progress ") {
             let mut parts = rest.split_whitespace().map(|n| n.parse::<u64>().unwrap_or(0));
             let (done, total) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
@@ -43,15 +54,17 @@ pub fn run(args: &FlushArgs) -> CliResult {
             .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}: {line}")))?;
         if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
             return Err(CliError::Other(format!(
-                "flush: {} temp file(s) transformed, then: {}",
+                "flush: {} temp file(s) transformed, {} dirty page(s) written back, then: {}",
                 value["transformed"],
+                value["pages_written"],
                 err.as_str().unwrap_or("error")
             )));
         }
         println!(
-            "flushed {}: {} temp file(s) transformed",
+            "flushed {}: {} temp file(s) transformed, {} dirty page(s) written back",
             mountpoint.display(),
-            value["transformed"]
+            value["transformed"],
+            value["pages_written"]
         );
         return Ok(());
     }

@@ -16,6 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use engine::binding::{self, Binding};
@@ -39,6 +40,7 @@ pub enum ConsistencyArg {
 }
 
 #[derive(Clone, Debug, clap::Args)]
+#[allow(clippy::struct_excessive_bools)] // command-line switches
 pub struct MountArgs {
     /// The directory to stack on (any file system). It belongs to nvstack while mounted.
     pub lower: PathBuf,
@@ -108,9 +110,61 @@ pub struct MountArgs {
     /// directory alone then lacks them until the next mount).
     #[arg(long)]
     pub keep_tempfiles: bool,
+    /// The NVRAM page cache: writes to existing lower files land in NVRAM as dirty pages
+    /// (durable and atomic when the write returns; no lower IO) and are written back late, by
+    /// the --writeback policy. `off`: writes go straight to the lower file (pages left in the
+    /// region are written back at mount).
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub cache: OnOff,
+    /// Which dirty pages go when write-back runs (thesis 3.1.2): `file` - dirty files in order,
+    /// all their pages (Linux); `recency` - inactive pages only, least recently used first;
+    /// `location` - the zone whose dirty pages form the longest runs (max ASL), all pages;
+    /// `relo` - inactive pages of the zone with max ASL, then the next zone.
+    #[arg(long, value_enum, default_value = "relo")]
+    pub writeback: WritebackArg,
+    /// Blocks (4 KiB) per zone of the lower device for the location-aware policies.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..), value_name = "BLOCKS")]
+    pub zone_blocks: u64,
+    /// Write-back starts when dirty pages exceed this percent of the region's frames ...
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
+    pub dirty_high: u64,
+    /// ... and stops when they are down to this percent.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
+    pub dirty_low: u64,
+    /// NR_WB: dirty pages per write-back batch (each batch: one sync of the lower file system,
+    /// one NVRAM transaction).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096), value_name = "PAGES")]
+    pub writeback_batch: u64,
+    /// Dirty pages older than this are written back even without pressure, so that the lower
+    /// directory alone is never older than this (0 = never).
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    pub max_dirty_age: u64,
+    /// Keep dirty pages in NVRAM across unmount instead of writing them back (the lower
+    /// directory alone then lacks those writes until the next mount).
+    #[arg(long)]
+    pub keep_dirty: bool,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
     pub daemon: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritebackArg {
+    File,
+    Recency,
+    Location,
+    Relo,
+}
+
+impl WritebackArg {
+    fn name(self) -> &'static str {
+        match self {
+            WritebackArg::File => "file",
+            WritebackArg::Recency => "recency",
+            WritebackArg::Location => "location",
+            WritebackArg::Relo => "relo",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -159,7 +213,31 @@ fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
             human(most.saturating_sub(args.max_write))
         )));
     }
+    if args.dirty_low > args.dirty_high {
+        return Err(CliError::Usage(format!(
+            "--dirty-low {} is above --dirty-high {}",
+            args.dirty_low, args.dirty_high
+        )));
+    }
+    // A write-back batch frees its pages in one transaction, as a transform does.
+    if args.writeback_batch * 64 + 4096 > layout.undo_slot_size {
+        return Err(CliError::Usage(format!(
+            "--writeback-batch {} is too large for this region's undo slots ({} each)",
+            args.writeback_batch,
+            human(layout.undo_slot_size)
+        )));
+    }
     Ok(EngineConfig {
+        cache: engine::CacheConfig {
+            enabled: args.cache == OnOff::On,
+            policy: args.writeback.name(),
+            zone_blocks: args.zone_blocks,
+            high_pages: layout.nr_frames * args.dirty_high / 100,
+            low_pages: layout.nr_frames * args.dirty_low / 100,
+            batch_pages: args.writeback_batch,
+            max_dirty_age: args.max_dirty_age,
+            writeback_on_unmount: !args.keep_dirty,
+        },
         temp: engine::TempConfig {
             enabled: args.tempfiles == OnOff::On,
             max_size: args.tempfile_max_size,
@@ -238,6 +316,14 @@ fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
         .args(["--tempfile-writeback-batch", &args.tempfile_writeback_batch.to_string()])
         .args(["--xattrs", if args.xattrs == OnOff::On { "on" } else { "off" }])
         .args(if args.keep_tempfiles { &["--keep-tempfiles"][..] } else { &[][..] })
+        .args(["--cache", if args.cache == OnOff::On { "on" } else { "off" }])
+        .args(["--writeback", args.writeback.name()])
+        .args(["--zone-blocks", &args.zone_blocks.to_string()])
+        .args(["--dirty-high", &args.dirty_high.to_string()])
+        .args(["--dirty-low", &args.dirty_low.to_string()])
+        .args(["--writeback-batch", &args.writeback_batch.to_string()])
+        .args(["--max-dirty-age", &args.max_dirty_age.to_string()])
+        .args(if args.keep_dirty { &["--keep-dirty"][..] } else { &[][..] })
         .arg("--daemon")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -354,17 +440,7 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     };
     binding::bind_or_check(&pool, &ours).map_err(|e| CliError::Other(e.to_string()))?;
 
-    let run_dir = rundir::dir_for(mountpoint);
-    std::fs::create_dir_all(&run_dir)
-        .map_err(|e| CliError::Other(format!("{}: {e}", run_dir.display())))?;
-    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let socket_path = rundir::socket(&run_dir);
-    let _ = std::fs::remove_file(&socket_path);
-    let listener = std::os::unix::net::UnixListener::bind(&socket_path)
-        .map_err(|e| CliError::Other(format!("control socket {}: {e}", socket_path.display())))?;
-    std::fs::write(rundir::pid_file(&run_dir), std::process::id().to_string())
-        .map_err(|e| CliError::Other(e.to_string()))?;
+    let (run_dir, socket_path, listener) = prepare_run_dir(mountpoint)?;
 
     let engine = match start_engine(args, lower, pool) {
         Ok(engine) => Arc::new(engine),
@@ -413,6 +489,7 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
         super::control::serve(&listener, owner, &handle);
     });
     install_signal_handler(mountpoint.to_path_buf());
+    let aging = start_aging(args, &engine);
 
     eprintln!("nvstack: {note}; mounted {} on {}", lower_dir.display(), mountpoint.display());
     if args.daemon {
@@ -424,7 +501,11 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // The session ended: the kernel unmounted us. Stop the control thread (it holds the
     // engine), then close the engine, which marks the region clean.
     let _ = super::control::request(&socket_path, "quit");
-    let _ = control_thread.join();
+    control_thread.join().ok();
+    if let Some((stop, thread)) = aging {
+        stop.store(true, Ordering::Relaxed);
+        thread.join().ok();
+    }
     let engine = Arc::try_unwrap(engine).ok();
     let _ = std::fs::remove_file(&socket_path);
     let _ = std::fs::remove_file(rundir::pid_file(&run_dir));
@@ -434,6 +515,47 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     }
     eprintln!("nvstack: unmounted {}", mountpoint.display());
     result.map_err(|e| CliError::Other(format!("FUSE session: {e}")))
+}
+
+/// The mount's run directory (owner only), its control socket and pid file.
+fn prepare_run_dir(
+    mountpoint: &Path,
+) -> CliResult<(PathBuf, PathBuf, std::os::unix::net::UnixListener)> {
+    let run_dir = rundir::dir_for(mountpoint);
+    std::fs::create_dir_all(&run_dir)
+        .map_err(|e| CliError::Other(format!("{}: {e}", run_dir.display())))?;
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let socket_path = rundir::socket(&run_dir);
+    let _ = std::fs::remove_file(&socket_path);
+    let listener = std::os::unix::net::UnixListener::bind(&socket_path)
+        .map_err(|e| CliError::Other(format!("control socket {}: {e}", socket_path.display())))?;
+    std::fs::write(rundir::pid_file(&run_dir), std::process::id().to_string())
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    Ok((run_dir, socket_path, listener))
+}
+
+/// The clock of --max-dirty-age (the engine is deterministic; time enters here): about twice a
+/// second, pages dirty for longer are written back. Stopped by setting the flag.
+fn start_aging(
+    args: &MountArgs,
+    engine: &Arc<Engine<PosixLower>>,
+) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
+    if args.max_dirty_age == 0 {
+        return None;
+    }
+    let engine = Arc::clone(engine);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(500));
+            if let Err(e) = engine.writeback_aged() {
+                eprintln!("nvstack: write-back of old pages failed: {e}");
+            }
+        }
+    });
+    Some((stop, thread))
 }
 
 /// The engine over the recovered region: rebuilds the temp-file overlay and finishes
@@ -462,11 +584,19 @@ fn control(
             let _ = out.write_all(serde_json::to_string_pretty(&value).expect("json").as_bytes());
         }
         "flush" => {
-            let (transformed, error) = engine.flush_tempfiles(&mut |done, total| {
+            let (transformed, mut error) = engine.flush_tempfiles(&mut |done, total| {
                 let _ = writeln!(out, "progress {done} {total}");
             });
+            let mut written = 0;
+            if error.is_none() {
+                let _ = writeln!(out, "phase writeback");
+                (written, error) = engine.flush_cache(engine::Reason::Flush, &mut |done, total| {
+                    let _ = writeln!(out, "progress {done} {total}");
+                });
+            }
             let reply = serde_json::json!({
                 "transformed": transformed,
+                "pages_written": written,
                 "error": error.map(|e| e.to_string()),
             });
             let _ = writeln!(out, "{reply}");

@@ -59,6 +59,28 @@ pub fn run(args: &StatArgs) -> CliResult {
             t["span_blocks_avg"].as_f64().unwrap_or(0.0)
         );
     }
+    let cache = &value["cache"];
+    let wb = &value["writeback"];
+    if cache["enabled"].as_bool() == Some(true) || cache["files"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "cache: {} files, {} dirty pages ({} inactive); {} hits, {} fetches",
+            cache["files"],
+            wb["pages_dirty"],
+            wb["pages_inactive_dirty"],
+            cache["hits"],
+            cache["fetches"]
+        );
+        println!(
+            "writeback ({}): {} pages in {} batches, {} requests, {} repeated, inter-request \
+             distance {} blocks",
+            wb["policy"].as_str().unwrap_or("?"),
+            wb["pages_written"],
+            wb["batches"],
+            wb["requests"],
+            wb["repeated_pages"],
+            wb["inter_request_distance_blocks"]
+        );
+    }
     if let Some(requests) = value["requests"].as_object() {
         let list: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("requests: {}", list.join(", "));

@@ -11,6 +11,10 @@ impl Policy for File {
         "file"
     }
 
+    fn uses_files(&self) -> bool {
+        true
+    }
+
     fn select(&self, view: &DirtyView, target: usize) -> Vec<(PageKey, Loc)> {
         let mut chosen = Vec::new();
         for (object, pages) in &view.files {

@@ -42,6 +42,14 @@ pub struct DirtyView {
 /// A write-back policy.
 pub trait Policy: std::fmt::Debug + Send + Sync {
     fn name(&self) -> &'static str;
+    /// Reads `DirtyView::files` (filled for it before each selection).
+    fn uses_files(&self) -> bool {
+        false
+    }
+    /// Reads `DirtyView::inactive_lru`.
+    fn uses_lru(&self) -> bool {
+        false
+    }
     /// Pages to write back now: at least `target` if there are that many candidates, sorted by
     /// location (ascending physical block, then unmapped pages by file and offset).
     fn select(&self, view: &DirtyView, target: usize) -> Vec<(PageKey, Loc)>;

@@ -10,6 +10,10 @@ impl Policy for Recency {
         "recency"
     }
 
+    fn uses_lru(&self) -> bool {
+        true
+    }
+
     fn select(&self, view: &DirtyView, target: usize) -> Vec<(PageKey, Loc)> {
         let mut chosen: Vec<_> = view.inactive_lru.iter().take(target).copied().collect();
         sort_by_location(&mut chosen);

@@ -154,6 +154,11 @@ impl ZoneTable {
         self.zones.iter()
     }
 
+    /// Whether `loc` is recorded.
+    pub fn contains(&self, loc: Loc) -> bool {
+        self.zones.get(&self.zone_of(loc)).is_some_and(|z| z.pages.contains_key(&loc))
+    }
+
     pub fn dirty_pages(&self) -> u64 {
         self.zones.values().map(|z| z.dirty_pages).sum()
     }

@@ -144,6 +144,7 @@ impl MemLower {
         let is_dir = matches!(content, Content::Dir(_));
         let now = self.fs.now();
         let inode = Inode {
+            generation: super::inode::next_generation(),
             mode,
             uid: creds.uid,
             gid,

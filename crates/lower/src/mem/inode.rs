@@ -56,6 +56,9 @@ pub(super) type Time = (i64, u32);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Inode {
+    /// Distinguishes the objects that reuse an inode number (as `i_generation` in file
+    /// handles): unique in the process.
+    pub(super) generation: u64,
     /// Type and permission bits (st_mode).
     pub(super) mode: u32,
     pub(super) uid: u32,
@@ -67,6 +70,13 @@ pub(super) struct Inode {
     pub(super) ctime: Time,
     pub(super) xattrs: BTreeMap<OsString, Vec<u8>>,
     pub(super) content: Content,
+}
+
+/// Source of [`Inode::generation`].
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+pub(super) fn next_generation() -> u64 {
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Inode {
@@ -131,6 +141,7 @@ impl Inode {
             Content::Special => Content::Special,
         };
         Inode {
+            generation: self.generation,
             mode: self.mode,
             uid: self.uid,
             gid: self.gid,

@@ -381,6 +381,7 @@ impl MemLower {
         let mut alloc = Allocator::with_used(config.blocks, &BTreeSet::new());
         let phys = alloc.alloc(None).expect("room for the root directory");
         let root = Inode {
+            generation: inode::next_generation(),
             mode: libc::S_IFDIR | 0o755,
             uid: 0,
             gid: 0,
@@ -606,5 +607,14 @@ impl LowerFs for MemLower {
     /// The inode number: unique while the directory exists, which is all the model needs.
     fn dir_handle(&self, dir: &MemNode) -> Result<Vec<u8>> {
         Ok(dir.ino.to_le_bytes().to_vec())
+    }
+
+    /// Inode number and generation, as a real file handle: a deleted file's handle never
+    /// names the object that reuses its number.
+    fn file_handle(&self, file: &MemNode) -> Result<Vec<u8>> {
+        let generation = self.fs.lock().get(file.ino).generation;
+        let mut h = file.ino.to_le_bytes().to_vec();
+        h.extend_from_slice(&generation.to_le_bytes());
+        Ok(h)
     }
 }

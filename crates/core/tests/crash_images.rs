@@ -1,19 +1,21 @@
-//! Crash images of the temp-file store (level 1 of STYLE 12): a seeded workload of temp-file
-//! operations (create, write, truncate, rename within and across directories and over temp
-//! and lower files, unlink, transform by flush and by size) runs on an engine over a simulated
-//! region and the in-memory lower file system. At every fence of the region, the region is
+//! Crash images of the temp-file store and the page cache (level 1 of STYLE 12): a seeded
+//! workload (create, write, truncate, rename within and across directories and over temp and
+//! lower files, unlink, transform by flush and by size; writes and truncates of lower files
+//! land in the page cache, written back by pressure rounds under each of the four policies
+//! (seed mod 4) and by flushes) runs on an engine over a simulated region and the in-memory
+//! lower file system. At every fence of the region, the region is
 //! crashed three ways (nothing unpersisted survives, everything does, a seeded mix) and the
 //! lower file system loses what was not fsynced; an engine started on the images (recovery:
 //! rebuild, finish interrupted transforms) must show the namespace and contents either as
 //! they were before the operation or as they are after it, and no hidden transform file.
 //!
-//! Replay a failure with `NVSTACK_SEED=<seed> cargo test -p nvstack-core --test tempfs_crash`.
+//! Replay a failure with `NVSTACK_SEED=<seed> cargo test -p nvstack-core --test crash_images`.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 
-use engine::{Engine, EngineConfig, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Reason, TempConfig};
 use lower::{Creds, FileKind, LowerFs, MemLower, SetAttr};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -35,9 +37,20 @@ fn params() -> FormatParams {
     }
 }
 
-fn config() -> EngineConfig {
+const POLICIES: [&str; 4] = ["file", "recency", "location", "relo"];
+
+/// Small watermarks, so that pressure write-back rounds run often.
+fn config(seed: u64) -> EngineConfig {
     EngineConfig {
         temp: TempConfig { max_size: MAX_SIZE, max_frames: 120, ..TempConfig::default() },
+        cache: CacheConfig {
+            policy: POLICIES[(seed % 4) as usize],
+            high_pages: 12,
+            low_pages: 4,
+            batch_pages: 4,
+            zone_blocks: 4,
+            ..CacheConfig::default()
+        },
         ..EngineConfig::default()
     }
 }
@@ -136,10 +149,11 @@ struct Sweep {
     quiet: bool,
 }
 
-fn recover(image: Vec<u8>, lower: &MemLower) -> Result<(View, Vec<String>), String> {
+fn recover(image: Vec<u8>, lower: &MemLower, seed: u64) -> Result<(View, Vec<String>), String> {
     let region = Arc::new(SimRegion::from_image(image));
     let (pool, _) = Pool::open(region, Consistency::Undo).map_err(|e| format!("open: {e}"))?;
-    let engine = Engine::new(lower.clone(), pool, config()).map_err(|e| format!("start: {e}"))?;
+    let engine =
+        Engine::new(lower.clone(), pool, config(seed)).map_err(|e| format!("start: {e}"))?;
     let v = view(&engine)?;
     engine.pool().check_invariants()?;
     let hidden = hidden_in_lower(lower);
@@ -156,7 +170,7 @@ fn check_point(s: &mut Sweep, point: &nvram::CrashPoint<'_>) -> Result<(), Strin
     {
         // The lower file system loses what was not fsynced (the Torn case: a seeded mix).
         let crashed = if i == 2 { lower.crash_with(s.seed ^ s.points) } else { lower.crash() };
-        let (v, hidden) = recover(point.image(mode), &crashed).map_err(|e| {
+        let (v, hidden) = recover(point.image(mode), &crashed, s.seed).map_err(|e| {
             format!("seed {} op {:?} fence {} {mode:?}: {e}", s.seed, s.op, point.fence_seq)
         })?;
         s.images += 1;
@@ -197,7 +211,7 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     let name = NAMES[rng.below(NAMES.len() as u64) as usize];
     let p = dirs[dir];
     let os = OsStr::new(name);
-    match rng.below(11) {
+    match rng.below(13) {
         0 | 1 => {
             // One state change per step: the create (the writes are steps of their own).
             if let Ok((e, fh)) = engine.create(&ROOT, p, os, 0o644, libc::O_RDWR) {
@@ -252,6 +266,11 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
             let _ = engine.flush_tempfiles(&mut |_, _| {});
             "flush".to_string()
         }
+        11 => {
+            // Every dirty page of the page cache, in batches.
+            let _ = engine.flush_cache(Reason::Flush, &mut |_, _| {});
+            "write back".to_string()
+        }
         _ => {
             // Over the size limit: the size trigger transforms it.
             if let Ok(e) = engine.lookup(p, os) {
@@ -266,7 +285,7 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     }
 }
 
-fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
+fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
     let lower = MemLower::default();
     // The lower tree: directory d and a lower file `victim` in both directories, durable.
     let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
@@ -279,7 +298,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
     let region = Arc::new(SimRegion::new(params().region_size));
     Pool::format(&*region, params()).unwrap();
     let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
-    let engine = Engine::new(lower.clone(), pool, config()).map_err(|e| e.to_string())?;
+    let engine = Engine::new(lower.clone(), pool, config(seed)).map_err(|e| e.to_string())?;
     let dir_d = engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id;
     let dirs = [engine.root_id(), dir_d];
     let state =
@@ -303,7 +322,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
         let fork_lower = lower.fork();
         let fork_region = Arc::new(SimRegion::from_image(image));
         let (fork_pool, _) = Pool::open(fork_region, Consistency::Undo).unwrap();
-        let fork = Engine::new(fork_lower, fork_pool, config()).map_err(|e| e.to_string())?;
+        let fork = Engine::new(fork_lower, fork_pool, config(seed)).map_err(|e| e.to_string())?;
         let fork_dirs =
             [fork.root_id(), fork.lookup(fork.root_id(), OsStr::new("d")).unwrap().node_id];
         let mut fork_rng = Rng(rng.0.clone());
@@ -340,24 +359,36 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64), String> {
         s.before = now;
     }
     region.set_fence_hook(None);
+    let st = engine.stats();
+    eprintln!(
+        "seed {seed} ({}): {} temp files transformed, {} cache writes hit, {} fetches, {} pages written back in {} batches",
+        st.writeback.policy,
+        st.tempfiles.transformed_total,
+        st.cache.hits,
+        st.cache.fetches,
+        st.writeback.pages_written,
+        st.writeback.batches
+    );
     let s = state.lock().unwrap();
-    Ok((s.points, s.images))
+    Ok((s.points, s.images, st.writeback.pages_written))
 }
 
 #[test]
-fn every_crash_point_of_temp_file_operations_recovers_to_before_or_after() {
+fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_after() {
     let seeds: Vec<u64> = match std::env::var("NVSTACK_SEED") {
         Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
         Err(_) => (1..=10).collect(),
     };
-    let (mut points, mut images) = (0, 0);
+    let (mut points, mut images, mut written) = (0, 0, 0);
     for seed in seeds {
-        let (p, i) = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
+        let (p, i, w) = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
         points += p;
         images += i;
+        written += w;
     }
     eprintln!(
-        "temp-file crash images: {points} crash points (fences), {images} images recovered and compared"
+        "crash images: {points} crash points (fences), {images} images recovered and compared; {written} pages written back"
     );
     assert!(points > 500, "too few crash points: {points}");
+    assert!(written > 0, "the workload never wrote back a page");
 }

@@ -1,0 +1,536 @@
+//! The page cache, engine side (design.md section 11): writes to lower regular files become
+//! dirty pages in NVRAM inside the operation's transaction; reads, attributes, truncates and
+//! the operations that touch the lower file directly stay coherent with them. Write-back is in
+//! `flusher.rs`.
+//!
+//! Coherence rules:
+//! - write: a page in NVRAM is updated (snapshot); a page the write covers whole is allocated
+//!   without reading; a partial page is *fetched* (read from the lower file) first. Size and
+//!   times change in the record in the same transaction.
+//! - read / getattr: dirty pages and the record's size and times overlay the lower file.
+//! - truncate (setattr size): one transaction changes the record (`valid` drops to the new size
+//!   when it shrinks) and frees or zeroes pages; the lower file is cut by the next write-back.
+//! - unlink / rename: nothing (the record names the file by handle); the pages of a deleted
+//!   file are dropped when the kernel forgets its last reference.
+//! - fallocate, O_DIRECT IO, copy_file_range, SEEK_DATA/SEEK_HOLE work on the lower file
+//!   directly: the file is written back first (or copied through the cache), and they hold the
+//!   file's stripe so that no record starts meanwhile.
+
+use std::sync::Arc;
+
+use lower::{Attr, LowerFs, SetAttr};
+use txn::FrameTag;
+
+use crate::cache::record::{KIND_PAGE, KIND_RECORD, MAX_HANDLE, Record};
+use crate::cache::{self, CachedFile, PAGE, PageMeta, Reason, inc};
+use crate::error::{FsError, FsResult};
+use crate::ops::{Engine, OpTx, errno, nvram_full};
+use crate::stats::Counters;
+use crate::writeback::{Loc, PageKey};
+
+pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
+
+impl<L: LowerFs> Engine<L> {
+    /// The cached file of `key`, if it has a record.
+    pub(crate) fn cached(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
+        if !self.cache.config.enabled
+            && self.cache.counters.files.load(std::sync::atomic::Ordering::Relaxed) == 0
+        {
+            return None;
+        }
+        self.cache.get(key)
+    }
+
+    /// The cached file of `node`, creating its record (in `otx`, committed at once; so this
+    /// must be the operation's first change) from the lower file's size and times. `None`
+    /// when the file has no usable handle (it is then written through).
+    pub(crate) fn cache_entry(
+        &self,
+        otx: &mut OpTx<'_>,
+        node: &Arc<L::Node>,
+        key: (u64, u64),
+    ) -> FsResult<Option<Arc<Cached<L>>>> {
+        if let Some(cf) = self.cache.get(key) {
+            return Ok(Some(cf));
+        }
+        let _stripe = self.cache.stripe(key);
+        let mut files = self.cache.files.lock().expect("cache files");
+        if let Some(cf) = files.by_key.get(&key) {
+            return Ok(Some(Arc::clone(cf)));
+        }
+        let attr = self.lower.getattr(node)?;
+        // No durable identity (a file system without file handles): written through.
+        let handle = match self.lower.file_handle(node) {
+            Ok(h) if !h.is_empty() && h.len() <= MAX_HANDLE => h,
+            Ok(_) | Err(lower::Errno(libc::EOPNOTSUPP)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let rec = Record {
+            size: attr.size,
+            valid: attr.size,
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+            serial: self.cache.next_serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            handle,
+        };
+        let made = (|| {
+            let tx = otx.tx();
+            let object = tx
+                .alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 })
+                .map_err(nvram_full)?;
+            tx.write(self.pool.frame_offset(object), &rec.encode());
+            Ok(object)
+        })();
+        let object = otx.end(made)?;
+        let cf = Arc::new(CachedFile::new(key, object, Arc::clone(node), rec));
+        files.by_key.insert(key, Arc::clone(&cf));
+        files.by_object.insert(object.0, Arc::clone(&cf));
+        inc(&self.cache.counters.files);
+        Ok(Some(cf))
+    }
+
+    /// The lower file opened read-write for fetches and buffered write-back.
+    pub(crate) fn cache_io<'c>(&self, cf: &'c Cached<L>) -> FsResult<&'c L::File> {
+        if let Some(f) = cf.io.get() {
+            return Ok(f);
+        }
+        let f = self.lower.open(&cf.node, libc::O_RDWR)?;
+        let _ = cf.io.set(f);
+        Ok(cf.io.get().expect("set above"))
+    }
+
+    /// FIEMAP of the lower file, cached in the state until a write-back changes it.
+    fn extents<'s>(&self, cf: &Cached<L>, st: &'s mut cache::CacheState) -> &'s [lower::Extent] {
+        if st.extents.is_none() {
+            // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
+            // (file, page): location-aware policies then work on logical runs.
+            let found = self.cache_io(cf).ok().and_then(|f| self.lower.fiemap(f).ok());
+            st.extents = Some(found.unwrap_or_default());
+        }
+        st.extents.as_deref().unwrap_or_default()
+    }
+
+    /// A cached write of `data` at `offset` (see the module docs). On error nothing changed.
+    pub(crate) fn cached_write(
+        &self,
+        otx: &mut OpTx<'_>,
+        cf: &Arc<Cached<L>>,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<Option<usize>> {
+        let mut st = cf.lock();
+        if st.gone {
+            return Ok(None); // written back and freed meanwhile: look it up again
+        }
+        let end = offset.checked_add(data.len() as u64).ok_or(errno(libc::EFBIG))?;
+        let pool = &self.pool;
+        let mut fresh: Vec<(u64, txn::FrameId, Loc)> = Vec::new();
+        let mut touched: Vec<u64> = Vec::new();
+        let now = self.lower.now();
+        let mut rec = st.rec.clone();
+        let result = (|| {
+            let mut done = 0usize;
+            while done < data.len() {
+                let pos = offset + done as u64;
+                let page = pos / PAGE;
+                let in_page = (pos % PAGE) as usize;
+                let n = (PAGE as usize - in_page).min(data.len() - done);
+                let chunk = &data[done..done + n];
+                if let Some(meta) = st.pages.get(&page) {
+                    otx.tx().update(pool.frame_offset(meta.frame) + in_page as u64, chunk)?;
+                    touched.push(page);
+                } else {
+                    let mut buf = vec![0u8; PAGE as usize];
+                    let base = page * PAGE;
+                    if n < PAGE as usize && base < st.rec.valid {
+                        // A partial write to a page not in NVRAM: fetch it (the blocking
+                        // baseline; bytes at or beyond `valid` are zero).
+                        let want = (st.rec.valid - base).min(PAGE) as usize;
+                        let io = self.cache_io(cf)?;
+                        let mut got = 0;
+                        while got < want {
+                            let r = self.lower.read(io, base + got as u64, &mut buf[got..want])?;
+                            if r == 0 {
+                                break;
+                            }
+                            got += r;
+                        }
+                        inc(&self.cache.counters.fetches);
+                    }
+                    buf[in_page..in_page + n].copy_from_slice(chunk);
+                    let frame = otx.tx().alloc_frame(FrameTag {
+                        kind: KIND_PAGE,
+                        owner: cf.object.0,
+                        index: page,
+                    })?;
+                    otx.tx().write(pool.frame_offset(frame), &buf);
+                    let loc = {
+                        let extents = self.extents(cf, &mut st);
+                        cache::locate(extents, cf.object.0, page, &self.cache.tables().all)
+                    };
+                    fresh.push((page, frame, loc));
+                }
+                done += n;
+            }
+            // Pages without a lower block need space in the lower file system at write-back.
+            let unmapped =
+                fresh.iter().filter(|(_, _, l)| matches!(l, Loc::Logical { .. })).count();
+            self.reserve(unmapped as u64)?;
+            rec.size = rec.size.max(end);
+            rec.mtime = now;
+            rec.ctime = now;
+            otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
+            Ok::<u64, FsError>(unmapped as u64)
+        })();
+        // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
+        let unmapped = otx.end(result)?;
+        st.rec = rec;
+        self.reserved_pages.fetch_add(unmapped, std::sync::atomic::Ordering::Relaxed);
+        // The transaction committed: now the volatile mirror.
+        let c = &self.cache.counters;
+        let tick = self.cache.tick();
+        let mut t = self.cache.tables();
+        for page in touched {
+            let meta = st.pages.get_mut(&page).expect("touched page is dirty");
+            meta.version += 1;
+            cache::accessed(&mut t, c, meta, tick);
+            inc(&c.hits);
+        }
+        for (page, frame, loc) in fresh {
+            let meta = PageMeta {
+                frame,
+                active: false,
+                referenced: true,
+                version: 0,
+                last_use: tick,
+                dirtied_at: now.0,
+                loc,
+                reserved: matches!(loc, Loc::Logical { .. }),
+            };
+            cache::add_page(&mut t, c, PageKey { object: cf.object.0, index: page }, &meta);
+            st.unmapped += u64::from(meta.reserved);
+            st.pages.insert(page, meta);
+        }
+        Ok(Some(data.len()))
+    }
+
+    /// Reads through the cache: the lower file's bytes below `valid`, zeros up to the size,
+    /// dirty pages over both. `None` when the record was freed meanwhile.
+    pub(crate) fn cached_read(
+        &self,
+        cf: &Cached<L>,
+        file: &L::File,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> FsResult<Option<usize>> {
+        let mut st = cf.lock();
+        if st.gone {
+            return Ok(None);
+        }
+        let size = st.rec.size;
+        if offset >= size {
+            return Ok(Some(0));
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let buf = &mut buf[..len];
+        let first = offset / PAGE;
+        let last = (offset + len as u64 - 1) / PAGE;
+        let all_dirty = (first..=last).all(|p| st.pages.contains_key(&p));
+        let mut from_lower = 0usize;
+        if !all_dirty && offset < st.rec.valid {
+            let want = ((st.rec.valid - offset) as usize).min(len);
+            while from_lower < want {
+                let n = self.lower.read(
+                    file,
+                    offset + from_lower as u64,
+                    &mut buf[from_lower..want],
+                )?;
+                if n == 0 {
+                    break;
+                }
+                from_lower += n;
+            }
+            Counters::add(&self.counters.lower_bytes_read, from_lower as u64);
+        }
+        buf[from_lower..].fill(0);
+        if st.atime_checked != st.rec.mtime {
+            // relatime against the cached mtime (the lower file's own is older): the lower
+            // file system would update atime on this read.
+            st.atime_checked = st.rec.mtime;
+            let a = self.lower.getattr(&cf.node)?;
+            if a.atime <= st.rec.mtime || a.atime <= st.rec.ctime {
+                let set = SetAttr { atime: Some(lower::TimeSet::Now), ..SetAttr::default() };
+                self.lower.setattr(&cf.node, None, &set)?;
+            }
+        }
+        let tick = self.cache.tick();
+        let c = &self.cache.counters;
+        let mut t = None;
+        for (&page, meta) in st.pages.range_mut(first..=last) {
+            let start = (page * PAGE).max(offset);
+            let stop = ((page + 1) * PAGE).min(offset + len as u64);
+            let at = (start - offset) as usize;
+            self.pool.read(
+                self.pool.frame_offset(meta.frame) + (start - page * PAGE),
+                &mut buf[at..at + (stop - start) as usize],
+            );
+            let t = t.get_or_insert_with(|| self.cache.tables());
+            cache::accessed(t, c, meta, tick);
+            inc(&c.hits);
+        }
+        Ok(Some(len))
+    }
+
+    /// SEEK_DATA / SEEK_HOLE of a cached file: data is a dirty page or lower data below
+    /// `valid`; everything else below the size is a hole. `None` when the record was freed.
+    pub(crate) fn cached_seek(
+        &self,
+        cf: &Cached<L>,
+        file: &L::File,
+        offset: i64,
+        whence: i32,
+    ) -> FsResult<Option<i64>> {
+        let st = cf.lock();
+        if st.gone {
+            return Ok(None);
+        }
+        let size = st.rec.size;
+        let Ok(from) = u64::try_from(offset) else { return Err(errno(libc::ENXIO)) };
+        if from >= size {
+            return Err(errno(libc::ENXIO));
+        }
+        let valid = st.rec.valid;
+        // The lower file's answer below `valid`, or None (ENXIO or beyond `valid`).
+        let lower_seek = |at: u64, how: i32| -> FsResult<Option<u64>> {
+            if at >= valid {
+                return Ok(None);
+            }
+            match self.lower.lseek(file, i64::try_from(at).unwrap_or(i64::MAX), how) {
+                Ok(x) => Ok(u64::try_from(x).ok()),
+                Err(lower::Errno(libc::ENXIO)) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        };
+        let found = if whence == libc::SEEK_DATA {
+            let dirty = st.pages.range(from / PAGE..).next().map(|(&p, _)| (p * PAGE).max(from));
+            let below = lower_seek(from, libc::SEEK_DATA)?.filter(|&x| x < valid);
+            match (dirty, below) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => return Err(errno(libc::ENXIO)),
+            }
+        } else {
+            let mut pos = from;
+            loop {
+                if pos >= size {
+                    break size;
+                }
+                if st.pages.contains_key(&(pos / PAGE)) {
+                    pos = (pos / PAGE + 1) * PAGE;
+                    continue;
+                }
+                match lower_seek(pos, libc::SEEK_HOLE)? {
+                    // Lower data up to its next hole, but only below `valid` (pos < valid here).
+                    Some(hole) if hole > pos => pos = hole.min(valid),
+                    _ => break pos,
+                }
+            }
+        };
+        if found >= size && whence == libc::SEEK_DATA {
+            return Err(errno(libc::ENXIO));
+        }
+        let found = found.min(size);
+        Ok(Some(i64::try_from(found).map_err(|_| errno(libc::EOVERFLOW))?))
+    }
+
+    /// The record's size and times over the lower attributes of a cached file.
+    pub(crate) fn overlay_attr(&self, key: (u64, u64), mut attr: Attr) -> Attr {
+        if let Some(cf) = self.cached(key) {
+            let st = cf.lock();
+            if !st.gone {
+                attr.size = st.rec.size;
+                attr.mtime = st.rec.mtime;
+                attr.ctime = attr.ctime.max(st.rec.ctime);
+                // Dirty pages without a lower block will take one at write-back.
+                attr.blocks += st.unmapped * (PAGE / 512);
+            }
+        }
+        attr
+    }
+
+    /// Truncate of a cached file (one transaction; the lower file is cut by the next
+    /// write-back). `None` when the record was freed meanwhile.
+    pub(crate) fn cached_truncate(
+        &self,
+        otx: &mut OpTx<'_>,
+        cf: &Cached<L>,
+        size: u64,
+    ) -> FsResult<Option<()>> {
+        let mut st = cf.lock();
+        if st.gone {
+            return Ok(None);
+        }
+        let pool = &self.pool;
+        let old = st.rec.size;
+        let now = self.lower.now();
+        let first_gone = size.div_ceil(PAGE);
+        let gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
+        let mut rec = st.rec.clone();
+        let result = (|| {
+            if size < old && size % PAGE != 0 {
+                // C3: the tail of the last page reads as zeros if the file grows again.
+                if let Some(meta) = st.pages.get(&(size / PAGE)) {
+                    let from = size % PAGE;
+                    let to = PAGE.min(old - (size / PAGE) * PAGE);
+                    otx.tx().update(
+                        pool.frame_offset(meta.frame) + from,
+                        &vec![0u8; (to - from) as usize],
+                    )?;
+                }
+            }
+            for p in &gone {
+                otx.tx().free_frame(st.pages[p].frame)?;
+            }
+            rec.size = size;
+            rec.valid = rec.valid.min(size);
+            rec.mtime = now;
+            rec.ctime = now;
+            otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
+            Ok(())
+        })()
+        .map_err(nvram_full);
+        otx.end(result)?;
+        st.rec = rec;
+        st.shrunk_to = st.shrunk_to.min(size);
+        let mut t = self.cache.tables();
+        let mut unreserve = 0;
+        for p in gone {
+            let meta = st.pages.remove(&p).expect("page listed above");
+            cache::remove_page(&mut t, &self.cache.counters, &meta);
+            unreserve += u64::from(meta.reserved);
+        }
+        st.unmapped -= unreserve;
+        self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(()))
+    }
+
+    /// setattr of a lower regular file with a record: the size in the cache, the rest in the
+    /// lower file system; mtime set explicitly is kept in the record too.
+    pub(crate) fn cached_setattr(
+        &self,
+        otx: &mut OpTx<'_>,
+        cf: &Cached<L>,
+        node: &L::Node,
+        file: Option<&L::File>,
+        set: &SetAttr,
+    ) -> FsResult<Option<Attr>> {
+        if let Some(size) = set.size
+            && self.cached_truncate(otx, cf, size)?.is_none()
+        {
+            return Ok(None);
+        }
+        let rest = SetAttr { size: None, ..*set };
+        let attr = if rest == SetAttr::default() {
+            self.lower.getattr(node)?
+        } else {
+            self.lower.setattr(node, file, &rest)?
+        };
+        if set.mtime.is_some() {
+            let mut st = cf.lock();
+            if !st.gone {
+                let mut rec = st.rec.clone();
+                rec.mtime = attr.mtime;
+                rec.ctime = rec.ctime.max(attr.ctime);
+                let off = self.pool.frame_offset(cf.object);
+                let r = otx.tx().update(off, &rec.encode()).map_err(nvram_full);
+                otx.end(r)?;
+                st.rec = rec;
+            }
+        }
+        Ok(Some(self.overlay_attr(cf.key, attr)))
+    }
+
+    /// Frees the record and pages of a deleted file without writing them (the kernel forgot
+    /// its last reference and the lower file has no links left).
+    pub(crate) fn drop_if_deleted(&self, key: (u64, u64)) {
+        let Some(cf) = self.cached(key) else { return };
+        match self.lower.getattr(&cf.node) {
+            Ok(a) if a.nlink == 0 => {}
+            _ => return,
+        }
+        if let Err(e) = self.drop_cached(&cf) {
+            eprintln!("nvstack: freeing the cached pages of a deleted file: {e}");
+        }
+    }
+
+    /// Frees a file's record and dirty pages (one transaction) and forgets it.
+    pub(crate) fn drop_cached(&self, cf: &Cached<L>) -> FsResult<()> {
+        let mut st = cf.lock();
+        if st.gone {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin();
+        let r = (|| {
+            for meta in st.pages.values() {
+                tx.free_frame(meta.frame)?;
+            }
+            tx.free_frame(cf.object)
+        })();
+        match r {
+            Ok(()) => tx.commit(),
+            Err(e) => {
+                tx.abort();
+                return Err(nvram_full(e));
+            }
+        }
+        let pages = std::mem::take(&mut st.pages);
+        Counters::add(&self.cache.counters.pages_dropped, pages.len() as u64);
+        self.forget_cached(cf, &mut st, &pages);
+        Ok(())
+    }
+
+    /// The volatile side of freeing a record (its transaction committed): tables, counters,
+    /// reservation, maps. Called with the file's state locked.
+    pub(crate) fn forget_cached(
+        &self,
+        cf: &Cached<L>,
+        st: &mut cache::CacheState,
+        pages: &std::collections::BTreeMap<u64, PageMeta>,
+    ) {
+        let mut unreserve = 0;
+        {
+            let mut t = self.cache.tables();
+            for meta in pages.values() {
+                cache::remove_page(&mut t, &self.cache.counters, meta);
+                unreserve += u64::from(meta.reserved);
+            }
+        }
+        self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
+        st.unmapped = 0;
+        st.gone = true;
+        let mut files = self.cache.files.lock().expect("cache files");
+        files.by_key.remove(&cf.key);
+        files.by_object.remove(&cf.object.0);
+        cache::dec(&self.cache.counters.files);
+    }
+
+    /// Runs `f` on the lower file of `key` with no record in NVRAM and none able to start
+    /// (the file's stripe held): the file is written back first if it has one.
+    pub(crate) fn with_clean_lower<T>(
+        &self,
+        key: (u64, u64),
+        f: impl FnOnce() -> FsResult<T>,
+    ) -> FsResult<T> {
+        loop {
+            if let Some(cf) = self.cached(key) {
+                self.write_back_file(&cf, Reason::Coherence)?;
+            }
+            let stripe = self.cache.stripe(key);
+            if self.cached(key).is_none() {
+                let r = f();
+                drop(stripe);
+                return r;
+            }
+        }
+    }
+}

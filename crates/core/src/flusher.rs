@@ -1,0 +1,590 @@
+//! Write-back of dirty pages to the lower file system (thesis 3.1.2, Figure 3.7 (c);
+//! design.md section 11), and the page cache's part of the engine's start.
+//!
+//! A *round* runs when dirty pages pass the high watermark (until the low one), when a write
+//! finds no free frame, on `nvstack flush`, at unmount, for pages older than
+//! `--max-dirty-age`, and for one file before an operation that needs its lower file clean.
+//! Under pressure it first *ages* the pages (the clock over the active list), then asks the
+//! policy for a batch of NR_WB pages at a time.
+//!
+//! Protocol of one batch (failpoint names in brackets):
+//! 1. Under each file's lock: copy the chosen pages and note their versions, the size S and
+//!    `valid` V of the record.
+//! 2. Without locks, per lower file: ftruncate(V) if the lower file is longer (its bytes
+//!    beyond V are logically zero already); the pages in ascending location order over the
+//!    whole batch, runs merged into one request, O_DIRECT where the lower file system takes
+//!    it; ftruncate(S) and the record's mtime; then durable: fsync of a single file, one
+//!    syncfs for several [writeback.written].
+//! 3. One transaction with every file of the batch locked: free the pages whose version did
+//!    not change (a page rewritten meanwhile stays dirty), V := min(S, smallest size since 1);
+//!    a file left with no pages and V = size loses its record [writeback.freed].
+//!
+//! Crash safety: step 2 never changes the content a record defines (it rewrites bytes that
+//! dirty pages cover, and cuts only beyond V), so a crash before step 3 leaves the file as it
+//! was and the batch is written again later (same bytes at the same offsets); step 3 is one
+//! transaction.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use lower::{Errno, LowerFs, SetAttr, TimeSet};
+
+use crate::cache::record::{KIND_PAGE, KIND_RECORD, Record};
+use crate::cache::{self, CachedFile, History, PAGE, PageMeta, Reason, inc};
+use crate::cached::Cached;
+use crate::error::{FsError, FsResult};
+use crate::ops::{Engine, nvram_full};
+use crate::stats::Counters;
+use crate::transform::StartError;
+use crate::writeback::{Loc, PageKey};
+
+/// A page-aligned 4 KiB block (O_DIRECT buffers must be aligned).
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Block([u8; PAGE as usize]);
+
+/// One file's share of a batch.
+struct Job<L: LowerFs> {
+    cf: Arc<Cached<L>>,
+    size: u64,
+    valid: u64,
+    mtime: (i64, u32),
+    /// (page index, location, version), ascending by index; `data` holds them in this order.
+    pages: Vec<(u64, Loc, u64)>,
+    data: Vec<Block>,
+}
+
+fn bytes(blocks: &[Block]) -> &[u8] {
+    // SAFETY: `Block` is a plain byte array with no padding (size = 4096 = alignment), so a
+    // slice of blocks is a contiguous run of initialized bytes.
+    unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), blocks.len() * PAGE as usize)
+    }
+}
+
+fn next(loc: Loc) -> Loc {
+    match loc {
+        Loc::Physical(b) => Loc::Physical(b + 1),
+        Loc::Logical { object, index } => Loc::Logical { object, index: index + 1 },
+    }
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// After a cached write: a pressure round when dirty pages passed the high watermark
+    /// (one round at a time; others go on writing).
+    pub(crate) fn after_cached_write(&self) {
+        let dirty = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
+        if dirty <= self.cache.config.high_pages {
+            return;
+        }
+        let Ok(mut history) = self.cache.round.try_lock() else { return };
+        let dirty = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
+        if dirty > self.cache.config.high_pages {
+            let target = dirty - self.cache.config.low_pages.min(dirty);
+            if let Err(e) = self.pressure_round(&mut history, Reason::Pressure, target) {
+                eprintln!("nvstack: write-back failed: {e}");
+            }
+        }
+    }
+
+    /// A write found no free frame: one batch now (waits for a running round).
+    pub(crate) fn writeback_for_room(&self) -> FsResult<u64> {
+        let mut history = self.cache.round.lock().expect("write-back round");
+        self.pressure_round(&mut history, Reason::NvramFull, self.cache.config.batch_pages)
+    }
+
+    /// Ages, then writes back batches chosen by the policy until `target` pages went.
+    fn pressure_round(&self, history: &mut History, reason: Reason, target: u64) -> FsResult<u64> {
+        inc(&self.cache.counters.rounds[reason as usize]);
+        self.age_all();
+        let mut written = 0u64;
+        let mut idle_passes = 0;
+        while written < target {
+            let want = (target - written).min(self.cache.config.batch_pages).max(1) as usize;
+            let chosen = self.select(want);
+            if chosen.is_empty() {
+                // Every dirty page is active: age again (at most twice: the first pass clears
+                // references, the second demotes), then take any dirty page by location.
+                idle_passes += 1;
+                if idle_passes <= 2 {
+                    self.age_all();
+                    continue;
+                }
+                let any = crate::writeback::by_zones(&self.cache.tables().all, want);
+                if any.is_empty() {
+                    break;
+                }
+                written += self.write_pages(history, &any)?;
+                continue;
+            }
+            written += self.write_pages(history, &chosen)?;
+        }
+        Ok(written)
+    }
+
+    /// The clock over every dirty page (`cache::age`).
+    fn age_all(&self) {
+        for cf in self.cache.all() {
+            let mut st = cf.lock();
+            let mut t = self.cache.tables();
+            for (&index, meta) in &mut st.pages {
+                cache::age(
+                    &mut t,
+                    &self.cache.counters,
+                    PageKey { object: cf.object.0, index },
+                    meta,
+                );
+            }
+        }
+    }
+
+    /// The policy's choice of at most about `want` pages.
+    fn select(&self, want: usize) -> Vec<(PageKey, Loc)> {
+        let policy = &self.cache.policy;
+        let mut files = Vec::new();
+        let mut lru = Vec::new();
+        if policy.uses_files() || policy.uses_lru() {
+            let mut all = self.cache.all();
+            all.sort_by_key(|cf| cf.lock().rec.serial);
+            for cf in all {
+                let st = cf.lock();
+                if policy.uses_files() {
+                    files.push((cf.object.0, st.pages.iter().map(|(&i, m)| (i, m.loc)).collect()));
+                }
+                if policy.uses_lru() {
+                    lru.extend(st.pages.iter().filter(|(_, m)| !m.active).map(|(&index, m)| {
+                        (m.last_use, PageKey { object: cf.object.0, index }, m.loc)
+                    }));
+                }
+            }
+            lru.sort_unstable();
+        }
+        let mut t = self.cache.tables();
+        t.files = files;
+        t.inactive_lru = lru.into_iter().map(|(_, p, l)| (p, l)).collect();
+        let chosen = policy.select(&t, want);
+        t.files = Vec::new();
+        t.inactive_lru = Vec::new();
+        chosen
+    }
+
+    /// Writes back the chosen pages in batches of NR_WB; returns pages written.
+    fn write_pages(&self, history: &mut History, chosen: &[(PageKey, Loc)]) -> FsResult<u64> {
+        let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (page, _) in chosen {
+            by_file.entry(page.object).or_default().push(page.index);
+        }
+        let batch: Vec<(Arc<Cached<L>>, Vec<u64>)> = by_file
+            .into_iter()
+            .filter_map(|(object, pages)| self.cache.by_object(object).map(|cf| (cf, pages)))
+            .collect();
+        self.write_batch(history, batch)
+    }
+
+    /// Writes back every page of one file and frees its record (coherence: an operation
+    /// needs the lower file as the application sees it).
+    pub(crate) fn write_back_file(&self, cf: &Arc<Cached<L>>, reason: Reason) -> FsResult<()> {
+        let mut history = self.cache.round.lock().expect("write-back round");
+        inc(&self.cache.counters.rounds[reason as usize]);
+        loop {
+            let pages: Vec<u64> = {
+                let st = cf.lock();
+                if st.gone {
+                    return Ok(());
+                }
+                st.pages.keys().take(self.cache.config.batch_pages as usize).copied().collect()
+            };
+            self.write_batch(&mut history, vec![(Arc::clone(cf), pages)])?;
+        }
+    }
+
+    /// Writes back every dirty page of every file (flush, unmount, cache off at mount), in
+    /// batches by location; `progress(done, total)` after each batch.
+    pub fn flush_cache(
+        &self,
+        reason: Reason,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> (u64, Option<FsError>) {
+        let mut history = self.cache.round.lock().expect("write-back round");
+        inc(&self.cache.counters.rounds[reason as usize]);
+        let total = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
+        let mut done = 0u64;
+        let batch = self.cache.config.batch_pages.max(1) as usize;
+        loop {
+            let chosen = crate::writeback::by_zones(&self.cache.tables().all, batch);
+            if chosen.is_empty() {
+                break;
+            }
+            match self.write_pages(&mut history, &chosen) {
+                Ok(n) => done += n,
+                Err(e) => return (done, Some(e)),
+            }
+            progress(done.min(total), total.max(done));
+        }
+        // Records left without pages (a truncate, a failed first write): fix the lower size.
+        for cf in self.cache.all() {
+            if let Err(e) = self.write_batch(&mut history, vec![(cf, Vec::new())]) {
+                return (done, Some(e));
+            }
+        }
+        (done, None)
+    }
+
+    /// Writes back the pages dirty for longer than `--max-dirty-age` (called about once a
+    /// second by the front end's timer).
+    pub fn writeback_aged(&self) -> FsResult<u64> {
+        let age = self.cache.config.max_dirty_age;
+        if age == 0 || self.cache.counters.pages_dirty.load(Ordering::Relaxed) == 0 {
+            return Ok(0);
+        }
+        let limit = self.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
+        let mut old: Vec<(PageKey, Loc)> = Vec::new();
+        for cf in self.cache.all() {
+            let st = cf.lock();
+            old.extend(
+                st.pages
+                    .iter()
+                    .filter(|(_, m)| m.dirtied_at <= limit)
+                    .map(|(&index, m)| (PageKey { object: cf.object.0, index }, m.loc)),
+            );
+        }
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let mut history = self.cache.round.lock().expect("write-back round");
+        inc(&self.cache.counters.rounds[Reason::Age as usize]);
+        crate::writeback::sort_by_location(&mut old);
+        let mut written = 0;
+        for chunk in old.chunks(self.cache.config.batch_pages.max(1) as usize) {
+            written += self.write_pages(&mut history, chunk)?;
+        }
+        Ok(written)
+    }
+
+    /// One batch (see the module docs). Returns the pages freed.
+    fn write_batch(
+        &self,
+        history: &mut History,
+        mut batch: Vec<(Arc<Cached<L>>, Vec<u64>)>,
+    ) -> FsResult<u64> {
+        batch.sort_by_key(|(cf, _)| cf.object.0);
+        // Step 1: snapshot.
+        let mut jobs: Vec<Job<L>> = Vec::new();
+        for (cf, mut indices) in batch {
+            indices.sort_unstable();
+            indices.dedup();
+            let mut st = cf.lock();
+            if st.gone {
+                continue;
+            }
+            let mut job = Job {
+                cf: Arc::clone(&cf),
+                size: st.rec.size,
+                valid: st.rec.valid,
+                mtime: st.rec.mtime,
+                pages: Vec::new(),
+                data: Vec::new(),
+            };
+            for index in indices {
+                let Some(meta) = st.pages.get(&index) else { continue };
+                let mut block = Block([0; PAGE as usize]);
+                self.pool.read(self.pool.frame_offset(meta.frame), &mut block.0);
+                job.pages.push((index, meta.loc, meta.version));
+                job.data.push(block);
+            }
+            st.shrunk_to = st.rec.size;
+            jobs.push(job);
+        }
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        // Step 2: the lower files.
+        self.write_lower(history, &jobs)?;
+        self.fail("writeback.written");
+        // Step 3: one transaction frees what did not change.
+        let freed = self.commit_batch(&jobs)?;
+        self.fail("writeback.freed");
+        inc(&self.cache.counters.batches);
+        Ok(freed)
+    }
+
+    fn write_lower(&self, history: &mut History, jobs: &[Job<L>]) -> FsResult<()> {
+        // Cut what lies beyond `valid` first: those bytes are zero to the application.
+        for job in jobs {
+            let io = self.cache_io(&job.cf)?;
+            let lower_size = self.lower.getattr(&job.cf.node)?.size;
+            if lower_size > job.valid {
+                let set = SetAttr { size: Some(job.valid), ..SetAttr::default() };
+                self.lower.setattr(&job.cf.node, Some(io), &set)?;
+            }
+        }
+        // Every page of the batch in ascending location order; runs become one request.
+        let mut order: Vec<(Loc, usize, usize)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| {
+                job.pages.iter().enumerate().map(move |(p, &(_, loc, _))| (loc, j, p))
+            })
+            .collect();
+        order.sort_unstable();
+        let mut i = 0;
+        while i < order.len() {
+            let (loc, j, p) = order[i];
+            let mut run = 1;
+            while i + run < order.len() {
+                let (l2, j2, p2) = order[i + run];
+                let (prev_loc, _, prev_p) = order[i + run - 1];
+                if j2 != j
+                    || p2 != prev_p + 1
+                    || jobs[j].pages[p2].0 != jobs[j].pages[prev_p].0 + 1
+                    || l2 != next(prev_loc)
+                {
+                    break;
+                }
+                run += 1;
+            }
+            self.write_run(history, &jobs[j], p, run, loc)?;
+            i += run;
+        }
+        // Size and mtime as the record says, then durable.
+        for job in jobs {
+            let io = self.cache_io(&job.cf)?;
+            let set = SetAttr {
+                size: Some(job.size),
+                mtime: Some(TimeSet::At(job.mtime.0, job.mtime.1)),
+                ..SetAttr::default()
+            };
+            self.lower.setattr(&job.cf.node, Some(io), &set)?;
+        }
+        if let [job] = jobs {
+            self.lower.fsync(self.cache_io(&job.cf)?, false)?;
+        } else {
+            self.lower.syncfs()?;
+        }
+        Ok(())
+    }
+
+    /// One lower write request: `run` pages of `job` from position `p`, starting at `loc`.
+    fn write_run(
+        &self,
+        history: &mut History,
+        job: &Job<L>,
+        p: usize,
+        run: usize,
+        loc: Loc,
+    ) -> FsResult<()> {
+        let cf = &job.cf;
+        let offset = job.pages[p].0 * PAGE;
+        let data = bytes(&job.data[p..p + run]);
+        let direct =
+            cf.direct.get_or_init(|| self.lower.open_direct(&cf.node, true).ok().flatten());
+        let mut done = 0usize;
+        let mut use_direct = direct.is_some();
+        while done < data.len() {
+            let at = offset + done as u64;
+            let result = match direct {
+                Some(d) if use_direct => self.lower.write(d, at, &data[done..]),
+                _ => self.lower.write(self.cache_io(cf)?, at, &data[done..]),
+            };
+            match result {
+                Ok(0) => return Err(Errno(libc::EIO).into()),
+                Ok(n) => done += n,
+                // The lower file system refused this O_DIRECT request (alignment): buffered.
+                Err(Errno(libc::EINVAL)) if use_direct => use_direct = false,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let c = &self.cache.counters;
+        Counters::add(&self.counters.lower_bytes_written, data.len() as u64);
+        inc(&c.requests);
+        Counters::add(&c.pages_written, run as u64);
+        for &(index, _, _) in &job.pages[p..p + run] {
+            let id = (cf.key.0, cf.key.1, index);
+            if history.written.contains(&id) {
+                inc(&c.repeated_pages);
+            } else if history.written.len() < cache::MAX_REMEMBERED {
+                history.written.insert(id);
+            }
+        }
+        if let Loc::Physical(block) = loc {
+            if let Some(end) = history.last_end {
+                Counters::add(&c.inter_request_distance_blocks, block.abs_diff(end));
+            }
+            history.last_end = Some(block + run as u64);
+        }
+        Ok(())
+    }
+
+    /// Step 3: one transaction over every file of the batch, all locked in object order.
+    fn commit_batch(&self, jobs: &[Job<L>]) -> FsResult<u64> {
+        let mut states: Vec<_> = jobs.iter().map(|j| j.cf.lock()).collect();
+        let mut tx = self.pool.begin();
+        let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
+        let result = (|| {
+            for (job, st) in jobs.iter().zip(states.iter()) {
+                if st.gone {
+                    plans.push((Vec::new(), st.rec.clone(), false));
+                    continue;
+                }
+                let mut clean = Vec::new();
+                for &(index, _, version) in &job.pages {
+                    if let Some(meta) = st.pages.get(&index)
+                        && meta.version == version
+                    {
+                        tx.free_frame(meta.frame)?;
+                        clean.push(index);
+                    }
+                }
+                let mut rec = st.rec.clone();
+                rec.valid = job.size.min(st.shrunk_to).min(rec.size);
+                let free_record = clean.len() == st.pages.len() && rec.valid == rec.size;
+                if free_record {
+                    tx.free_frame(job.cf.object)?;
+                } else {
+                    tx.update(self.pool.frame_offset(job.cf.object), &rec.encode())?;
+                }
+                plans.push((clean, rec, free_record));
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => tx.commit(),
+            Err(e) => {
+                tx.abort();
+                return Err(nvram_full(e));
+            }
+        }
+        // Committed: the volatile mirror, still under every file's lock.
+        let mut freed = 0u64;
+        for ((job, st), (clean, rec, free_record)) in jobs.iter().zip(states.iter_mut()).zip(plans)
+        {
+            if st.gone {
+                continue;
+            }
+            let mut gone_pages = BTreeMap::new();
+            for index in clean {
+                let meta = st.pages.remove(&index).expect("page freed above");
+                gone_pages.insert(index, meta);
+            }
+            freed += gone_pages.len() as u64;
+            st.rec = rec;
+            st.extents = None; // the lower allocation changed
+            if free_record {
+                self.forget_cached(&job.cf, st, &gone_pages);
+            } else {
+                let mut unreserve = 0;
+                let mut t = self.cache.tables();
+                for meta in gone_pages.values() {
+                    cache::remove_page(&mut t, &self.cache.counters, meta);
+                    unreserve += u64::from(meta.reserved);
+                }
+                drop(t);
+                st.unmapped -= unreserve;
+                self.reserved_pages.fetch_sub(unreserve, Ordering::Relaxed);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// At start: the cached files of the region, found again by their handles. A record of a
+    /// file that no longer exists (deleted while dirty, before its pages were dropped) is
+    /// freed with its pages.
+    pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
+        let frames = self.pool.allocated_frames()?;
+        let mut records: BTreeMap<u64, (Record, BTreeMap<u64, txn::FrameId>)> = BTreeMap::new();
+        let mut pages = Vec::new();
+        for (frame, tag) in frames {
+            match tag.kind {
+                KIND_RECORD => {
+                    let b = self.pool.read_vec(self.pool.frame_offset(frame), 256);
+                    let rec = Record::decode(&b)
+                        .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
+                    records.insert(frame.0, (rec, BTreeMap::new()));
+                }
+                KIND_PAGE => pages.push((frame, tag)),
+                _ => {}
+            }
+        }
+        for (frame, tag) in pages {
+            let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
+            let Some((rec, map)) = records.get_mut(&tag.owner) else {
+                return Err(
+                    corrupt("cached page whose owner is not a cached-file record (C2)").into()
+                );
+            };
+            if tag.index >= rec.size.div_ceil(PAGE) {
+                return Err(corrupt("cached page beyond the file size (C3)").into());
+            }
+            map.insert(tag.index, frame);
+        }
+        let now = self.lower.now().0;
+        let mut next_serial = 1;
+        for (object, (rec, frames)) in records {
+            next_serial = next_serial.max(rec.serial + 1);
+            let object = txn::FrameId(object);
+            let node = match self.lower.find_file(&rec.handle, self.max_walk) {
+                Ok(node) => node,
+                Err(Errno(libc::ENOENT | libc::ESTALE)) => {
+                    let mut tx = self.pool.begin();
+                    for f in frames.values().chain(std::iter::once(&object)) {
+                        tx.free_frame(*f).map_err(|e| StartError::Nvram(e.to_string()))?;
+                    }
+                    tx.commit();
+                    Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
+                    eprintln!(
+                        "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
+                        frames.len()
+                    );
+                    continue;
+                }
+                Err(e) => return Err(StartError::CachedFile { object: object.0, error: e }),
+            };
+            let key = self.lower.key(&node);
+            let cf = Arc::new(CachedFile::new(key, object, Arc::new(node), rec));
+            {
+                let mut files = self.cache.files.lock().expect("cache files");
+                if files.by_key.insert(key, Arc::clone(&cf)).is_some() {
+                    return Err(nvram::Error::corrupt(
+                        nvram::Area::Frame(object.0),
+                        "two cached-file records for one lower file",
+                    )
+                    .into());
+                }
+                files.by_object.insert(object.0, Arc::clone(&cf));
+            }
+            inc(&self.cache.counters.files);
+            let mut st = cf.lock();
+            let extents =
+                self.cache_io(&cf).ok().and_then(|f| self.lower.fiemap(f).ok()).unwrap_or_default();
+            let mut t = self.cache.tables();
+            let mut reserved = 0;
+            for (index, frame) in frames {
+                let loc = cache::locate(&extents, object.0, index, &t.all);
+                let meta = PageMeta {
+                    frame,
+                    active: false,
+                    referenced: false,
+                    version: 0,
+                    last_use: 0,
+                    dirtied_at: now,
+                    loc,
+                    reserved: matches!(loc, Loc::Logical { .. }),
+                };
+                reserved += u64::from(meta.reserved);
+                cache::add_page(
+                    &mut t,
+                    &self.cache.counters,
+                    PageKey { object: object.0, index },
+                    &meta,
+                );
+                st.pages.insert(index, meta);
+            }
+            st.extents = Some(extents);
+            st.unmapped = reserved;
+            self.reserved_pages.fetch_add(reserved, Ordering::Relaxed);
+        }
+        self.cache.next_serial.store(next_serial, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,354 @@
+//! The NVRAM page cache at its boundaries, on the engine over the in-memory lower file system
+//! (tempfiles off, so every file is a lower file): fetches of partial pages, reads and
+//! attributes overlaid on the lower file, truncates that hide lower bytes until written back,
+//! pressure write-back under each policy against a model of every file's content, deleted
+//! files' pages dropped, recovery of dirty pages after a restart, the operations that need the
+//! lower file clean (O_DIRECT, fallocate, copy_file_range), --max-dirty-age, and a full NVRAM.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use engine::{CacheConfig, Engine, EngineConfig, Reason, TempConfig};
+use lower::{Creds, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
+use nvram::{FormatParams, SimRegion};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use txn::{Consistency, Pool};
+
+const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
+const PAGE: usize = 4096;
+
+fn region(frames: u64) -> Arc<SimRegion> {
+    let params = FormatParams {
+        region_size: 12288 + 4 * 65536 + 4096 + frames * 4096,
+        undo_slots: 4,
+        undo_slot_size: 65536,
+    };
+    let region = Arc::new(SimRegion::new(params.region_size));
+    Pool::format(&*region, params).unwrap();
+    region
+}
+
+fn config(cache: CacheConfig) -> EngineConfig {
+    EngineConfig {
+        temp: TempConfig { enabled: false, ..TempConfig::default() },
+        cache,
+        ..EngineConfig::default()
+    }
+}
+
+fn start(lower: &MemLower, region: &Arc<SimRegion>, cache: CacheConfig) -> Engine<MemLower> {
+    let pool = Pool::open(region.clone(), Consistency::Undo).unwrap().0;
+    Engine::new(lower.clone(), pool, config(cache)).unwrap()
+}
+
+fn name(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// A durable lower file with `content`.
+fn lower_file(lower: &MemLower, n: &str, content: &[u8]) {
+    let (_, _, f) = lower.create(&ROOT, lower.root(), name(n), 0o644, libc::O_RDWR).unwrap();
+    lower.write(&f, 0, content).unwrap();
+    lower.sync_all();
+}
+
+fn lower_content(lower: &MemLower, n: &str) -> Vec<u8> {
+    let (node, attr) = lower.lookup(lower.root(), name(n)).unwrap();
+    let f = lower.open(&node, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0u8; attr.size as usize];
+    let got = lower.read(&f, 0, &mut buf).unwrap();
+    buf.truncate(got);
+    buf
+}
+
+fn open(e: &Engine<MemLower>, n: &str, flags: i32) -> (u64, u64) {
+    let id = e.lookup(e.root_id(), name(n)).unwrap().node_id;
+    (id, e.open(id, flags).unwrap())
+}
+
+fn read(e: &Engine<MemLower>, fh: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    e.read(fh, offset, len, |d| out.extend_from_slice(d)).unwrap();
+    out
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn a_partial_write_fetches_the_page_and_reads_see_the_cache_over_the_lower_file() {
+    let lower = MemLower::default();
+    let base = pattern(10_000, 1);
+    lower_file(&lower, "f", &base);
+    let e = start(&lower, &region(64), CacheConfig::default());
+    let (id, fh) = open(&e, "f", libc::O_RDWR);
+
+    assert_eq!(e.write(fh, 5000, &[0xee; 100], false).unwrap(), 100);
+    let mut want = base.clone();
+    want[5000..5100].fill(0xee);
+    assert_eq!(read(&e, fh, 0, 1 << 20), want);
+    let st = e.stats();
+    assert_eq!((st.cache.fetches, st.cache.files, st.writeback.pages_dirty), (1, 1, 1));
+    assert_eq!(lower_content(&lower, "f"), base, "nothing reached the lower file yet");
+
+    // A whole page is written without reading; the file grows beyond the lower size.
+    e.write(fh, 3 * PAGE as u64, &[0x11; PAGE], false).unwrap();
+    e.write(fh, 20_000, b"tail", false).unwrap();
+    want.resize(20_004, 0);
+    want[3 * PAGE..4 * PAGE].fill(0x11);
+    want[20_000..].copy_from_slice(b"tail");
+    assert_eq!(e.getattr(id).unwrap().size, 20_004);
+    assert_eq!(read(&e, fh, 0, 1 << 20), want);
+    assert_eq!(read(&e, fh, 9_990, 20), want[9_990..10_010], "lower bytes, then zeros");
+    let st = e.stats();
+    assert_eq!(st.cache.fetches, 1, "the page at 20000 lies beyond the lower size: no read");
+    assert!(st.cache.hits >= 1);
+
+    let (written, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert_eq!((written, err), (3, None));
+    assert_eq!(lower_content(&lower, "f"), want);
+    let st = e.stats();
+    assert_eq!((st.cache.files, st.writeback.pages_dirty), (0, 0), "the record is freed");
+    assert_eq!(read(&e, fh, 0, 1 << 20), want);
+    e.release(fh).unwrap();
+    e.shutdown();
+}
+
+#[test]
+fn a_truncate_hides_lower_bytes_until_the_write_back_cuts_the_lower_file() {
+    let lower = MemLower::default();
+    lower_file(&lower, "f", &[b'x'; 3 * PAGE]);
+    let e = start(&lower, &region(64), CacheConfig::default());
+    let (id, fh) = open(&e, "f", libc::O_RDWR);
+    e.write(fh, 0, b"head", false).unwrap();
+    let set = |size| SetAttr { size: Some(size), ..SetAttr::default() };
+    assert_eq!(e.setattr(id, Some(fh), &set(100), false).unwrap().size, 100);
+    assert_eq!(e.setattr(id, Some(fh), &set(3 * PAGE as u64), false).unwrap().size, 12_288);
+    let mut want = vec![0u8; 3 * PAGE];
+    want[..4].copy_from_slice(b"head");
+    want[4..100].fill(b'x');
+    assert_eq!(read(&e, fh, 0, 1 << 20), want, "bytes beyond the truncate read as zeros");
+    assert_eq!(lower_content(&lower, "f"), vec![b'x'; 3 * PAGE], "lower untouched so far");
+    e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert_eq!(lower_content(&lower, "f"), want);
+    assert_eq!(e.stats().cache.files, 0);
+    // Truncate of a file without dirty pages goes straight to the lower file.
+    e.setattr(id, Some(fh), &set(10), false).unwrap();
+    assert_eq!(lower_content(&lower, "f"), want[..10]);
+    e.release(fh).unwrap();
+    e.shutdown();
+}
+
+/// Random writes and truncates over four files with NVRAM for far fewer pages than they
+/// touch: write-back rounds run all the time; the content read back always equals a model,
+/// and after the final flush so does the lower directory alone.
+#[test]
+fn under_pressure_every_policy_writes_back_and_no_byte_is_lost() {
+    for policy in ["file", "recency", "location", "relo"] {
+        let lower = MemLower::default();
+        let files = ["a", "b", "c", "d"];
+        let mut model: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+        for (i, f) in files.iter().enumerate() {
+            let content = pattern(6 * PAGE + i * 1000, i as u8);
+            lower_file(&lower, f, &content);
+            model.insert(f, content);
+        }
+        let cache = CacheConfig {
+            policy,
+            high_pages: 16,
+            low_pages: 8,
+            batch_pages: 4,
+            zone_blocks: 8,
+            ..CacheConfig::default()
+        };
+        let e = start(&lower, &region(48), cache);
+        let handles: Vec<(u64, u64)> = files.iter().map(|f| open(&e, f, libc::O_RDWR)).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for step in 0..600 {
+            let i = rng.random_range(0..files.len());
+            let (id, fh) = handles[i];
+            let m = model.get_mut(files[i]).unwrap();
+            if step % 50 == 49 {
+                let size = rng.random_range(0..8 * PAGE);
+                let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
+                e.setattr(id, Some(fh), &set, false).unwrap();
+                m.resize(size, 0);
+            } else {
+                // Hot pages (the first two) are rewritten often; the rest now and then.
+                let page = if rng.random_bool(0.6) {
+                    rng.random_range(0..2)
+                } else {
+                    rng.random_range(0..10)
+                };
+                let off = page * PAGE + rng.random_range(0..PAGE);
+                let len = rng.random_range(1..2 * PAGE);
+                let byte = rng.random_range(0..=255u8);
+                e.write(fh, off as u64, &vec![byte; len], false).unwrap();
+                if m.len() < off + len {
+                    m.resize(off + len, 0);
+                }
+                m[off..off + len].fill(byte);
+            }
+            if step % 97 == 0 {
+                for (j, f) in files.iter().enumerate() {
+                    assert_eq!(
+                        read(&e, handles[j].1, 0, 1 << 20),
+                        model[f],
+                        "{policy} step {step} {f}"
+                    );
+                }
+            }
+        }
+        let st = e.stats();
+        assert!(st.writeback.pages_written > 50, "{policy}: {:?}", st.writeback);
+        assert!(st.writeback.rounds["pressure"] > 0, "{policy}");
+        assert!(st.writeback.pages_dirty <= 16 + 4, "{policy}: {:?}", st.writeback);
+        eprintln!(
+            "{policy}: {} pages written in {} batches, {} requests, {} repeated, distance {}",
+            st.writeback.pages_written,
+            st.writeback.batches,
+            st.writeback.requests,
+            st.writeback.repeated_pages,
+            st.writeback.inter_request_distance_blocks
+        );
+        for (j, f) in files.iter().enumerate() {
+            assert_eq!(read(&e, handles[j].1, 0, 1 << 20), model[f], "{policy} {f}");
+            e.release(handles[j].1).unwrap();
+        }
+        assert_eq!(e.flush_cache(Reason::Flush, &mut |_, _| {}).1, None);
+        for f in files {
+            assert_eq!(lower_content(&lower, f), model[f], "{policy} lower {f}");
+        }
+        e.shutdown();
+    }
+}
+
+#[test]
+fn the_dirty_pages_of_a_deleted_file_are_dropped_when_the_kernel_forgets_it() {
+    let lower = MemLower::default();
+    lower_file(&lower, "gone", &[1; PAGE]);
+    let e = start(&lower, &region(64), CacheConfig::default());
+    let (id, fh) = open(&e, "gone", libc::O_RDWR);
+    e.write(fh, 0, &[2; 3 * PAGE], false).unwrap();
+    e.unlink(e.root_id(), name("gone")).unwrap();
+    // Still open: the data lives on.
+    assert_eq!(read(&e, fh, 0, 1 << 20), vec![2; 3 * PAGE]);
+    e.release(fh).unwrap();
+    e.forget(id, 1);
+    let st = e.stats();
+    assert_eq!((st.cache.pages_dropped, st.cache.files, st.writeback.pages_dirty), (3, 0, 0));
+    assert_eq!(st.writeback.pages_written, 0, "never written to the lower file system");
+    e.shutdown();
+}
+
+#[test]
+fn dirty_pages_survive_a_restart_and_are_written_back_later() {
+    let lower = MemLower::default();
+    lower_file(&lower, "f", &pattern(2 * PAGE, 3));
+    let reg = region(64);
+    let keep = CacheConfig { writeback_on_unmount: false, ..CacheConfig::default() };
+    let e = start(&lower, &reg, keep.clone());
+    let (_, fh) = open(&e, "f", libc::O_RDWR);
+    e.write(fh, 100, b"kept in NVRAM", false).unwrap();
+    e.write(fh, 5 * PAGE as u64, b"appended", false).unwrap();
+    let want = read(&e, fh, 0, 1 << 20);
+    e.release(fh).unwrap();
+    e.shutdown();
+    assert_eq!(lower_content(&lower, "f"), pattern(2 * PAGE, 3), "kept, not written back");
+
+    // A crash of the lower file system loses nothing: it never had those writes.
+    let crashed = lower.crash();
+    let e = start(&crashed, &reg, keep);
+    assert_eq!(e.stats().cache.files, 1);
+    let (id, fh) = open(&e, "f", libc::O_RDONLY);
+    assert_eq!(read(&e, fh, 0, 1 << 20), want);
+    assert_eq!(e.getattr(id).unwrap().size, want.len() as u64);
+    e.release(fh).unwrap();
+    e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert_eq!(lower_content(&crashed, "f"), want);
+    e.shutdown();
+}
+
+#[test]
+fn o_direct_fallocate_and_copy_file_range_see_what_the_application_wrote() {
+    let lower = MemLower::default();
+    lower_file(&lower, "src", &[b's'; 2 * PAGE]);
+    lower_file(&lower, "dst", &[b'd'; 2 * PAGE]);
+    let e = start(&lower, &region(64), CacheConfig::default());
+    let (_, src) = open(&e, "src", libc::O_RDWR);
+    e.write(src, 0, &[b'S'; PAGE], false).unwrap();
+    // copy_file_range from a cached file copies the cached bytes.
+    let (_, dst) = open(&e, "dst", libc::O_RDWR);
+    assert_eq!(e.copy_file_range(src, 0, dst, PAGE as u64, PAGE as u64).unwrap(), PAGE as u64);
+    let mut want = vec![b'd'; PAGE];
+    want.extend_from_slice(&[b'S'; PAGE]);
+    assert_eq!(read(&e, dst, 0, 1 << 20), want);
+    // O_DIRECT IO goes to the lower file: the cached pages are written back first.
+    let (_, direct) = open(&e, "dst", libc::O_RDWR | libc::O_DIRECT);
+    let mut direct_read = Vec::new();
+    e.read(direct, 0, 2 * PAGE as u32, |d| direct_read.extend_from_slice(d)).unwrap();
+    assert_eq!(direct_read, want);
+    assert!(e.stats().writeback.rounds["coherence"] >= 1);
+    // fallocate needs the lower file clean too.
+    e.write(src, 10, b"dirty again", false).unwrap();
+    e.fallocate(src, 0, 0, 4 * PAGE as u64).unwrap();
+    let mut s = vec![b'S'; PAGE];
+    s[10..21].copy_from_slice(b"dirty again");
+    s.extend_from_slice(&[b's'; PAGE]);
+    s.resize(4 * PAGE, 0);
+    assert_eq!(lower_content(&lower, "src"), s);
+    assert_eq!(read(&e, src, 0, 1 << 20), s);
+    for fh in [src, dst, direct] {
+        e.release(fh).unwrap();
+    }
+    e.shutdown();
+}
+
+#[test]
+fn pages_older_than_max_dirty_age_are_written_back() {
+    let clock = Arc::new(LogicalClock::default());
+    let lower = MemLower::new(MemConfig { clock: clock.clone(), ..MemConfig::default() });
+    lower_file(&lower, "f", &[0; PAGE]);
+    let cache = CacheConfig { max_dirty_age: 30, ..CacheConfig::default() };
+    let e = start(&lower, &region(64), cache);
+    let (_, fh) = open(&e, "f", libc::O_RDWR);
+    e.write(fh, 0, b"old", false).unwrap();
+    clock.set(LogicalClock::DEFAULT_START_SECS + 20, 0);
+    e.write(fh, PAGE as u64, b"young", false).unwrap();
+    assert_eq!(e.writeback_aged().unwrap(), 0, "nothing is 30 s old yet");
+    clock.set(LogicalClock::DEFAULT_START_SECS + 31, 0);
+    assert_eq!(e.writeback_aged().unwrap(), 1, "only the old page");
+    assert_eq!(&lower_content(&lower, "f")[..3], b"old");
+    assert_eq!(e.stats().writeback.pages_dirty, 1);
+    e.release(fh).unwrap();
+    e.shutdown();
+}
+
+#[test]
+fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
+    let lower = MemLower::default();
+    lower_file(&lower, "big", &[]);
+    // 24 frames and watermarks the writer never reaches: only "no free frame" makes room.
+    let cache = CacheConfig {
+        high_pages: u64::MAX - 1,
+        low_pages: 0,
+        batch_pages: 8,
+        ..CacheConfig::default()
+    };
+    let e = start(&lower, &region(24), cache);
+    let (_, fh) = open(&e, "big", libc::O_RDWR);
+    let data = pattern(64 * PAGE, 9);
+    for chunk in 0..16 {
+        let at = chunk * 4 * PAGE;
+        assert_eq!(e.write(fh, at as u64, &data[at..at + 4 * PAGE], false).unwrap(), 4 * PAGE);
+    }
+    assert_eq!(read(&e, fh, 0, 1 << 22), data);
+    let st = e.stats();
+    assert!(st.writeback.rounds["nvram_full"] > 0, "{:?}", st.writeback);
+    e.release(fh).unwrap();
+    e.shutdown();
+    assert_eq!(lower_content(&lower, "big"), data);
+}
