@@ -192,7 +192,7 @@ impl<L: LowerFs> Engine<L> {
         let mut t = self.cache.tables();
         for page in touched {
             let meta = st.pages.get_mut(&page).expect("touched page is dirty");
-            meta.version += 1;
+            meta.version = tick;
             cache::accessed(&mut t, c, meta, tick);
             inc(&c.hits);
         }
@@ -201,7 +201,7 @@ impl<L: LowerFs> Engine<L> {
                 frame,
                 active: false,
                 referenced: true,
-                version: 0,
+                version: tick,
                 last_use: tick,
                 dirtied_at: now.0,
                 loc,

@@ -565,7 +565,7 @@ impl<L: LowerFs> Engine<L> {
                     frame,
                     active: false,
                     referenced: false,
-                    version: 0,
+                    version: self.cache.tick(),
                     last_use: 0,
                     dirtied_at: now,
                     loc,

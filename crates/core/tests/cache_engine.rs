@@ -352,3 +352,69 @@ fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
     e.shutdown();
     assert_eq!(lower_content(&lower, "big"), data);
 }
+
+/// Runs a closure once when the engine reaches a failpoint: the test interleaves operations
+/// with a write-back at an exact step (the write-back holds no file lock between its steps).
+struct Hook {
+    at: &'static str,
+    run: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hook({})", self.at)
+    }
+}
+
+impl engine::Failpoints for Hook {
+    fn hit(&self, point: &'static str) {
+        if point == self.at {
+            let run = self.run.lock().unwrap().take();
+            if let Some(run) = run {
+                run();
+            }
+        }
+    }
+}
+
+/// Between the lower writes of a batch and its freeing transaction, the application rewrites
+/// one page and truncates another away and writes it again (a fresh page in a reused frame):
+/// neither may be freed as written back, and the final content is the application's.
+#[test]
+fn pages_changed_during_a_write_back_stay_dirty() {
+    let lower = MemLower::default();
+    lower_file(&lower, "f", &[b'a'; 2 * PAGE]);
+    let hook = Arc::new(Hook { at: "writeback.written", run: std::sync::Mutex::new(None) });
+    let pool = Pool::open(region(64), Consistency::Undo).unwrap().0;
+    let config = EngineConfig { failpoints: Some(hook.clone()), ..config(CacheConfig::default()) };
+    let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
+    let (id, fh) = open(&e, "f", libc::O_RDWR);
+    e.write(fh, 0, &[b'b'; PAGE], false).unwrap();
+    e.write(fh, PAGE as u64, &[b'B'; PAGE], false).unwrap();
+    let weak = Arc::downgrade(&e);
+    *hook.run.lock().unwrap() = Some(Box::new(move || {
+        let e = weak.upgrade().unwrap();
+        // Page 0 rewritten in place.
+        e.write(fh, 0, &[b'd'; PAGE], false).unwrap();
+        // Page 1 truncated away, then written again: a new page, maybe in the same frame.
+        let set = SetAttr { size: Some(PAGE as u64), ..SetAttr::default() };
+        e.setattr(id, Some(fh), &set, false).unwrap();
+        e.write(fh, PAGE as u64, &[b'C'; PAGE], false).unwrap();
+    }));
+    let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert_eq!(err, None);
+    assert!(hook.run.lock().unwrap().is_none(), "the hook ran");
+    let mut want = vec![b'd'; PAGE];
+    want.extend_from_slice(&[b'C'; PAGE]);
+    let got = read(&e, fh, 0, 1 << 20);
+    assert!(
+        got == want,
+        "got {} bytes: {:?}",
+        got.len(),
+        got.chunks(PAGE).map(|c| c[0] as char).collect::<String>()
+    );
+    e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert!(lower_content(&lower, "f") == want, "the lower file after the second flush");
+    e.release(fh).unwrap();
+    Arc::try_unwrap(e).unwrap().shutdown();
+}

@@ -111,7 +111,10 @@ pub struct PageMeta {
     /// On the active list (accessed twice since it was last aged).
     pub active: bool,
     pub referenced: bool,
-    /// Bumped by every write to the page: a write-back frees a page only if it is unchanged.
+    /// The cache clock's tick of the last write to the page, unique across pages and time: a
+    /// write-back frees a page only if it is unchanged. (A per-page counter would not do: a
+    /// page truncated away and written again would start from the same number, and the
+    /// write-back would free data it never wrote.)
     pub version: u64,
     /// Tick of the last access (the `recency` policy's LRU order).
     pub last_use: u64,
