@@ -22,6 +22,7 @@ examples:
   bench/run run thesis-postmark --dry-run          print the matrix, run nothing
   bench/run run thesis-postmark --out bench/results/tp --scale 0.1 --reps 2
   bench/run run tempffs-postmark --out bench/results/tempffs-postmark   (TempFFS acceptance)
+  bench/run run writeback-policies --out bench/results/writeback-policies   (write-back policies)
   bench/run parse bench/results/tp && bench/run plot bench/results/tp
 
 fairness: every run gets a memory budget M (a cgroup v1 memory limit holding the benchmark,
@@ -54,6 +55,8 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
     p.add_argument("--no-plot", action="store_true", help="stop after the runs (no parse/plot)")
     p.add_argument("--fs", help="comma-separated subset of the experiment's file-system "
                    "configurations (default: all of them)")
+    p.add_argument("--workloads", help="comma-separated subset of the experiment's workloads "
+                   "as module:config, e.g. fio:wb-zipf-rewrite (default: all of them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +120,15 @@ def cmd_run(name: str, args) -> int:
             raise BenchError(f"--fs: {', '.join(unknown)} not in experiment {name} "
                              f"({', '.join(exp.fs)})")
         exp = dataclasses.replace(exp, fs=wanted)
+    if args.workloads:
+        import dataclasses
+        wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
+        known = {f"{m}:{c}": (m, c) for m, c in exp.workloads}
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise BenchError(f"--workloads: {', '.join(unknown)} not in experiment {name} "
+                             f"({', '.join(known)})")
+        exp = dataclasses.replace(exp, workloads=[known[w] for w in wanted])
     out = args.out or BENCH_DIR / "results" / f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     st = runner.Settings(out=out.resolve(), device=args.device or exp.device, timing=args.timing,
                          memory=parse_size(args.memory) if args.memory else None,

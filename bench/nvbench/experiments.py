@@ -36,6 +36,10 @@ FUSE_TAX_NOTES = [
     "Memory budget M = 4 GiB per run (daemon + benchmark + page cache in one cgroup), large "
     "enough that the 1 GiB fio file and its double caching (FUSE + lower) never hit it: the "
     "tax measured is per-request cost, not cache duplication.",
+    "nvstack runs as a pass-through: `--tempfiles off --cache off` (TempFFS and the NVRAM page "
+    "cache are on by default since commits 7af3add and 31ff298; bench/results/fuse-tax was "
+    "measured at 03f0741, before either existed, so these flags keep reruns comparable). A "
+    "binary without the flags gets none (off is all it does).",
 ]
 
 # TempFFS acceptance (issue 4): tempfiles off vs on over the same lower ext2, same consistency
@@ -69,11 +73,79 @@ SHOWCASE_NOTES = [
     "nvstack-ext2-trans passes every operation through to the lower ext2 inside an undo-log "
     "transaction (TempFFS off, the thesis' Ext2_Trans); nvstack-ext2-tempffs-trans keeps new "
     "files in NVRAM (TempFFS, nvstack's default) and transforms the least recently used into "
-    "ext2 when the 18 MiB region (4 undo slots, ~3.3k frames) is full. The NVRAM page cache "
-    "for existing files (relo write-back) is not built yet.",
+    "ext2 when the 18 MiB region (4 undo slots, ~3.3k frames) is full. Both run with the NVRAM "
+    "page cache for existing files off (`--cache off`, as when the README's numbers were "
+    "measured, before it existed): writes to ext2's files go straight to ext2.",
     "The memory budget is small on purpose: the benchmark (and for nvstack the daemon and its "
     "NVRAM region) share one cgroup, so dirty pages must be written to the modeled disk during "
     "the run instead of dying in the page cache.",
+]
+
+# The write-back policies (issue 5 acceptance; thesis sec. 4.3, Figs 4.7, 4.10-4.12): ext2
+# alone, the same nvstack stack with the NVRAM page cache off (Linux's write-back of ext2's
+# page cache) and on with each of the four policies. Ratios are to WB file, as the thesis'.
+WRITEBACK_FS = ["ext2", "nvstack-ext2-trans", "nvstack-ext2-wb-file", "nvstack-ext2-wb-recency",
+                "nvstack-ext2-wb-location", "nvstack-ext2-wb-relo"]
+WRITEBACK_WORKLOADS = [("postmark", "writeback"), ("fio", "wb-zipf-rewrite")]
+WRITEBACK_NOTES = [
+    "Configurations: `ext2` alone (the kernel baseline: its own page cache, Linux's write-back); "
+    "`nvstack-ext2-trans` = nvstack `--consistency undo --tempfiles off --cache off` over ext2: "
+    "the same stack without the NVRAM page cache, every write goes through to ext2, whose page "
+    "cache Linux writes back file by file (the thesis' baseline); `nvstack-ext2-wb-<policy>` = "
+    "the same with `--cache on --writeback file|recency|location|relo --max-dirty-age 0` (no "
+    "write-back by age; otherwise nvstack's defaults: watermarks 80 % / 60 % of the frames, "
+    "`--writeback-batch` 256 pages, `--zone-blocks` 1024 = 4 MiB). Ratios and improvements "
+    "are relative to `WB file` (Linux's policy), as the thesis reports them.",
+    "Budget: memory M = 64 MiB per run (daemon, benchmark, page caches and the NVRAM region in "
+    "one cgroup) and an NVRAM region of 32 MiB inside M (M / 2) for every nvstack "
+    "configuration: 7 undo slots (7.4 MiB) + ~6.2k frames of 4 KiB (~24 MiB; "
+    "`nv_nvram.frames_total`); write-back starts above ~5.0k dirty pages (80 %) and stops at "
+    "~3.7k (60 %) (`nv_writeback.high_pages` / `low_pages`). ext2 alone has all 64 MiB as page "
+    "cache; with the cache off the region holds undo logs only. Every table row states M and "
+    "NVRAM; `--memory` / `--nvram` change them.",
+    "Postmark (thesis Fig 4.10): 512 B-10 KB, no subdirectories, seed 42, 20k transactions, "
+    "2500 / 5000 / 7500 files: the live set (a record frame and 1-3 pages per file) is ~1.2x / "
+    "2.3x / 3.5x the ~6.2k frames, so write-back runs at every point (the thesis saw no "
+    "difference between policies below 15k files, where its working set fit in memory). With "
+    "`--tempfiles off` Postmark's files are created in ext2 and their data (creation and "
+    "appends) become dirty pages without lower blocks: their locations fall back to (file, "
+    "page) order, so location-aware policies find runs within files only, and nvstack's "
+    "inter-request distance counts only requests to pages that already have a block; the "
+    "modeled disk's seek distance covers every request. Pages of files deleted while dirty "
+    "are dropped, never written (`nv_cache.pages_dropped`). nvstack remembers written-back "
+    "pages by (device, inode number, page) and ext2 reuses the numbers of deleted inodes, so "
+    "for Postmark `repeated_pages` also counts a new file's page that lands on a deleted "
+    "file's (inode, page): an upper bound of true rewrites. With a record frame per cached "
+    "file the region can fill before the 80 % watermark: write-back then runs a batch at a "
+    "time (`rounds.nvram_full`). 7500 files at most: RLIMIT_NOFILE is 20000 here and the "
+    "daemon holds an O_PATH descriptor per live file and up to two more per cached file.",
+    "fio `wb-zipf-rewrite` (rewrites, where recency and location matter): a 512 MiB file "
+    "(131k pages, 16x the region) is laid out untimed on ext2 before nvstack is mounted (fio, "
+    "1 MiB writes + fsync; the same physical layout for every configuration), caches are "
+    "dropped, then 102,400 random 4 KiB overwrites (io_size 400 MiB), "
+    "`random_distribution=zipf:1.1` (fio hashes the ranks over the file, so hot pages are "
+    "scattered; with exact Zipf 1.1 the hottest 5k pages take ~84 % of the writes and ~18k "
+    "distinct pages are written), psync, one job, `end_fsync=1` (every configuration ends "
+    "durable: ext2 and the cache-off stack flush their page cache; nvstack's dirty NVRAM pages "
+    "already are). Not laid out through the mount and then `nvstack flush`: nvstack remembers "
+    "the pages it wrote back per mount (`repeated_pages`), so a prefill written back through "
+    "the mount would make every timed write-back a repeat, and each policy's write-back order "
+    "would lay the file out differently. `file` on a single file writes all its dirty pages in "
+    "one batch per round (the whole cache, in ascending order).",
+    "Why not Bonnie++ rewrite (thesis Fig 4.7): its rewrite is one sequential pass (read, "
+    "modify and write each block once, ascending), so no page is dirtied twice while in NVRAM "
+    "and LRU order = file order = disk order: recency, location and relo pick the same pages "
+    "in the same order and only file's whole-file batches differ; its read and seek phases "
+    "(minutes on hdd-7200) measure no write-back. `thesis-bonnie` runs the Table 4.2 WB "
+    "configurations on it.",
+    "Counters (`nvstack stat --json` deltas over the timed command and the sync after it): "
+    "`nv_writeback.pages_written`, `batches`, `requests` (lower write requests: runs "
+    "contiguous in file and on disk), `repeated_pages` (written back more than once: Fig "
+    "4.12), `inter_request_distance_blocks` (accumulated: Fig 4.11), `rounds.<reason>`; "
+    "`nv_cache.hits`, `fetches`, `pages_dropped`, `write_through`; `nv_writeback.pages_dirty` "
+    "as read after (still in NVRAM, durable; written back at unmount, after the measurement). "
+    "Device: the modeled hdd-7200 (the thesis' Maxtor 7200 rpm) with sleep timing, a fresh "
+    "2 GiB image per run (`dev_*`: busy time, bytes, requests, seek distance).",
 ]
 
 
@@ -127,6 +199,16 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                memory="256M", nvram="64M", scale=0.25, device="none", disk="8G",
                estimate="~15 min at scale 0.25 (estimated, 12-20 min: 3 FS x 4 x 3 reps, "
                "nvstack ~25-45 s per run)", notes=TEMPFFS_NOTES),
+    Experiment("writeback-policies", "write-back policies (issue 5 acceptance; thesis sec. "
+               "4.3, Figs 4.7, 4.10-4.12): the NVRAM page cache with file / recency / location "
+               "/ relo write-back vs the cache off and ext2 alone: Postmark 512 B-10 KB (2500 / "
+               "5000 / 7500 files, 20k tx) and fio Zipf-1.1 random 4 KiB rewrites of a 512 MiB "
+               "file; wall time vs WB file, pages written, repeated pages, inter-request "
+               "distance, modeled disk busy time",
+               WRITEBACK_FS, WRITEBACK_WORKLOADS, baseline="nvstack-ext2-wb-file", reps=3,
+               memory="64M", nvram="32M", scale=1.0, device="hdd-7200", disk="2G",
+               estimate="~2 h on hdd-7200, sleep timing (estimated, 1.5-3 h: 72 runs; nvstack "
+               "Postmark ~0.5-3.5 min, fio ~1-2 min per run)", notes=WRITEBACK_NOTES),
     Experiment("vma", "VMA journaling paper: seq_write, rnd_write, file_delete, postmark, untar "
                "under ext4 writeback/ordered/journal vs nvstack journal mode",
                ["ext4-writeback", "ext4-ordered", "ext4-journal", "nvstack-ext4-journal"],

@@ -10,16 +10,23 @@ Kernel configurations (the papers' baselines):
   vfat              FAT (the NVFAT paper's baseline)
 
 nvstack configurations: nvstack mounted over a lower ext2/ext4 with the thesis' Table 4.2
-features as flags: TempFFS = --tempfiles on, WB = --writeback relo, Trans = --consistency undo;
-`nvstack-<lower>` with every feature off (tempfiles off, writeback file, consistency none) is the
-FUSE-tax baseline. `nvstack-<lower>-journal` is the VMA-journaling mode.
+features as flags: TempFFS = --tempfiles on, WB = the NVRAM page cache with relo write-back
+(--cache on --writeback relo), Trans = --consistency undo. A configuration without WB runs with
+--cache off: writes go straight to the lower file and the lower FS's page cache does Linux's own
+(file-by-file) write-back, the thesis' baseline. `nvstack-<lower>` with every feature off
+(tempfiles off, cache off, consistency none) is the FUSE-tax baseline. `nvstack-<lower>-journal`
+is the VMA-journaling mode. `nvstack-ext2-wb-<policy>` (experiment writeback-policies): the page
+cache on over ext2 with one of the four write-back policies (file, recency, location, relo),
+--consistency undo, tempfiles off.
 
 FUSE-tax configurations (experiment fuse-tax): `ext4` (ext4 data=ordered, the lower FS itself),
 `passthrough_hp` / `passthrough_hp-wt` (libfuse's example, built by bench/tools/build-passthrough-hp;
--wt = without FUSE_WRITEBACK_CACHE), `nvstack-none` (nvstack --consistency none with its
-defaults) and `nvstack-none-*` variants with one command-line knob changed (threads, max_write,
-timeouts). Both keep one O_PATH descriptor per inode the kernel knows, so RLIMIT_NOFILE bounds
-the number of files a workload may keep alive (20000 on this VM; root cannot raise it here).
+-wt = without FUSE_WRITEBACK_CACHE), `nvstack-none` (nvstack --consistency none as a pass-through:
+its defaults except that TempFFS and the NVRAM page cache are off, as when bench/results/fuse-tax
+was measured, before either existed) and `nvstack-none-*` variants with one command-line knob
+changed (threads, max_write, timeouts). Both keep one O_PATH descriptor per inode the kernel
+knows, so RLIMIT_NOFILE bounds the number of files a workload may keep alive (20000 on this VM;
+root cannot raise it here).
 
 Block devices: `--device none` = a plain loop device over an image file (losetup --find --show);
 `--device MODEL` = `nvstack device attach` (FUSE-served image with a modeled disk).
@@ -36,9 +43,15 @@ from .nvstack import Capabilities
 from .shell import Shell
 from .util import BenchError, fmt_size
 
-# nvstack mount flags of features that are not built yet, and the value meaning "off" (what
-# nvstack does today without the flag). Off values are passed only if the binary has the flag.
-NVSTACK_FEATURE_OFF = {"tempfiles": "off", "writeback": "file"}
+# nvstack mount flags of the mechanisms (Table 4.2: TempFFS, the NVRAM page cache of WB) and the
+# value that switches each off. A binary without the flag has not built the mechanism, so off is
+# all it does: off values are passed only if `nvstack mount --help` lists the flag; on values
+# need it (the configuration is skipped with the reason otherwise).
+NVSTACK_FEATURE_OFF = {"tempfiles": "off", "cache": "off"}
+# settings of a mechanism -> the mechanism: passed (and their flag needed) only while it is on
+# (a write-back policy means nothing with the page cache off)
+NVSTACK_SETTINGS = {"writeback": "cache"}
+WRITEBACK_POLICIES = ("file", "recency", "location", "relo")
 
 DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "none")
 
@@ -51,7 +64,8 @@ class FsConfig:
     mkfs: str                       # ext2 | ext4 | vfat: the kernel FS (the lower FS for nvstack)
     mount_options: str = ""
     journal: str | None = None      # None | "internal" | "ram"  (ext4 only)
-    nvstack: dict | None = None     # {"consistency", "tempfiles"?, "writeback"?, "args"?}
+    nvstack: dict | None = None     # {"consistency", "tempfiles"?, "cache"?, "writeback"?,
+                                    #  "args"?} (a key left out: nvstack's default)
     consistent: bool = False        # gives file-system consistency + data integrity after a crash
     fuse: dict | None = None        # another FUSE daemon: {"daemon": name in bench/.tools/bin, "args"}
 
@@ -59,12 +73,21 @@ class FsConfig:
     def needs(self) -> list[str]:
         """Tools beyond the kernel: 'mount' for nvstack, the daemon's name for other FUSE FS."""
         if self.nvstack:
-            # a feature switched on needs its flag; "off" values are today's only behaviour
-            on = [k for k, off in NVSTACK_FEATURE_OFF.items()
-                  if k in self.nvstack and self.nvstack[k] != off]
-            return (["mount"] + [f"mount-flag:{k}" for k in on] +
+            # a feature switched on needs its flag; "off" values are today's only behaviour on
+            # a binary without it. Settings of a mechanism that is on, and every flag in "args",
+            # need theirs too.
+            flags = [k for k in nvstack_flags(self.nvstack) if k in NVSTACK_SETTINGS or
+                     self.nvstack[k] != NVSTACK_FEATURE_OFF.get(k)]
+            flags += [a[2:].split("=", 1)[0] for a in self.nvstack.get("args", [])
+                      if a.startswith("--")]
+            return (["mount"] + [f"mount-flag:{k}" for k in dict.fromkeys(flags)] +
                     [f"consistency:{self.nvstack['consistency']}"])
         return [self.fuse["daemon"]] if self.fuse else []
+
+    @property
+    def cache_on(self) -> bool:
+        """nvstack with its NVRAM page cache on (explicitly, or by nvstack's default)."""
+        return bool(self.nvstack) and self.nvstack.get("cache", "on") == "on"
 
     @property
     def stacked(self) -> bool:
@@ -88,18 +111,34 @@ def _kernel() -> list[FsConfig]:
     ]
 
 
-# Thesis Table 4.2: (suffix, label, tempfiles, writeback, consistency)
+def nvstack_flags(opt: dict) -> list[str]:
+    """The mechanism flags `nvstack mount` gets for an nvstack option dict, in argv order
+    (values in `opt`): tempfiles and cache whenever named, a setting such as writeback only
+    while its mechanism is on."""
+    out = [k for k in NVSTACK_FEATURE_OFF if k in opt]
+    out += [k for k, mech in NVSTACK_SETTINGS.items()
+            if k in opt and opt.get(mech, "on") != NVSTACK_FEATURE_OFF[mech]]
+    return out
+
+
+# Thesis Table 4.2: (suffix, label, tempfiles, write-back policy or None = WB off, consistency).
+# WB off = the NVRAM page cache off (--cache off): Linux's own write-back of the lower FS.
 TABLE_4_2 = [
-    ("", "FUSE-{L}", "off", "file", "none"),
-    ("-trans", "{L}_Trans", "off", "file", "undo"),
-    ("-tempffs", "TempFFS", "on", "file", "none"),
+    ("", "FUSE-{L}", "off", None, "none"),
+    ("-trans", "{L}_Trans", "off", None, "undo"),
+    ("-tempffs", "TempFFS", "on", None, "none"),
     ("-wb", "WB", "off", "relo", "none"),
-    ("-tempffs-trans", "TempFFS_{L}_Trans", "on", "file", "undo"),
+    ("-tempffs-trans", "TempFFS_{L}_Trans", "on", None, "undo"),
     ("-wb-trans", "WB_{L}_Trans", "off", "relo", "undo"),
     ("-tempffs-wb", "TempFFS_WB", "on", "relo", "none"),
     ("-tempffs-wb-trans", "TempFFS_WB_{L}_Trans", "on", "relo", "undo"),
-    ("-journal", "VMA-{L}", "off", "file", "journal"),
+    ("-journal", "VMA-{L}", "off", None, "journal"),
 ]
+
+# Thesis sec. 4.3: the four write-back policies, each on its own over ext2 (tempfiles off,
+# undo). --max-dirty-age 0: no write-back by age, so only the watermarks (and a full region)
+# trigger it during a benchmark.
+WB_POLICY_ARGS = ["--max-dirty-age", "0"]
 
 
 def _nvstack() -> list[FsConfig]:
@@ -107,15 +146,34 @@ def _nvstack() -> list[FsConfig]:
     for lower in ("ext2", "ext4"):
         L = lower.capitalize()
         for suffix, label, tempfiles, wb, cons in TABLE_4_2:
-            desc = (f"nvstack over {lower}: tempfiles {tempfiles}, writeback {wb}, "
+            cache = ("cache on, writeback " + wb) if wb else \
+                "cache off (Linux's write-back of the lower FS)"
+            desc = (f"nvstack over {lower}: tempfiles {tempfiles}, {cache}, "
                     f"consistency {cons}" + (" (every feature off: the FUSE tax)" if not suffix else ""))
+            opt = {"consistency": cons, "tempfiles": tempfiles, "cache": "on" if wb else "off"}
+            if wb:
+                opt["writeback"] = wb
             out.append(FsConfig(
                 f"nvstack-{lower}{suffix}", label.format(L=L), desc, lower,
                 "data=ordered" if lower == "ext4" else "",
                 journal="internal" if lower == "ext4" else None,
-                nvstack={"consistency": cons, "tempfiles": tempfiles, "writeback": wb},
-                consistent=cons in ("undo", "journal")))
+                nvstack=opt, consistent=cons in ("undo", "journal")))
+    for policy in WRITEBACK_POLICIES:
+        out.append(FsConfig(
+            f"nvstack-ext2-wb-{policy}", f"WB {policy}",
+            f"nvstack over ext2: NVRAM page cache on with the {policy} write-back policy "
+            f"(thesis sec. 4.3), tempfiles off, consistency undo, {' '.join(WB_POLICY_ARGS)}",
+            "ext2", nvstack={"consistency": "undo", "tempfiles": "off", "cache": "on",
+                             "writeback": policy, "args": list(WB_POLICY_ARGS)},
+            consistent=True))
     return out
+
+
+# The FUSE tax measures nvstack as a pass-through (what every mechanism pays): TempFFS and the
+# NVRAM page cache, both on by default now, are off, as they did not exist when
+# bench/results/fuse-tax was measured (commit 03f0741). On a binary without the flags nothing is
+# passed (off is then all it does).
+PASSTHROUGH = {"tempfiles": "off", "cache": "off"}
 
 
 def _fuse_tax() -> list[FsConfig]:
@@ -129,8 +187,10 @@ def _fuse_tax() -> list[FsConfig]:
                     "passthrough_hp over ext4 without FUSE_WRITEBACK_CACHE (write-through)",
                     fuse={"daemon": "passthrough_hp-wt", "args": []}, **ext4),
            FsConfig("nvstack-none", "nvstack-none",
-                    "nvstack --consistency none over ext4, defaults (4 threads, 1 day timeouts, "
-                    "max_write 1M)", nvstack={"consistency": "none"}, **ext4)]
+                    "nvstack --consistency none over ext4 as a pass-through: defaults (4 threads, "
+                    "1 day timeouts, max_write 1M) except TempFFS and the NVRAM page cache off "
+                    "(--tempfiles off --cache off; on by default since the fuse-tax results)",
+                    nvstack={"consistency": "none", **PASSTHROUGH}, **ext4)]
     knobs = [("t1", "--threads 1", ["--threads", "1"]), ("t2", "--threads 2", ["--threads", "2"]),
              ("t8", "--threads 8", ["--threads", "8"]),
              ("mw128k", "--max-write 128K", ["--max-write", "128K"]),
@@ -138,8 +198,9 @@ def _fuse_tax() -> list[FsConfig]:
               ["--attr-timeout", "0", "--entry-timeout", "0"])]
     for suffix, what, args in knobs:
         out.append(FsConfig(f"nvstack-none-{suffix}", f"nvstack-none {what}",
-                            f"nvstack --consistency none over ext4 with {what}",
-                            nvstack={"consistency": "none", "args": args}, **ext4))
+                            f"nvstack --consistency none over ext4 as a pass-through (TempFFS and "
+                            f"the NVRAM page cache off) with {what}",
+                            nvstack={"consistency": "none", **PASSTHROUGH, "args": args}, **ext4))
     return out
 
 
@@ -161,6 +222,33 @@ def tempfiles_pairs(names) -> dict[str, str]:
                     and c.mount_options == CONFIGS[on].mount_options):
                 out[on] = off
                 break
+    return out
+
+
+def writeback_file_twins(names) -> dict[str, str]:
+    """{configuration: its `file` twin} among `names`: the nvstack configuration with the NVRAM
+    page cache on and the `file` write-back policy (Linux's, the thesis' reference for the
+    write-back policies) over the same lower FS (same mkfs, mount options, journal) and, for an
+    nvstack configuration, with the same consistency mode and tempfiles setting. Every other
+    configuration over that lower FS gets it: the other policies, the page cache off, the kernel
+    FS alone (e.g. nvstack-ext2-wb-relo, nvstack-ext2-trans, ext2 -> nvstack-ext2-wb-file)."""
+    names = [n for n in names if n in CONFIGS]
+    files = [n for n in names if CONFIGS[n].cache_on
+             and CONFIGS[n].nvstack.get("writeback") == "file"]
+    out = {}
+    for name in names:
+        c = CONFIGS[name]
+        if name in files or (c.stacked and not c.nvstack):
+            continue
+        for f in files:
+            fc = CONFIGS[f]
+            if (fc.mkfs, fc.mount_options, fc.journal) != (c.mkfs, c.mount_options, c.journal):
+                continue
+            if c.nvstack and any(c.nvstack.get(k) != fc.nvstack.get(k)
+                                 for k in ("consistency", "tempfiles")):
+                continue
+            out[name] = f
+            break
     return out
 
 
@@ -228,7 +316,11 @@ class Target:
     loop_dev: str | None = None     # the plain loop device (--device none), for block_stat()
 
     # ----- setup -----------------------------------------------------------------------------
-    def setup(self) -> Path:
+    def setup(self, before_stack=None) -> Path:
+        """Make and mount the file system; returns where the workload runs. `before_stack(dir)`
+        runs once the kernel FS is mounted and before a stacked FS is mounted over it, with the
+        directory the workload's target will show (<kernel FS>/data for stacked configurations,
+        the kernel FS itself otherwise): untimed preparation nvstack must not see."""
         sh, lay, cfg = self.shell, self.layout, self.config
         sh.note(f"file system {cfg.name} ({cfg.label}): {cfg.description}; device {self.device}")
         sh.run(["mkdir", "-p", str(lay.workdir)])
@@ -242,6 +334,11 @@ class Target:
         else:
             self._modeled(kernel_mnt, jdev)
         self.device_mnt = kernel_mnt
+        if before_stack is not None:
+            base = kernel_mnt / "data" if cfg.stacked else kernel_mnt
+            if cfg.stacked:
+                sh.run(["mkdir", "-p", str(base)])
+            before_stack(base)
         if cfg.nvstack:
             self.path = self._nvstack_mount(kernel_mnt)
         elif cfg.fuse:
@@ -313,11 +410,12 @@ class Target:
         sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
         argv = [nv, "mount", str(lower), str(lay.mnt), "--nvram", str(lay.nvram),
                 "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"]]
-        flags = self.caps.mount_flags if self.caps else {"tempfiles", "writeback"}
-        for key in ("tempfiles", "writeback"):       # only the flags a configuration names
+        flags = self.caps.mount_flags if self.caps else set(NVSTACK_FEATURE_OFF)
+        for key in nvstack_flags(opt):              # only the flags a configuration names
             # a feature that is off needs no flag on a binary that does not have it yet
-            # (off is then the only behaviour); a feature that is on is skipped before setup
-            if key in opt and (key in flags or opt[key] != NVSTACK_FEATURE_OFF[key]):
+            # (off is then the only behaviour); a feature that is on, or a setting of it, is
+            # skipped before setup when the flag is missing
+            if key in flags or opt[key] != NVSTACK_FEATURE_OFF.get(key):
                 argv += [f"--{key}", opt[key]]
         argv += [*opt.get("args", []), "--foreground"]
         self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))

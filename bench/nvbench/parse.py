@@ -134,10 +134,14 @@ def parse_device_stat(before: dict | None, after: dict) -> dict[str, float]:
 
 
 # counters (not gauges) of `nvstack stat --json`: reported as the delta over the timed workload
-_NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_", "tempfiles.")
-# ... except these gauges (span_blocks_avg is recomputed from the span_* deltas)
+_NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_", "tempfiles.",
+                "cache.", "writeback.")
+# ... except these gauges and settings, reported as read after the workload (span_blocks_avg is
+# recomputed from the span_* deltas)
 _NV_GAUGES = ("tempfiles.pages_resident", "tempfiles.files_resident",
-              "tempfiles.span_blocks_avg", "tempfiles.max_size")
+              "tempfiles.span_blocks_avg", "tempfiles.max_size",
+              "cache.files", "writeback.pages_dirty", "writeback.pages_inactive_dirty",
+              "writeback.high_pages", "writeback.low_pages", "writeback.zone_blocks")
 
 
 def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, float]:
@@ -146,7 +150,13 @@ def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, floa
 
     TempFFS (`tempfiles` object): counters become deltas too; the resident pages/files stay
     absolute; span_blocks_avg is recomputed as the delta of span_blocks_sum over the delta of
-    span_files (the spans of the files transformed during the timed workload; 0 if none)."""
+    span_files (the spans of the files transformed during the timed workload; 0 if none).
+
+    Page cache (`cache`, `writeback` objects): hits, fetches, pages_dropped, write_through,
+    pages_written, batches, requests, repeated_pages, inter_request_distance_blocks and
+    rounds.<reason> become deltas; cache.files, writeback.pages_dirty, pages_inactive_dirty
+    and the settings high_pages, low_pages, zone_blocks stay as read after (`enabled` and
+    `policy` are not numbers and are left out)."""
     base = _flatten(before or {})
     out = {}
     for k, v in _flatten(stat).items():
@@ -180,6 +190,30 @@ def tempffs_metrics(nv: dict[str, float]) -> dict[str, float]:
             out[name] = 100.0 * nv[f"nv_tempfiles.{key}"] / created
     if "nv_tempfiles.span_blocks_sum" in nv:
         out["tempffs_span_blocks_avg_all_files"] = nv["nv_tempfiles.span_blocks_sum"] / created
+    return out
+
+
+def writeback_metrics(nv: dict[str, float]) -> dict[str, float]:
+    """Derived write-back metrics of one run from its nv_* metrics (nothing if no page was
+    written back, e.g. the page cache off):
+      wb_repeated_pct                        100 x repeated_pages / pages_written (Fig 4.12)
+      wb_pages_per_request                   pages_written / requests (run length on disk)
+      wb_inter_request_distance_per_request  inter_request_distance_blocks / requests: the
+                                             accumulated distance (Fig 4.11) per request
+                                             (requests without a physical block add none)
+    """
+    written = nv.get("nv_writeback.pages_written")
+    if not written or written <= 0:
+        return {}
+    out = {}
+    if "nv_writeback.repeated_pages" in nv:
+        out["wb_repeated_pct"] = 100.0 * nv["nv_writeback.repeated_pages"] / written
+    requests = nv.get("nv_writeback.requests")
+    if requests and requests > 0:
+        out["wb_pages_per_request"] = written / requests
+        if "nv_writeback.inter_request_distance_blocks" in nv:
+            out["wb_inter_request_distance_per_request"] = \
+                nv["nv_writeback.inter_request_distance_blocks"] / requests
     return out
 
 
@@ -243,6 +277,16 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "nv_tempfiles.span_blocks_avg": ("blocks", False),
          "tempffs_deleted_in_nvram_pct": ("%", True), "tempffs_transformed_pct": ("%", False),
          "tempffs_span_blocks_avg_all_files": ("blocks", False),
+         # the NVRAM page cache and write-back (deltas; pages_dirty as read after)
+         "nv_writeback.pages_written": ("pages", False), "nv_writeback.batches": ("", ""),
+         "nv_writeback.requests": ("", False), "nv_writeback.repeated_pages": ("pages", False),
+         "nv_writeback.inter_request_distance_blocks": ("blocks", False),
+         "nv_writeback.pages_dirty": ("pages", ""),
+         "nv_cache.hits": ("", ""), "nv_cache.fetches": ("pages", False),
+         "nv_cache.pages_dropped": ("pages", ""), "nv_cache.write_through": ("", False),
+         "wb_repeated_pct": ("%", False), "wb_pages_per_request": ("pages", True),
+         "wb_inter_request_distance_per_request": ("blocks", False),
+         "wb_time_ratio_vs_file": ("x", False), "wb_improvement_vs_file_pct": ("%", True),
          # paired with the tempfiles-off twin / the lower FS alone, same repetition
          "tempffs_throughput_ratio_on_off": ("x", True),
          "tempffs_lower_bytes_eliminated_pct": ("%", True),
@@ -319,6 +363,7 @@ def parse_run(rundir: Path) -> list[dict]:
         nvm = parse_nvstack_stat(nv, nv_before if isinstance(nv_before, dict) else None)
         metrics.update(nvm)
         metrics.update(tempffs_metrics(nvm))
+        metrics.update(writeback_metrics(nvm))
     cg = _load(rundir / "cgroup.json")
     if isinstance(cg, dict):
         for k in ("max_usage_in_bytes", "failcnt"):
@@ -362,9 +407,14 @@ def paired_rows(rows: list[dict]) -> list[dict]:
       tempffs_dev_bytes_eliminated_pct     ... of dev_bytes_written (modeled disk)
     on every nvstack configuration, paired with its lower FS alone (fs.lower_kernel_config):
       throughput_ratio_vs_lower_fs         wall(lower FS) / wall(x), e.g. vs ext2
+    on every configuration with a `file` twin (fs.writeback_file_twins: the page cache on
+    with the file policy over the same lower FS; the thesis' reference for write-back):
+      wb_time_ratio_vs_file                wall(x) / wall(file): < 1 is faster than file
+      wb_improvement_vs_file_pct           100 x (wall(file) - wall(x)) / wall(file)
     """
     names = list(dict.fromkeys(r["fs"] for r in rows))
     pairs = fs_mod.tempfiles_pairs(names)
+    wb_twins = fs_mod.writeback_file_twins(names)
     value: dict[tuple, float] = {}
     first: dict[tuple, dict] = {}
     for r in rows:
@@ -394,6 +444,13 @@ def paired_rows(rows: list[dict]) -> list[dict]:
                 value.get(run[:-1] + (lower, "wall_seconds"))
             if w_x and w_l:
                 derived["throughput_ratio_vs_lower_fs"] = w_l / w_x
+        twin = wb_twins.get(fs)
+        if twin:
+            w_x, w_f = value.get(run + ("wall_seconds",)), \
+                value.get(run[:-1] + (twin, "wall_seconds"))
+            if w_x and w_f:
+                derived["wb_time_ratio_vs_file"] = w_x / w_f
+                derived["wb_improvement_vs_file_pct"] = 100.0 * (w_f - w_x) / w_f
         for name, v in derived.items():
             unit, hib = UNITS[name]
             out.append({**row, "metric": name, "value": repr(float(v)), "unit": unit,

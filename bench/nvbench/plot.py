@@ -99,11 +99,16 @@ def plot_experiment(csv_path: Path, out_dir: Path) -> list[Path]:
     tf = tempffs_figure(rows, out_dir)
     if tf:
         written.append(tf)
+    wf = writeback_figure(rows, out_dir, _meta(out_dir, exp).get("fs"))
+    if wf:
+        written.append(wf)
     return written
 
 
-def _bars(ax, groups: list[str], series: list[tuple[str, str]], agg: dict, scale: float = 1.0):
-    """series = [(label, (fs, metric))...]: one bar per series per group, error bar = std."""
+def _bars(ax, groups: list[str], series: list[tuple[str, str]], agg: dict, scale: float = 1.0,
+          colors: list[int] | None = None):
+    """series = [(label, (fs, metric))...]: one bar per series per group, error bar = std;
+    colors = a tab10 index per series (default: its position)."""
     width = 0.8 / max(1, len(series))
     cmap = plt.get_cmap("tab10")
     for i, (label, (fs, metric)) in enumerate(series):
@@ -111,9 +116,9 @@ def _bars(ax, groups: list[str], series: list[tuple[str, str]], agg: dict, scale
         a = [agg.get((*grp, fs, metric)) for grp in groups]
         ax.bar(xs, [x["mean"] * scale if x else 0.0 for x in a], width,
                yerr=[x["std"] * scale if x else 0.0 for x in a], capsize=2, label=label,
-               color=cmap(i % 10), edgecolor="black", linewidth=0.4)
+               color=cmap((colors[i] if colors else i) % 10), edgecolor="black", linewidth=0.4)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([g[2] for g in groups], fontsize=7)
+    ax.set_xticklabels([g[1] if g[2] == "default" else g[2] for g in groups], fontsize=7)
     ax.legend(fontsize=6)
 
 
@@ -159,6 +164,56 @@ def tempffs_figure(rows: list[dict], out_dir: Path) -> Path | None:
                  f"{_nvram_text(rows)}", fontsize=9)
     fig.tight_layout()
     path = out_dir / f"{slug(exp)}-tempffs.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def writeback_figure(rows: list[dict], out_dir: Path,
+                     fs_order: list[str] | None = None) -> Path | None:
+    """Write-back policies, thesis Figs 4.11-4.12 and what drives Fig 4.10 (the wall-time bars
+    with the improvement over WB file are the experiment's generic figure): pages written back,
+    repeated write-back pages, accumulated inter-request distance (nvstack's counters, page
+    cache on only) and the disk's busy time (every configuration), per workload variant."""
+    present = list(dict.fromkeys(r["fs"] for r in rows))
+    present = [f for f in (fs_order or []) if f in present] + \
+        [f for f in present if f not in (fs_order or [])]
+    cached = [f for f in present if f in fs_mod.CONFIGS and fs_mod.CONFIGS[f].cache_on]
+    agg = aggregate(rows)
+    if not cached or not any(k[4] == "nv_writeback.pages_written" for k in agg):
+        return None
+    groups = sorted({k[:3] for k in agg if k[3] in present},
+                    key=lambda g: (g[0], g[1], natural(g[2])))
+    exp, m = rows[0]["experiment"], rows[0]
+    label = lambda f: (fs_mod.CONFIGS[f].label if f in fs_mod.CONFIGS else f)  # noqa: E731
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    (a, b), (c, d) = axes
+    color = [present.index(f) for f in cached]          # one color per configuration
+    _bars(a, groups, [(label(f), (f, "nv_writeback.pages_written")) for f in cached], agg,
+          colors=color)
+    a.set_ylabel("pages written back")
+    a.set_title("Pages written back (4 KiB)", fontsize=9)
+    _bars(b, groups, [(label(f), (f, "nv_writeback.repeated_pages")) for f in cached], agg,
+          colors=color)
+    b.set_ylabel("repeated write-back pages")
+    b.set_title("Repeated write-back pages (Fig 4.12)", fontsize=9)
+    _bars(c, groups, [(label(f), (f, "nv_writeback.inter_request_distance_blocks"))
+                      for f in cached], agg, colors=color)
+    c.set_ylabel("accumulated distance (blocks)")
+    c.set_title("Accumulated inter-request distance (Fig 4.11; requests to pages with a "
+                "block)", fontsize=9)
+    if any(k[4] == "dev_busy_ms" for k in agg):
+        _bars(d, groups, [(label(f), (f, "dev_busy_ms")) for f in present], agg, 1e-3)
+        d.set_ylabel("modeled disk busy (s)")
+        d.set_title("Disk busy time, timed command + sync", fontsize=9)
+    else:
+        _bars(d, groups, [(label(f), (f, "wall_seconds")) for f in present], agg)
+        d.set_ylabel("wall time (s)")
+        d.set_title("Wall time", fontsize=9)
+    fig.suptitle(f"{exp}: write-back policies, device {m['device']}, M = "
+                 f"{int(m['memory_bytes']) >> 20} MiB{_nvram_text(rows)}", fontsize=9)
+    fig.tight_layout()
+    path = out_dir / f"{slug(exp)}-writeback.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -245,7 +245,11 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     try:
         if cg:
             cg.create()
-        target.setup()
+
+        def before_stack(base: Path) -> None:
+            for argv in inv.pre_lower(base):
+                sh.run(wrap(argv), timeout=3600)
+        target.setup(before_stack if inv.pre_lower else None)
         for name, text in inv.files.items():
             sh.write_file(rundir / name, text)
         for argv in inv.pre:

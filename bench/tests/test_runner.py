@@ -45,10 +45,16 @@ def test_thesis_matrix_shape(tmp_path):
 
 def test_table_4_2_flags():
     c = fs.CONFIGS["nvstack-ext2-tempffs-wb-trans"]
-    assert c.nvstack == {"consistency": "undo", "tempfiles": "on", "writeback": "relo"}
-    assert c.label == "TempFFS_WB_Ext2_Trans" and c.consistent
+    assert c.nvstack == {"consistency": "undo", "tempfiles": "on", "cache": "on",
+                         "writeback": "relo"}
+    assert c.label == "TempFFS_WB_Ext2_Trans" and c.consistent and c.cache_on
+    # WB off = the NVRAM page cache off (Linux's write-back of the lower FS): no policy
     bare = fs.CONFIGS["nvstack-ext2"]
-    assert bare.nvstack == {"consistency": "none", "tempfiles": "off", "writeback": "file"}
+    assert bare.nvstack == {"consistency": "none", "tempfiles": "off", "cache": "off"}
+    assert not bare.cache_on
+    assert fs.CONFIGS["nvstack-ext2-trans"].nvstack == {"consistency": "undo",
+                                                        "tempfiles": "off", "cache": "off"}
+    assert fs.CONFIGS["nvstack-ext4-tempffs"].nvstack["cache"] == "off"
     assert fs.CONFIGS["ext4-journal-ram"].label == "Mext3"
 
 
@@ -120,13 +126,13 @@ def test_repro_sh_ram_journal(tmp_path):
 
 def test_repro_sh_nvstack_over_modeled_disk(tmp_path, monkeypatch):
     caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True,
-                                mount_flags={"tempfiles", "writeback", "consistency"},
+                                mount_flags={"tempfiles", "cache", "writeback", "consistency"},
                                 consistency_modes={"undo", "none"})   # a binary with the features
     monkeypatch.setattr(nvstack, "_cache", caps)
     d, text = _repro(tmp_path, "nvstack-ext2-tempffs-wb-trans", device="hdd-7200")
     assert "/opt/nvstack device attach" in text and "--model hdd-7200" in text
     assert "--mkfs ext2" in text
-    assert ("--consistency undo --tempfiles on --writeback relo --foreground" in text)
+    assert ("--consistency undo --tempfiles on --cache on --writeback relo --foreground" in text)
     assert "cgroup.procs && exec \"$@\"' sh /opt/nvstack mount" in text   # daemon in the cgroup
     assert "DAEMON" in text and "/opt/nvstack device stat" in text
     cleanup = text[text.index("cleanup() {"):]
@@ -153,7 +159,12 @@ def test_feature_flags_only_when_the_binary_has_them():
     why = [caps.missing(n) for n in fs.CONFIGS["nvstack-ext2-tempffs"].needs]
     assert any(w and "--tempfiles" in w for w in why)
     assert "journal" in caps.missing("consistency:journal")
+    # the page cache on needs --cache and --writeback
+    why = [caps.missing(n) for n in fs.CONFIGS["nvstack-ext2-wb"].needs]
+    assert any(w and "--cache" in w for w in why)
     caps.mount_flags |= {"tempfiles", "writeback"}
+    assert any(caps.missing(n) for n in fs.CONFIGS["nvstack-ext2-tempffs-wb"].needs)
+    caps.mount_flags |= {"cache"}
     assert all(caps.missing(n) is None for n in fs.CONFIGS["nvstack-ext2-tempffs-wb"].needs)
 
 

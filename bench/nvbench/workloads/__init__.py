@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 
 @dataclass
@@ -17,6 +18,10 @@ class Invocation:
     argv: list[str]                                     # the timed command
     files: dict[str, str] = field(default_factory=dict)  # rundir-relative name -> content
     pre: list[list[str]] = field(default_factory=list)   # untimed, in the cgroup, before drop caches
+    # untimed, in the cgroup, on the kernel FS before a stacked FS is mounted over it: called
+    # with the directory the target will show (<kernel FS>/data, or the kernel FS itself for a
+    # kernel configuration); returns the commands (e.g. a file laid out that nvstack never saw)
+    pre_lower: Callable[[Path], list[list[str]]] | None = None
     tools: list[str] = field(default_factory=list)       # executables that must exist
     note: str = ""
 

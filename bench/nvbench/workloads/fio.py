@@ -14,8 +14,15 @@ FUSE tax (not from a paper): one 1 GiB file, buffered IO (direct=0), psync, 4 Ki
   tax-seq-read      read it sequentially (cold cache; pre-written untimed)
   tax-rand-write    20 s of random 4 KiB overwrites of the pre-written file, end_fsync
   tax-rand-read     20 s of random 4 KiB reads of the pre-written file (cold cache at start)
+Write-back policies (thesis sec. 4.3; not a Filebench personality):
+  wb-zipf-rewrite   102,400 random 4 KiB overwrites (400 MiB, io_size) of a pre-written 512 MiB
+                    file, Zipf theta 1.1 (fio hashes the ranks over the file, so the hot pages
+                    are scattered), psync, one job, end_fsync; the metric is the wall clock
 Pre-written = an untimed fio layout pass (1 MiB writes + fsync) through the measured file
-system, then caches are dropped.
+system, then caches are dropped. `prefill: "lower"`: the same pass on the kernel FS before a
+stacked FS is mounted over it (Invocation.pre_lower), so nvstack starts without having seen
+the file: its NVRAM page cache is clean and its write-back counters (repeated pages are
+remembered per mount) see only the timed job; the layout is the same for every configuration.
 
 `scale` multiplies file sizes, bytes written and run time. fio prints JSON
 (--output-format=json); parse.py reads it.
@@ -81,6 +88,12 @@ JOBS: dict[str, dict] = {
                       "jobs": [{"name": "randread", "rw": "randread", "bs": "4k",
                                 "size": 1024 * MB, "filename": "tax.dat"}],
                       "prefill": True, "primary": ("read_iops", "ops/s", True)},
+    "wb-zipf-rewrite": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1,
+                                   "overwrite": 1, "fallocate": "none", "randrepeat": 1},
+                        "jobs": [{"name": "zipfrewrite", "rw": "randwrite", "bs": "4k",
+                                  "size": 512 * MB, "io_size": 400 * MB,
+                                  "random_distribution": "zipf:1.1", "filename": "wb.dat"}],
+                        "prefill": "lower", "primary": ("wall_seconds", "s", False)},
 }
 NBW_IOSIZES = [128, 512, 1024, 2048, 4096]
 _SCALED = ("size", "io_size", "runtime")
@@ -119,18 +132,28 @@ def job_file(p: dict, directory: Path) -> str:
 
 
 def prefill_argv(p: dict, directory: Path) -> list[str]:
-    """Untimed layout of the job's file: sequential 1 MiB writes + fsync (same size/name)."""
-    job = JOBS[p["config"]]["jobs"][0]
+    """Untimed layout of the job's file: sequential 1 MiB writes + fsync (same size/name; the
+    job's `fallocate` setting too, if it has one)."""
+    spec = JOBS[p["config"]]
+    job = spec["jobs"][0]
     size = max(4096, scaled(job["size"], p["scale"], 1) // 4096 * 4096)
+    extra = [f"--fallocate={spec['global']['fallocate']}"] if "fallocate" in spec["global"] else []
     return ["fio", "--name=prefill", f"--directory={directory}", f"--filename={job['filename']}",
             "--rw=write", "--bs=1m", f"--size={size}", "--ioengine=psync", "--end_fsync=1",
-            "--output-format=terse"]
+            *extra, "--output-format=terse"]
 
 
 def invocation(p: dict, target: Path, rundir: Path) -> Invocation:
     d = target_subdir(target, "fio")
     pre = [["mkdir", "-p", str(d)]]
-    if JOBS[p["config"]].get("prefill"):
+    pre_lower = None
+    prefill = JOBS[p["config"]].get("prefill")
+    if prefill == "lower":
+        def pre_lower(base: Path) -> list[list[str]]:
+            ld = target_subdir(base, "fio")
+            return [["mkdir", "-p", str(ld)], prefill_argv(p, ld)]
+    elif prefill:
         pre.append(prefill_argv(p, d))
     return Invocation(argv=["fio", "--output-format=json", str(rundir / "job.fio")],
-                      files={"job.fio": job_file(p, d)}, pre=pre, tools=[TOOL])
+                      files={"job.fio": job_file(p, d)}, pre=pre, pre_lower=pre_lower,
+                      tools=[TOOL])

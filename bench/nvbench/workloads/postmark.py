@@ -18,6 +18,15 @@ Sources:
   nvfat      NVFAT sec. 4: 1000 files, 10 directories, 512 B - 16 KB, 10k transactions,
              no stdio buffering, 512 B reads/writes. Async = as is; Sync = every write
              synchronous (here: the measured file system mounted with `-o sync`).
+  writeback  the write-back policies (thesis sec. 4.3, Fig 4.10; experiment writeback-policies):
+             thesis-sized files (512 B - 10 KB), no subdirectories, 2500 / 5000 / 7500 files,
+             20k transactions (at the experiment's scale 1). With a 32 MiB NVRAM region (~6.2k
+             frames; a file takes a record frame plus 1-3 pages) the live set is ~1.2x / 2.3x /
+             3.5x the region, so write-back runs at every point; 2500 is near the thesis' "no
+             difference" case (working set about the cache size). 7500 at most because of
+             RLIMIT_NOFILE (20000 here: with tempfiles off every live file holds an O_PATH
+             descriptor in the daemon and every cached file up to two more) and so that one
+             run on the modeled hdd-7200 stays near 2-3 minutes.
   smoke      a small thesis-shaped run for the smoke matrix (seconds per run).
   showcase   the README demo (`bench/run showcase`): thesis-sized files (512 B - 10 KB) in 10
              directories, sized so that one run takes a minute or two on the modeled
@@ -50,6 +59,8 @@ CONFIGS: dict[str, dict] = {
                    "sync": True},
     "fuse-tax": {"files": [10000], "transactions": 150_000, "size": (512, 10 * 1024),
                  "subdirectories": 100},
+    "writeback": {"files": [2500, 5000, 7500], "transactions": 20_000,
+                  "size": (512, 10 * 1024), "subdirectories": 0},
     "smoke": {"files": [4000], "transactions": 100_000, "size": (512, 10 * 1024),
               "subdirectories": 0},
     "showcase": {"files": [6000], "transactions": 12_000, "size": (512, 10 * 1024),

@@ -12,6 +12,8 @@
 //!
 //! Replay: `NVSTACK_SEED=<seed> cargo test -p nvstack --test kill -- --nocapture`.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -117,6 +119,7 @@ impl Drop for Fixture {
         if Command::new(BIN).arg("umount").arg(&mnt).output().is_ok_and(|o| !o.status.success()) {
             let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
         }
+        common::remove_run_dir(&mnt);
     }
 }
 

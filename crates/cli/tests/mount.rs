@@ -3,6 +3,8 @@
 //! by their creators; the mount(8) helper. Needs root and /dev/fuse (CI has both; elsewhere the
 //! tests say why they skip).
 
+mod common;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -88,10 +90,10 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let mnt = self.mnt();
-        if nvstack(&["umount", mnt.to_str().unwrap()]).status.success() {
-            return;
+        if !nvstack(&["umount", mnt.to_str().unwrap()]).status.success() {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).output();
         }
-        let _ = Command::new("umount").arg("-l").arg(&mnt).output();
+        common::remove_run_dir(&mnt);
     }
 }
 

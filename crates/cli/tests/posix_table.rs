@@ -13,6 +13,8 @@
 //! `cargo build -p nvstack-posixtest && cargo test -p nvstack --test posix_table`. A missing
 //! runner fails the test with that instruction; a runner older than its sources is refused too.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -169,6 +171,7 @@ impl Drop for NvMount {
         if !run(Command::new(NVSTACK).arg("umount").arg(&self.mnt)).status.success() {
             let _ = run(Command::new("fusermount3").arg("-uz").arg(&self.mnt));
         }
+        common::remove_run_dir(&self.mnt);
     }
 }
 

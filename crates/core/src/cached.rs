@@ -197,6 +197,16 @@ impl<L: LowerFs> Engine<L> {
             inc(&c.hits);
         }
         for (page, frame, loc) in fresh {
+            // Another file's write may have taken this block meanwhile (its location came from
+            // an older FIEMAP: blocks move when a write-back cuts a file): one page per
+            // location, so this one goes to its logical place. (The space was reserved by
+            // the location seen in the transaction; only placement changes.)
+            let reserved = matches!(loc, Loc::Logical { .. });
+            let loc = if t.all.contains(loc) {
+                Loc::Logical { object: cf.object.0, index: page }
+            } else {
+                loc
+            };
             let meta = PageMeta {
                 frame,
                 active: false,
@@ -205,7 +215,7 @@ impl<L: LowerFs> Engine<L> {
                 last_use: tick,
                 dirtied_at: now.0,
                 loc,
-                reserved: matches!(loc, Loc::Logical { .. }),
+                reserved,
             };
             cache::add_page(&mut t, c, PageKey { object: cf.object.0, index: page }, &meta);
             st.unmapped += u64::from(meta.reserved);
@@ -508,10 +518,86 @@ impl<L: LowerFs> Engine<L> {
         self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
         st.unmapped = 0;
         st.gone = true;
+        // Only this file's entries: once the freeing transaction committed, another thread may
+        // have created a record in the same frame (or for the same file) already.
         let mut files = self.cache.files.lock().expect("cache files");
-        files.by_key.remove(&cf.key);
-        files.by_object.remove(&cf.object.0);
+        if files.by_key.get(&cf.key).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
+            files.by_key.remove(&cf.key);
+        }
+        if files.by_object.get(&cf.object.0).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
+            files.by_object.remove(&cf.object.0);
+        }
         cache::dec(&self.cache.counters.files);
+    }
+
+    /// Checks the volatile mirror against itself (tests): every dirty page of every cached
+    /// file is in the `all` table at its location, inactive ones in `inactive`, nothing else is
+    /// in either table, and the maps agree. Call it while no operation runs.
+    pub fn check_cache(&self) -> Result<(), String> {
+        let files: Vec<_> = {
+            let f = self.cache.files.lock().expect("cache files");
+            if f.by_key.len() != f.by_object.len() {
+                return Err(format!(
+                    "{} files by key, {} by object",
+                    f.by_key.len(),
+                    f.by_object.len()
+                ));
+            }
+            for (key, cf) in &f.by_key {
+                if cf.key != *key
+                    || !f.by_object.get(&cf.object.0).is_some_and(|o| Arc::ptr_eq(o, cf))
+                {
+                    return Err(format!("file {key:?} is not the same in both maps"));
+                }
+            }
+            f.by_object.values().cloned().collect()
+        };
+        let t = self.cache.tables();
+        let (mut all, mut inactive) = (0u64, 0u64);
+        for cf in files {
+            let st = cf.lock();
+            if st.gone {
+                return Err(format!("a freed file (frame {}) is still mapped", cf.object.0));
+            }
+            for (&index, meta) in &st.pages {
+                let page = PageKey { object: cf.object.0, index };
+                let zone = |table: &crate::writeback::ZoneTable| {
+                    table
+                        .zone(table.zone_of(meta.loc))
+                        .and_then(|z| z.pages.get(&meta.loc).copied())
+                };
+                if zone(&t.all) != Some(page) {
+                    return Err(format!("{page:?} at {:?} missing from the all table", meta.loc));
+                }
+                all += 1;
+                let in_inactive = zone(&t.inactive) == Some(page);
+                if in_inactive == meta.active {
+                    return Err(format!(
+                        "{page:?}: active {} but in the inactive table {in_inactive}",
+                        meta.active
+                    ));
+                }
+                inactive += u64::from(!meta.active);
+            }
+        }
+        if t.all.dirty_pages() != all || t.inactive.dirty_pages() != inactive {
+            return Err(format!(
+                "tables hold {} / {} pages, files {all} / {inactive}",
+                t.all.dirty_pages(),
+                t.inactive.dirty_pages()
+            ));
+        }
+        let c = &self.cache.counters;
+        let (d, i) = (
+            c.pages_dirty.load(std::sync::atomic::Ordering::Relaxed),
+            c.pages_inactive_dirty.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        if (d, i) != (all, inactive) {
+            return Err(format!(
+                "counters say {d} / {i} dirty / inactive, files {all} / {inactive}"
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` on the lower file of `key` with no record in NVRAM and none able to start

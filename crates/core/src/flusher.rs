@@ -100,9 +100,12 @@ impl<L: LowerFs> Engine<L> {
         self.age_all();
         let mut written = 0u64;
         let mut idle_passes = 0;
-        while written < target {
+        // A limit on the loop: a batch that frees nothing (every chosen page rewritten
+        // meanwhile) counts; three in a row end the round.
+        let mut fruitless = 0;
+        while written < target && fruitless < 3 {
             let want = (target - written).min(self.cache.config.batch_pages).max(1) as usize;
-            let chosen = self.select(want);
+            let mut chosen = self.select(want);
             if chosen.is_empty() {
                 // Every dirty page is active: age again (at most twice: the first pass clears
                 // references, the second demotes), then take any dirty page by location.
@@ -111,16 +114,39 @@ impl<L: LowerFs> Engine<L> {
                     self.age_all();
                     continue;
                 }
-                let any = crate::writeback::by_zones(&self.cache.tables().all, want);
-                if any.is_empty() {
+                chosen = crate::writeback::by_zones(&self.cache.tables().all, want);
+                if chosen.is_empty() {
                     break;
                 }
-                written += self.write_pages(history, &any)?;
-                continue;
             }
-            written += self.write_pages(history, &chosen)?;
+            let freed = self.write_pages(history, &chosen)?;
+            if freed == 0 {
+                fruitless += 1;
+                if std::env::var_os("NVSTACK_DEBUG_WB").is_some() {
+                    self.explain(&chosen);
+                }
+            } else {
+                fruitless = 0;
+            }
+            written += freed;
         }
         Ok(written)
+    }
+
+    /// Why chosen pages were not freed (debugging aid, NVSTACK_DEBUG_WB).
+    fn explain(&self, chosen: &[(PageKey, Loc)]) {
+        for &(page, loc) in chosen.iter().take(4) {
+            let Some(cf) = self.cache.by_object(page.object) else {
+                eprintln!("nvstack: write-back chose {page:?} at {loc:?}: no such cached file");
+                continue;
+            };
+            let st = cf.lock();
+            let meta = st.pages.get(&page.index).copied();
+            eprintln!(
+                "nvstack: write-back chose {page:?} at {loc:?}: gone {}, meta {meta:?}",
+                st.gone
+            );
+        }
     }
 
     /// The clock over every dirty page (`cache::age`).
@@ -187,16 +213,21 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn write_back_file(&self, cf: &Arc<Cached<L>>, reason: Reason) -> FsResult<()> {
         let mut history = self.cache.round.lock().expect("write-back round");
         inc(&self.cache.counters.rounds[reason as usize]);
-        loop {
+        // A limit: the file's pages in batches, then a few passes for a record left by a
+        // truncate meanwhile; a file rewritten without pause ends with EAGAIN.
+        let batch = self.cache.config.batch_pages.max(1);
+        let most = (cf.lock().pages.len() as u64).div_ceil(batch) + 8;
+        for _ in 0..most {
             let pages: Vec<u64> = {
                 let st = cf.lock();
                 if st.gone {
                     return Ok(());
                 }
-                st.pages.keys().take(self.cache.config.batch_pages as usize).copied().collect()
+                st.pages.keys().take(batch as usize).copied().collect()
             };
             self.write_batch(&mut history, vec![(Arc::clone(cf), pages)])?;
         }
+        if cf.lock().gone { Ok(()) } else { Err(FsError::Lower(Errno(libc::EAGAIN))) }
     }
 
     /// Writes back every dirty page of every file (flush, unmount, cache off at mount), in
@@ -211,13 +242,30 @@ impl<L: LowerFs> Engine<L> {
         let total = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
         let mut done = 0u64;
         let batch = self.cache.config.batch_pages.max(1) as usize;
-        loop {
+        // A limit: what was dirty when the flush began, twice over (writers go on meanwhile),
+        // and three batches in a row that free nothing end it with an error.
+        let most = 2 * total.div_ceil(batch as u64) + 16;
+        let mut fruitless = 0;
+        for _ in 0..most {
             let chosen = crate::writeback::by_zones(&self.cache.tables().all, batch);
             if chosen.is_empty() {
                 break;
             }
             match self.write_pages(&mut history, &chosen) {
-                Ok(n) => done += n,
+                Ok(0) => {
+                    fruitless += 1;
+                    if fruitless == 3 {
+                        let e = FsError::Lower(Errno(libc::EAGAIN));
+                        eprintln!(
+                            "nvstack: write-back made no progress (pages rewritten meanwhile)"
+                        );
+                        return (done, Some(e));
+                    }
+                }
+                Ok(n) => {
+                    done += n;
+                    fruitless = 0;
+                }
                 Err(e) => return (done, Some(e)),
             }
             progress(done.min(total), total.max(done));
@@ -438,7 +486,12 @@ impl<L: LowerFs> Engine<L> {
                 }
                 let mut rec = st.rec.clone();
                 rec.valid = job.size.min(st.shrunk_to).min(rec.size);
-                let free_record = clean.len() == st.pages.len() && rec.valid == rec.size;
+                // The record goes only when the lower file is exactly the content: no page
+                // left, nothing hidden, and the size step 2 gave the lower file is still the
+                // file's (a truncate since step 1 leaves the lower file longer: the record
+                // keeps hiding that tail until the next write-back cuts it).
+                let free_record =
+                    clean.len() == st.pages.len() && rec.valid == rec.size && rec.size == job.size;
                 if free_record {
                     tx.free_frame(job.cf.object)?;
                 } else {

@@ -347,6 +347,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
         s.quiet = true;
         drop(s);
         let now = view(&engine)?;
+        engine.check_cache().map_err(|e| format!("seed {seed} op {label:?}: cache mirror: {e}"))?;
         let mut s = state.lock().unwrap();
         s.quiet = false;
         if now != after {
