@@ -25,14 +25,7 @@ const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "victim"];
 const MAX_SIZE: &str = "48K";
 
 fn skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root && Path::new("/dev/fuse").exists() {
-        return false;
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must run the kill tests (root and /dev/fuse)");
-    eprintln!("SKIP: needs root and /dev/fuse");
-    true
+    common::skip("the kill tests")
 }
 
 fn text(o: &Output) -> String {

@@ -13,14 +13,7 @@ use std::process::{Command, Output};
 const BIN: &str = env!("CARGO_BIN_EXE_nvstack");
 
 fn skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root && Path::new("/dev/fuse").exists() {
-        return false;
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must run the mount tests (root and /dev/fuse)");
-    eprintln!("SKIP: needs root and /dev/fuse");
-    true
+    common::skip("the mount tests")
 }
 
 fn nvstack(args: &[&str]) -> Output {

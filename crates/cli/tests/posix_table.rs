@@ -26,14 +26,7 @@ const NVSTACK: &str = env!("CARGO_BIN_EXE_nvstack");
 const TABLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root && Path::new("/dev/fuse").exists() {
-        return false;
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must run the POSIX table (root and /dev/fuse)");
-    eprintln!("SKIP: needs root and /dev/fuse");
-    true
+    common::skip("the POSIX table")
 }
 
 fn repo() -> PathBuf {

@@ -129,12 +129,7 @@ impl<L: LowerFs> Engine<L> {
         let now = self.lower.now();
         let mut rec = st.rec.clone();
         let result = (|| {
-            let mut done = 0usize;
-            while done < data.len() {
-                let pos = offset + done as u64;
-                let page = pos / PAGE;
-                let in_page = (pos % PAGE) as usize;
-                let n = (PAGE as usize - in_page).min(data.len() - done);
+            for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
                 let chunk = &data[done..done + n];
                 if let Some(meta) = st.pages.get(&page) {
                     otx.tx().update(pool.frame_offset(meta.frame) + in_page as u64, chunk)?;
@@ -170,7 +165,6 @@ impl<L: LowerFs> Engine<L> {
                     };
                     fresh.push((page, frame, loc));
                 }
-                done += n;
             }
             // Pages without a lower block need space in the lower file system at write-back.
             let unmapped =

@@ -10,3 +10,16 @@ pub fn remove_run_dir(mountpoint: &Path) {
     let id = xxhash_rust::xxh3::xxh3_64(canonical.as_os_str().as_encoded_bytes());
     let _ = std::fs::remove_dir_all(Path::new("/run/nvstack/mounts").join(format!("{id:016x}")));
 }
+
+/// True (and the test returns early) when not root or without /dev/fuse; under CI that is an
+/// error: CI must run `what`.
+pub fn skip(what: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && Path::new("/dev/fuse").exists() {
+        return false;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must run {what} (root and /dev/fuse)");
+    eprintln!("SKIP: needs root and /dev/fuse");
+    true
+}

@@ -16,6 +16,23 @@ use super::record::{KIND_DATA, Record};
 
 pub const PAGE: u64 = FRAME_SIZE;
 
+/// `len` bytes at `offset`, page by page: (page number, offset in the page, offset in the
+/// data, length of the piece).
+pub fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize)> {
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let pos = offset + done as u64;
+        let in_page = (pos % PAGE) as usize;
+        let n = (PAGE as usize - in_page).min(len - done);
+        let piece = (pos / PAGE, in_page, done, n);
+        done += n;
+        Some(piece)
+    })
+}
+
 /// Writes `data` at `offset`; returns the pages it allocated (added to `pages`). On error no
 /// page was added: the caller's map stays the mirror of what the rollback leaves.
 pub fn write(
@@ -49,12 +66,7 @@ fn write_into(
     fresh: &mut Vec<u64>,
 ) -> Result<(), TxError> {
     let pool = tx.pool();
-    let mut done = 0usize;
-    while done < data.len() {
-        let pos = offset + done as u64;
-        let page = pos / PAGE;
-        let in_page = (pos % PAGE) as usize;
-        let n = (PAGE as usize - in_page).min(data.len() - done);
+    for (page, in_page, done, n) in pieces(offset, data.len()) {
         let chunk = &data[done..done + n];
         if let Some(&frame) = pages.get(&page) {
             tx.update(pool.frame_offset(frame) + in_page as u64, chunk)?;
@@ -68,7 +80,6 @@ fn write_into(
             pages.insert(page, frame);
             fresh.push(page);
         }
-        done += n;
     }
     Ok(())
 }
