@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 
 use lower::{Errno, LowerFs, SetAttr, TimeSet};
 
-use crate::cache::record::{KIND_PAGE, KIND_RECORD, Record};
+use crate::cache::record::Record;
 use crate::cache::{self, CachedFile, History, PAGE, PageMeta, Reason, inc};
 use crate::cached::Cached;
 use crate::error::{FsError, FsResult};
@@ -196,16 +196,24 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Writes back the chosen pages in batches of NR_WB; returns pages written.
+    ///
+    /// A policy may choose more than asked (`file` takes whole files, `location` and `relo`
+    /// whole zones, as the thesis does); they are written in location order, NR_WB pages a
+    /// batch, so that a batch's copy and its freeing transaction stay bounded.
     fn write_pages(&self, history: &mut History, chosen: &[(PageKey, Loc)]) -> FsResult<u64> {
-        let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for (page, _) in chosen {
-            by_file.entry(page.object).or_default().push(page.index);
+        let mut freed = 0;
+        for chunk in chosen.chunks(self.cache.config.batch_pages.max(1) as usize) {
+            let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+            for (page, _) in chunk {
+                by_file.entry(page.object).or_default().push(page.index);
+            }
+            let batch: Vec<(Arc<Cached<L>>, Vec<u64>)> = by_file
+                .into_iter()
+                .filter_map(|(object, pages)| self.cache.by_object(object).map(|cf| (cf, pages)))
+                .collect();
+            freed += self.write_batch(history, batch)?;
         }
-        let batch: Vec<(Arc<Cached<L>>, Vec<u64>)> = by_file
-            .into_iter()
-            .filter_map(|(object, pages)| self.cache.by_object(object).map(|cf| (cf, pages)))
-            .collect();
-        self.write_batch(history, batch)
+        Ok(freed)
     }
 
     /// Writes back every page of one file and frees its record (coherence: an operation
@@ -544,38 +552,11 @@ impl<L: LowerFs> Engine<L> {
     /// file that no longer exists (deleted while dirty, before its pages were dropped) is
     /// freed with its pages.
     pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
-        let frames = self.pool.allocated_frames()?;
-        let mut records: BTreeMap<u64, (Record, BTreeMap<u64, txn::FrameId>)> = BTreeMap::new();
-        let mut pages = Vec::new();
-        for (frame, tag) in frames {
-            match tag.kind {
-                KIND_RECORD => {
-                    let b = self.pool.read_vec(self.pool.frame_offset(frame), 256);
-                    let rec = Record::decode(&b)
-                        .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
-                    records.insert(frame.0, (rec, BTreeMap::new()));
-                }
-                KIND_PAGE => pages.push((frame, tag)),
-                _ => {}
-            }
-        }
-        for (frame, tag) in pages {
-            let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
-            let Some((rec, map)) = records.get_mut(&tag.owner) else {
-                return Err(
-                    corrupt("cached page whose owner is not a cached-file record (C2)").into()
-                );
-            };
-            if tag.index >= rec.size.div_ceil(PAGE) {
-                return Err(corrupt("cached page beyond the file size (C3)").into());
-            }
-            map.insert(tag.index, frame);
-        }
+        let found = cache::scan(&self.pool)?;
         let now = self.lower.now().0;
         let mut next_serial = 1;
-        for (object, (rec, frames)) in records {
+        for cache::Found { frame: object, rec, pages: frames } in found {
             next_serial = next_serial.max(rec.serial + 1);
-            let object = txn::FrameId(object);
             let node = match self.lower.find_file(&rec.handle, self.max_walk) {
                 Ok(node) => node,
                 Err(Errno(libc::ENOENT | libc::ESTALE)) => {

@@ -223,6 +223,12 @@ fn under_pressure_every_policy_writes_back_and_no_byte_is_lost() {
         assert!(st.writeback.pages_written > 50, "{policy}: {:?}", st.writeback);
         assert!(st.writeback.rounds["pressure"] > 0, "{policy}");
         assert!(st.writeback.pages_dirty <= 16 + 4, "{policy}: {:?}", st.writeback);
+        // Whole files or zones chosen are written NR_WB pages a batch.
+        assert!(
+            st.writeback.pages_written <= st.writeback.batches * 4,
+            "{policy}: {:?}",
+            st.writeback
+        );
         eprintln!(
             "{policy}: {} pages written in {} batches, {} requests, {} repeated, distance {}",
             st.writeback.pages_written,

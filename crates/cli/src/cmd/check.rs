@@ -36,6 +36,13 @@ pub fn run(args: &CheckArgs) -> CliResult {
             return Err(e.into());
         }
     };
+    let cached = match engine::cache::scan(&pool) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED: {e}");
+            return Err(e.into());
+        }
+    };
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
     let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
     if report.transactions_rolled_back == 0 {
@@ -60,6 +67,13 @@ pub fn run(args: &CheckArgs) -> CliResult {
             } else {
                 String::new()
             }
+        );
+    }
+    if !cached.is_empty() {
+        let pages: usize = cached.iter().map(|c| c.pages.len()).sum();
+        println!(
+            "{path}: {} cached file(s) with {pages} dirty page(s) in NVRAM (written back later)",
+            cached.len()
         );
     }
     Ok(())

@@ -24,10 +24,12 @@ pub fn run(args: &InspectArgs) -> CliResult {
     let region = open_unlocked(&args.nvram)?;
     let report = txn::inspect(&region)?;
     let temps = temp_files(&args.nvram);
+    let cached = cached_files(&args.nvram);
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
         value["in_use"] = serde_json::Value::Bool(in_use);
         value["tempfiles"] = temps_json(&temps);
+        value["cache"] = cached_json(&cached);
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
@@ -89,6 +91,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     );
     println!("root area   {} bytes used", report.root_area_bytes_used);
     print_temps(&temps);
+    print_cached(&cached);
     Ok(())
 }
 
@@ -148,6 +151,49 @@ const MAX_LISTED: usize = 10_000;
 fn temp_files(path: &std::path::Path) -> CliResult<Vec<engine::tempfs::Found>> {
     let (pool, _) = super::dry_open(path)?;
     Ok(engine::tempfs::scan(&pool)?)
+}
+
+/// The page cache's records as the next mount will see them (the files themselves are found
+/// by handle only when mounted).
+fn cached_files(path: &std::path::Path) -> CliResult<Vec<engine::cache::Found>> {
+    let (pool, _) = super::dry_open(path)?;
+    Ok(engine::cache::scan(&pool)?)
+}
+
+fn cached_json(cached: &CliResult<Vec<engine::cache::Found>>) -> serde_json::Value {
+    match cached {
+        Ok(list) => serde_json::json!({
+            "files": list.len(),
+            "dirty_pages": list.iter().map(|c| c.pages.len()).sum::<usize>(),
+            "records": list
+                .iter()
+                .take(MAX_LISTED)
+                .map(|c| serde_json::json!({
+                    "frame": c.frame.0,
+                    "serial": c.rec.serial,
+                    "size": c.rec.size,
+                    "valid": c.rec.valid,
+                    "dirty_pages": c.pages.len(),
+                    "handle": c.rec.handle.iter().fold(String::new(), |mut h, b| {
+                        use std::fmt::Write;
+                        let _ = write!(h, "{b:02x}");
+                        h
+                    }),
+                }))
+                .collect::<Vec<_>>(),
+        }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
+fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
+    match cached {
+        Ok(list) => {
+            let pages: usize = list.iter().map(|c| c.pages.len()).sum();
+            println!("page cache  {} file(s) with {pages} dirty page(s) in NVRAM", list.len());
+        }
+        Err(e) => println!("page cache  unreadable: {e}"),
+    }
 }
 
 fn open_unlocked(path: &std::path::Path) -> CliResult<MmapRegion> {

@@ -499,6 +499,44 @@ impl CacheCounters {
     }
 }
 
+/// One cached file found in the region (at mount, by `check` and `inspect`).
+#[derive(Debug)]
+pub struct Found {
+    pub frame: FrameId,
+    pub rec: Record,
+    pub pages: BTreeMap<u64, FrameId>,
+}
+
+/// Reads every cached-file record and dirty page of the region (after recovery rolled back
+/// unfinished transactions) and checks C1-C3. Damage is reported with the frame named.
+pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
+    let mut records: BTreeMap<u64, Found> = BTreeMap::new();
+    let mut pages = Vec::new();
+    for (frame, tag) in pool.allocated_frames()? {
+        match tag.kind {
+            record::KIND_RECORD => {
+                let b = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
+                let rec = Record::decode(&b)
+                    .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
+                records.insert(frame.0, Found { frame, rec, pages: BTreeMap::new() });
+            }
+            record::KIND_PAGE => pages.push((frame, tag)),
+            _ => {}
+        }
+    }
+    for (frame, tag) in pages {
+        let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
+        let Some(found) = records.get_mut(&tag.owner) else {
+            return Err(corrupt("cached page whose owner is not a cached-file record (C2)"));
+        };
+        if tag.index >= found.rec.size.div_ceil(PAGE) {
+            return Err(corrupt("cached page beyond the file size (C3)"));
+        }
+        found.pages.insert(tag.index, frame);
+    }
+    Ok(records.into_values().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
