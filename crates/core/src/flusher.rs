@@ -21,8 +21,8 @@
 //!
 //! Crash safety: step 2 never changes the content a record defines (it rewrites bytes that
 //! dirty pages cover, and cuts only beyond V), so a crash before step 3 leaves the file as it
-//! was and the batch is written again later (same bytes at the same offsets); step 3 is one
-//! transaction.
+//! was and the batch is written again later (same bytes at the same offsets); each step-4
+//! commit is one transaction.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,11 +44,18 @@ use crate::writeback::{Loc, PageKey};
 #[repr(C, align(4096))]
 struct Block([u8; PAGE as usize]);
 
+/// A batch as chosen: files with the page numbers to write.
+type Batch<L> = Vec<(Arc<Cached<L>>, Vec<u64>)>;
+
 /// One file's share of a batch.
 struct Job<L: LowerFs> {
     cf: Arc<Cached<L>>,
     size: u64,
     valid: u64,
+    /// The first job of its file in this write-back call: cuts the lower file to `valid`. (A
+    /// later job of the same file must not: the earlier job's pages beyond `valid` are
+    /// written and not yet committed.)
+    cut: bool,
     mtime: (i64, u32),
     /// (page index, location, version), ascending by index; `data` holds them in this order.
     pages: Vec<(u64, Loc, u64)>,
@@ -74,24 +81,34 @@ impl<L: LowerFs> Engine<L> {
     /// After a cached write: a pressure round when dirty pages passed the high watermark
     /// (one round at a time; others go on writing).
     pub(crate) fn after_cached_write(&self) {
-        let dirty = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
-        if dirty <= self.cache.config.high_pages {
+        if self.cache_frames() <= self.cache.config.high_pages {
             return;
         }
         let Ok(mut history) = self.cache.round.try_lock() else { return };
-        let dirty = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
-        if dirty > self.cache.config.high_pages {
-            let target = dirty - self.cache.config.low_pages.min(dirty);
+        let held = self.cache_frames();
+        if held > self.cache.config.high_pages {
+            let target = held - self.cache.config.low_pages.min(held);
             if let Err(e) = self.pressure_round(&mut history, Reason::Pressure, target) {
                 eprintln!("nvstack: write-back failed: {e}");
             }
         }
     }
 
-    /// A write found no free frame: one batch now (waits for a running round).
+    /// Frames the page cache holds: dirty pages and one record per file (the watermarks are
+    /// about NVRAM, and with many small files the records are a third of it).
+    fn cache_frames(&self) -> u64 {
+        let c = &self.cache.counters;
+        c.pages_dirty.load(Ordering::Relaxed) + c.files.load(Ordering::Relaxed)
+    }
+
+    /// A write found no free frame: a round down to the low watermark, at least one batch
+    /// (waits for a running round).
     pub(crate) fn writeback_for_room(&self) -> FsResult<u64> {
         let mut history = self.cache.round.lock().expect("write-back round");
-        self.pressure_round(&mut history, Reason::NvramFull, self.cache.config.batch_pages)
+        let held = self.cache_frames();
+        let target =
+            (held - self.cache.config.low_pages.min(held)).max(self.cache.config.batch_pages);
+        self.pressure_round(&mut history, Reason::NvramFull, target)
     }
 
     /// Ages, then writes back batches chosen by the policy until `target` pages went.
@@ -201,19 +218,22 @@ impl<L: LowerFs> Engine<L> {
     /// whole zones, as the thesis does); they are written in location order, NR_WB pages a
     /// batch, so that a batch's copy and its freeing transaction stay bounded.
     fn write_pages(&self, history: &mut History, chosen: &[(PageKey, Loc)]) -> FsResult<u64> {
-        let mut freed = 0;
-        for chunk in chosen.chunks(self.cache.config.batch_pages.max(1) as usize) {
-            let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-            for (page, _) in chunk {
-                by_file.entry(page.object).or_default().push(page.index);
-            }
-            let batch: Vec<(Arc<Cached<L>>, Vec<u64>)> = by_file
-                .into_iter()
-                .filter_map(|(object, pages)| self.cache.by_object(object).map(|cf| (cf, pages)))
-                .collect();
-            freed += self.write_batch(history, batch)?;
-        }
-        Ok(freed)
+        let batches = chosen
+            .chunks(self.cache.config.batch_pages.max(1) as usize)
+            .map(|chunk| {
+                let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+                for (page, _) in chunk {
+                    by_file.entry(page.object).or_default().push(page.index);
+                }
+                by_file
+                    .into_iter()
+                    .filter_map(|(object, pages)| {
+                        self.cache.by_object(object).map(|cf| (cf, pages))
+                    })
+                    .collect()
+            })
+            .collect();
+        self.write_batches(history, batches)
     }
 
     /// Writes back every page of one file and frees its record (coherence: an operation
@@ -319,13 +339,51 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// One batch (see the module docs). Returns the pages freed.
-    fn write_batch(
+    fn write_batch(&self, history: &mut History, batch: Batch<L>) -> FsResult<u64> {
+        self.write_batches(history, vec![batch])
+    }
+
+    /// Steps 1 and 2 of every batch, one durability point for all of them (fsync when they
+    /// are all one file, else syncfs), then step 3 batch by batch (each its own bounded
+    /// transaction). A file met again in a later batch of the same call keeps the
+    /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
+    fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
+        let mut seen = std::collections::HashSet::new();
+        let mut written: Vec<Vec<Job<L>>> = Vec::new();
+        for batch in batches {
+            let mut jobs = self.snapshot(batch, &mut seen);
+            if jobs.is_empty() {
+                continue;
+            }
+            self.write_lower(history, &jobs)?;
+            for job in &mut jobs {
+                job.data = Vec::new(); // written: only the versions are needed now
+            }
+            written.push(jobs);
+        }
+        let Some(first) = written.first().and_then(|jobs| jobs.first()) else { return Ok(0) };
+        if written.iter().flatten().all(|job| Arc::ptr_eq(&job.cf, &first.cf)) {
+            self.lower.fsync(self.cache_io(&first.cf)?, false)?;
+        } else {
+            self.lower.syncfs()?;
+        }
+        self.fail("writeback.written");
+        let mut freed = 0;
+        for jobs in &written {
+            freed += self.commit_batch(jobs)?;
+            self.fail("writeback.freed");
+            inc(&self.cache.counters.batches);
+        }
+        Ok(freed)
+    }
+
+    /// Step 1 for one batch.
+    fn snapshot(
         &self,
-        history: &mut History,
-        mut batch: Vec<(Arc<Cached<L>>, Vec<u64>)>,
-    ) -> FsResult<u64> {
+        mut batch: Batch<L>,
+        seen: &mut std::collections::HashSet<u64>,
+    ) -> Vec<Job<L>> {
         batch.sort_by_key(|(cf, _)| cf.object.0);
-        // Step 1: snapshot.
         let mut jobs: Vec<Job<L>> = Vec::new();
         for (cf, mut indices) in batch {
             indices.sort_unstable();
@@ -338,6 +396,7 @@ impl<L: LowerFs> Engine<L> {
                 cf: Arc::clone(&cf),
                 size: st.rec.size,
                 valid: st.rec.valid,
+                cut: false,
                 mtime: st.rec.mtime,
                 pages: Vec::new(),
                 data: Vec::new(),
@@ -349,25 +408,18 @@ impl<L: LowerFs> Engine<L> {
                 job.pages.push((index, meta.loc, meta.version));
                 job.data.push(block);
             }
-            st.shrunk_to = st.rec.size;
+            job.cut = seen.insert(cf.object.0);
+            if job.cut {
+                st.shrunk_to = st.rec.size;
+            }
             jobs.push(job);
         }
-        if jobs.is_empty() {
-            return Ok(0);
-        }
-        // Step 2: the lower files.
-        self.write_lower(history, &jobs)?;
-        self.fail("writeback.written");
-        // Step 3: one transaction frees what did not change.
-        let freed = self.commit_batch(&jobs)?;
-        self.fail("writeback.freed");
-        inc(&self.cache.counters.batches);
-        Ok(freed)
+        jobs
     }
 
     fn write_lower(&self, history: &mut History, jobs: &[Job<L>]) -> FsResult<()> {
         // Cut what lies beyond `valid` first: those bytes are zero to the application.
-        for job in jobs {
+        for job in jobs.iter().filter(|job| job.cut) {
             let io = self.cache_io(&job.cf)?;
             let lower_size = self.lower.getattr(&job.cf.node)?.size;
             if lower_size > job.valid {
@@ -412,11 +464,6 @@ impl<L: LowerFs> Engine<L> {
                 ..SetAttr::default()
             };
             self.lower.setattr(&job.cf.node, Some(io), &set)?;
-        }
-        if let [job] = jobs {
-            self.lower.fsync(self.cache_io(&job.cf)?, false)?;
-        } else {
-            self.lower.syncfs()?;
         }
         Ok(())
     }
@@ -483,17 +530,22 @@ impl<L: LowerFs> Engine<L> {
                     plans.push((Vec::new(), st.rec.clone(), false));
                     continue;
                 }
+                let mut rec = st.rec.clone();
+                rec.valid = job.size.min(st.shrunk_to).min(rec.size);
+                // A page is clean when it is unchanged since step 1 and every byte of it below
+                // the file's size lies below the new `valid` (bytes beyond `valid` are hidden in
+                // the lower file: a page written after a truncate stays dirty there).
+                let below = |index: u64| ((index + 1) * PAGE).min(rec.size) <= rec.valid;
                 let mut clean = Vec::new();
                 for &(index, _, version) in &job.pages {
                     if let Some(meta) = st.pages.get(&index)
                         && meta.version == version
+                        && below(index)
                     {
                         tx.free_frame(meta.frame)?;
                         clean.push(index);
                     }
                 }
-                let mut rec = st.rec.clone();
-                rec.valid = job.size.min(st.shrunk_to).min(rec.size);
                 // The record goes only when the lower file is exactly the content: no page
                 // left, nothing hidden, and the size step 2 gave the lower file is still the
                 // file's (a truncate since step 1 leaves the lower file longer: the record
