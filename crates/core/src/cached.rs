@@ -406,16 +406,27 @@ impl<L: LowerFs> Engine<L> {
         otx.end(result)?;
         st.rec = rec;
         st.shrunk_to = st.shrunk_to.min(size);
-        let mut t = self.cache.tables();
+        let gone: Vec<PageMeta> =
+            gone.iter().map(|p| st.pages.remove(p).expect("page listed above")).collect();
+        self.pages_clean(&mut st, &gone);
+        Ok(Some(()))
+    }
+
+    /// The volatile side of pages that are no longer dirty (their transaction committed, they
+    /// are out of `st.pages`): out of the zone tables, their lower-space reservation released.
+    pub(crate) fn pages_clean<'m>(
+        &self,
+        st: &mut cache::CacheState,
+        pages: impl IntoIterator<Item = &'m PageMeta>,
+    ) {
         let mut unreserve = 0;
-        for p in gone {
-            let meta = st.pages.remove(&p).expect("page listed above");
-            cache::remove_page(&mut t, &self.cache.counters, &meta);
+        let mut t = self.cache.tables();
+        for meta in pages {
+            cache::remove_page(&mut t, &self.cache.counters, meta);
             unreserve += u64::from(meta.reserved);
         }
         st.unmapped -= unreserve;
         self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
-        Ok(Some(()))
     }
 
     /// setattr of a lower regular file with a record: the size in the cache, the rest in the
@@ -501,16 +512,7 @@ impl<L: LowerFs> Engine<L> {
         st: &mut cache::CacheState,
         pages: &std::collections::BTreeMap<u64, PageMeta>,
     ) {
-        let mut unreserve = 0;
-        {
-            let mut t = self.cache.tables();
-            for meta in pages.values() {
-                cache::remove_page(&mut t, &self.cache.counters, meta);
-                unreserve += u64::from(meta.reserved);
-            }
-        }
-        self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
-        st.unmapped = 0;
+        self.pages_clean(st, pages.values());
         st.gone = true;
         // Only this file's entries: once the freeing transaction committed, another thread may
         // have created a record in the same frame (or for the same file) already.
@@ -552,6 +554,13 @@ impl<L: LowerFs> Engine<L> {
             let st = cf.lock();
             if st.gone {
                 return Err(format!("a freed file (frame {}) is still mapped", cf.object.0));
+            }
+            let reserved = st.pages.values().filter(|m| m.reserved).count() as u64;
+            if st.unmapped != reserved {
+                return Err(format!(
+                    "frame {}: unmapped {} but {reserved} reserved pages",
+                    cf.object.0, st.unmapped
+                ));
             }
             for (&index, meta) in &st.pages {
                 let page = PageKey { object: cf.object.0, index };
@@ -601,7 +610,9 @@ impl<L: LowerFs> Engine<L> {
         key: (u64, u64),
         f: impl FnOnce() -> FsResult<T>,
     ) -> FsResult<T> {
-        loop {
+        // A limit: a file that writers keep dirtying between its write-back and the stripe
+        // gets EAGAIN after a few attempts.
+        for _ in 0..8 {
             if let Some(cf) = self.cached(key) {
                 self.write_back_file(&cf, Reason::Coherence)?;
             }
@@ -612,5 +623,6 @@ impl<L: LowerFs> Engine<L> {
                 return r;
             }
         }
+        Err(errno(libc::EAGAIN))
     }
 }

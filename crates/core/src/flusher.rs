@@ -586,15 +586,7 @@ impl<L: LowerFs> Engine<L> {
             if free_record {
                 self.forget_cached(&job.cf, st, &gone_pages);
             } else {
-                let mut unreserve = 0;
-                let mut t = self.cache.tables();
-                for meta in gone_pages.values() {
-                    cache::remove_page(&mut t, &self.cache.counters, meta);
-                    unreserve += u64::from(meta.reserved);
-                }
-                drop(t);
-                st.unmapped -= unreserve;
-                self.reserved_pages.fetch_sub(unreserve, Ordering::Relaxed);
+                self.pages_clean(st, gone_pages.values());
             }
         }
         Ok(freed)

@@ -988,13 +988,13 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<u64> {
         let input = self.handle(fh_in)?;
         let output = self.handle(fh_out)?;
-        if matches!(input.file, Open::Temp { .. }) || matches!(output.file, Open::Temp { .. }) {
-            return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
-        }
-        // A side with dirty pages in NVRAM, or a cached output: copy through the cache.
+        // A temp file on either side, an input with dirty pages in NVRAM, or an output the
+        // cache takes: copy through the engine.
+        let temp = |h: &Handle<Open<L>>| matches!(h.file, Open::Temp { .. });
         let (via_in, via_out) = (self.via(&input)?, self.via(&output)?);
-        let cached = |v: Via| matches!(v, Via::Cache(k) if self.cached(k).is_some());
-        if cached(via_in) || (matches!(via_out, Via::Cache(_)) && self.cache.config.enabled) {
+        let cached_in = matches!(via_in, Via::Cache(k) if self.cached(k).is_some());
+        let cached_out = matches!(via_out, Via::Cache(_)) && self.cache.config.enabled;
+        if temp(&input) || temp(&output) || cached_in || cached_out {
             return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
         }
         self.op(Op::CopyFileRange, |_| {
@@ -1017,8 +1017,8 @@ impl<L: LowerFs> Engine<L> {
         })
     }
 
-    /// copy_file_range with a temp file on either side: read and write through the engine
-    /// (in chunks of at most 1 MiB; each chunk is one read and one write operation).
+    /// copy_file_range through the engine (a temp file or the page cache on a side): read and
+    /// write in chunks of at most 1 MiB; each chunk is one read and one write operation.
     fn copy_by_buffer(
         &self,
         fh_in: u64,
