@@ -10,7 +10,8 @@
 //! operation the kill interrupted, its state before or after it), and after a clean unmount
 //! the lower directory alone shows the same.
 //!
-//! Replay: `NVSTACK_SEED=<seed> cargo test -p nvstack --test kill -- --nocapture`.
+//! Replay: `NVSTACK_SEED=<seed> cargo test -p nvstack --test kill -- --nocapture`; add
+//! `NVSTACK_TRACE=1` for every step and `NVSTACK_KEEP_LOGS=<dir>` for the daemon logs.
 
 mod common;
 
@@ -419,8 +420,11 @@ const CACHE_MOUNT: [&str; 12] = [
 ];
 
 /// One rewrite (pwrite of up to 12 KiB: a single FUSE request, so atomic), truncate or flush;
-/// `model[i]` holds the contents file i may have (one, or two after an interrupted request).
-fn cache_step(f: &Fixture, rng: &mut Rng, model: &mut [Vec<Vec<u8>>]) -> String {
+/// `model[i]` holds the contents file i may have (one, or several after an interrupted
+/// request). Returns what was done and whether it succeeded: the first step that fails must
+/// be the last of the round (the daemon is dying), since `model` keeps only that step's
+/// alternatives.
+fn cache_step(f: &Fixture, rng: &mut Rng, model: &mut [Vec<Vec<u8>>]) -> (String, bool) {
     use std::os::unix::fs::FileExt;
     let i = rng.below(FILES.len() as u64) as usize;
     let path = f.mnt().join(FILES[i]);
@@ -428,7 +432,7 @@ fn cache_step(f: &Fixture, rng: &mut Rng, model: &mut [Vec<Vec<u8>>]) -> String 
     match rng.below(20) {
         0 => {
             let ok = f.flush();
-            format!("flush {ok}")
+            (format!("flush {ok}"), ok)
         }
         1 => {
             let size = rng.below(FILE_SIZE as u64) as usize;
@@ -440,7 +444,7 @@ fn cache_step(f: &Fixture, rng: &mut Rng, model: &mut [Vec<Vec<u8>>]) -> String 
             let mut after = before.clone();
             after.resize(size, 0);
             model[i] = if ok { vec![after] } else { vec![before, after] };
-            format!("truncate {} {size}", FILES[i])
+            (format!("truncate {} {size} {ok}", FILES[i]), ok)
         }
         _ => {
             // Hot region (the first 16 KiB) or anywhere, up to 12 KiB, sometimes beyond the end.
@@ -476,7 +480,7 @@ fn cache_step(f: &Fixture, rng: &mut Rng, model: &mut [Vec<Vec<u8>>]) -> String 
                 allowed.extend((first..off + len).step_by(4096).map(done));
                 allowed
             };
-            format!("write {} {off}+{len}", FILES[i])
+            (format!("write {} {off}+{len} byte {byte} {ok}", FILES[i]), ok)
         }
     }
 }
@@ -523,18 +527,33 @@ fn run_cache_seed(seed: u64, rounds: usize) -> (usize, usize, u64) {
             .then(|| format!("{}:{}", WB_STEPS[(round / 2) % WB_STEPS.len()], 1 + rng.below(4)));
         f.mount_with(failpoint.as_deref(), &CACHE_MOUNT);
         let pid = f.pid().expect("daemon pid");
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let killer = failpoint.is_none().then(|| {
             let delay = Duration::from_millis(20 + rng.below(200));
+            let sent = std::sync::Arc::clone(&sent);
             std::thread::spawn(move || {
                 std::thread::sleep(delay);
+                sent.store(true, std::sync::atomic::Ordering::SeqCst);
                 // SAFETY: kill(2) of the daemon we started.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             })
         });
         for _ in 0..300 {
-            let done = cache_step(&f, &mut rng, &mut model);
+            let (done, ok) = cache_step(&f, &mut rng, &mut model);
             if std::env::var_os("NVSTACK_TRACE").is_some() {
                 eprintln!("seed {seed} round {round}: {done}");
+            }
+            if !ok {
+                // Only the kill may fail a step: the random one was sent, or the failpoint's
+                // lets the daemon die. (The process outlives the failed request for a moment.)
+                let by_kill = sent.load(std::sync::atomic::Ordering::SeqCst)
+                    || (failpoint.is_some()
+                        && (0..500).any(|_| {
+                            std::thread::sleep(Duration::from_millis(10));
+                            !alive(pid)
+                        }));
+                assert!(by_kill, "seed {seed} round {round}: {done} failed on a live daemon");
+                break;
             }
             if !alive(pid) {
                 break;
