@@ -57,6 +57,9 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
                    "configurations (default: all of them)")
     p.add_argument("--workloads", help="comma-separated subset of the experiment's workloads "
                    "as module:config, e.g. fio:wb-zipf-rewrite (default: all of them)")
+    p.add_argument("--variants", help="comma-separated subset of the workloads' variants by "
+                   "name, e.g. files=2500 for one Postmark file count (names as in the run "
+                   "directories; default: all of them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,7 +139,9 @@ def cmd_run(name: str, args) -> int:
                          dry_run=args.dry_run, echo=args.echo,
                          nvram=parse_size(args.nvram) if args.nvram else None,
                          overrides={"transactions": args.transactions}
-                         if args.transactions else {})
+                         if args.transactions else {},
+                         variants=[v.strip() for v in args.variants.split(",") if v.strip()]
+                         if args.variants else None)
     results = runner.run_experiment(exp, st, args.device)
     counts = {s: sum(r["status"] == s for r in results)
               for s in ("ok", "failed", "skipped", "dry-run")}

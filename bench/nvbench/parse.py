@@ -153,7 +153,7 @@ def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, floa
     span_files (the spans of the files transformed during the timed workload; 0 if none).
 
     Page cache (`cache`, `writeback` objects): hits, fetches, pages_dropped, write_through,
-    pages_written, batches, requests, repeated_pages, inter_request_distance_blocks and
+    pages_written, batches, requests, repeated_pages, inter_request_distance_blocks, syncs and
     rounds.<reason> become deltas; cache.files, writeback.pages_dirty, pages_inactive_dirty
     and the settings high_pages, low_pages, zone_blocks stay as read after (`enabled` and
     `policy` are not numbers and are left out)."""
@@ -281,7 +281,7 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "nv_writeback.pages_written": ("pages", False), "nv_writeback.batches": ("", ""),
          "nv_writeback.requests": ("", False), "nv_writeback.repeated_pages": ("pages", False),
          "nv_writeback.inter_request_distance_blocks": ("blocks", False),
-         "nv_writeback.pages_dirty": ("pages", ""),
+         "nv_writeback.syncs": ("", False), "nv_writeback.pages_dirty": ("pages", ""),
          "nv_cache.hits": ("", ""), "nv_cache.fetches": ("pages", False),
          "nv_cache.pages_dropped": ("pages", ""), "nv_cache.write_through": ("", False),
          "wb_repeated_pct": ("%", False), "wb_pages_per_request": ("pages", True),

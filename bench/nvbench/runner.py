@@ -78,6 +78,8 @@ class Settings:
     nvram: int | None = None
     overrides: dict = field(default_factory=dict)   # workload parameters set absolutely
                                                     # (e.g. {"transactions": 50000}), unscaled
+    variants: list[str] | None = None               # only these variant names (e.g.
+                                                    # ["files=2500"]); None: all
 
 
 def _variants(mod, config: str, scale: float, memory: int):
@@ -96,10 +98,19 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
     nvram = st.nvram or (parse_size(exp.nvram) if exp.nvram else memory // 2)
     specs = []
     _check_overrides(exp, st, scale, memory)
+    if st.variants is not None:
+        known = {v for w, c in exp.workloads for v, _p in _variants(workloads.get(w), c, scale,
+                                                                    memory)}
+        unknown = [v for v in st.variants if v not in known]
+        if unknown:
+            raise BenchError(f"--variants: {', '.join(unknown)} not among the variants of "
+                             f"experiment {exp.name} ({', '.join(sorted(known))})")
     for rep in range(1, reps + 1):
         for wname, config in exp.workloads:
             mod = workloads.get(wname)
             for variant, params in _variants(mod, config, scale, memory):
+                if st.variants is not None and variant not in st.variants:
+                    continue
                 params = _override(params, st.overrides)
                 for fsname in exp.fs:
                     specs.append(RunSpec(exp.name, wname, config, variant, params, fsname, rep,

@@ -184,3 +184,18 @@ def test_showcase_and_fs_subset(tmp_path):
     assert meta["fs"] == ["ext2", "nvstack-ext2"] and meta["runs"] == 2 * 6
     assert cli.main(["run", "thesis-postmark", "--dry-run", "--fs", "vfat", "--out",
                      str(out)]) == 2
+
+
+def test_variants_subset(tmp_path):
+    from nvbench import cli
+    out = tmp_path / "wbp"
+    rc = cli.main(["run", "writeback-policies", "--dry-run", "--device", "none", "--reps", "1",
+                   "--workloads", "postmark:writeback", "--variants", "files=2500",
+                   "--out", str(out), "--workdir", str(tmp_path / "w"), "--no-plot"])
+    assert rc == 0
+    meta = json.loads((out / "experiment.json").read_text())
+    assert meta["runs"] == len(EXPERIMENTS["writeback-policies"].fs)
+    runs = sorted(p.name for p in (out / "runs").rglob("files=*"))
+    assert runs and all(name == "files=2500" for name in runs)
+    assert cli.main(["run", "writeback-policies", "--dry-run", "--variants", "files=3",
+                     "--out", str(tmp_path / "x")]) == 2

@@ -367,6 +367,7 @@ impl<L: LowerFs> Engine<L> {
         } else {
             self.lower.syncfs()?;
         }
+        inc(&self.cache.counters.syncs);
         self.fail("writeback.written");
         let mut freed = 0;
         for jobs in &written {

@@ -72,13 +72,14 @@ pub fn run(args: &StatArgs) -> CliResult {
         );
         println!(
             "writeback ({}): {} pages in {} batches, {} requests, {} repeated, inter-request \
-             distance {} blocks",
+             distance {} blocks, {} syncs",
             wb["policy"].as_str().unwrap_or("?"),
             wb["pages_written"],
             wb["batches"],
             wb["requests"],
             wb["repeated_pages"],
-            wb["inter_request_distance_blocks"]
+            wb["inter_request_distance_blocks"],
+            wb["syncs"]
         );
     }
     if let Some(requests) = value["requests"].as_object() {

@@ -219,6 +219,7 @@ pub struct CacheCounters {
     pub requests: AtomicU64,
     pub repeated_pages: AtomicU64,
     pub inter_request_distance_blocks: AtomicU64,
+    pub syncs: AtomicU64,
     pub rounds: [AtomicU64; REASONS.len()],
 }
 
@@ -459,6 +460,9 @@ pub struct WritebackStats {
     /// Sum over consecutive requests of the distance in blocks from the end of one to the
     /// start of the next (thesis Figure 4.11; requests without a physical block skipped).
     pub inter_request_distance_blocks: u64,
+    /// Durability points: one fsync (a call that wrote one file) or syncfs (several) per
+    /// write-back call.
+    pub syncs: u64,
     pub pages_dirty: u64,
     pub pages_inactive_dirty: u64,
     pub high_pages: u64,
@@ -486,6 +490,7 @@ impl CacheCounters {
                 requests: get(&self.requests),
                 repeated_pages: get(&self.repeated_pages),
                 inter_request_distance_blocks: get(&self.inter_request_distance_blocks),
+                syncs: get(&self.syncs),
                 pages_dirty: get(&self.pages_dirty),
                 pages_inactive_dirty: get(&self.pages_inactive_dirty),
                 high_pages: config.high_pages,
