@@ -113,9 +113,8 @@ WRITEBACK_NOTES = [
     "inter-request distance counts only requests to pages that already have a block; the "
     "modeled disk's seek distance covers every request. Pages of files deleted while dirty "
     "are dropped, never written (`nv_cache.pages_dropped`). nvstack remembers written-back "
-    "pages by (device, inode number, page) and ext2 reuses the numbers of deleted inodes, so "
-    "for Postmark `repeated_pages` also counts a new file's page that lands on a deleted "
-    "file's (inode, page): an upper bound of true rewrites. With a record frame per cached "
+    "pages by (file handle, page), so a new file that reuses a deleted file's inode number "
+    "does not count as a repeat. With a record frame per cached "
     "file the region can fill before the 80 % watermark: write-back then runs a batch at a "
     "time (`rounds.nvram_full`). 7500 files at most: RLIMIT_NOFILE is 20000 here and the "
     "daemon holds an O_PATH descriptor per live file and up to two more per cached file.",
@@ -140,7 +139,8 @@ WRITEBACK_NOTES = [
     "configurations on it.",
     "Counters (`nvstack stat --json` deltas over the timed command and the sync after it): "
     "`nv_writeback.pages_written`, `batches`, `requests` (lower write requests: runs "
-    "contiguous in file and on disk), `repeated_pages` (written back more than once: Fig "
+    "contiguous in file and on disk), `syncs` (fsync or syncfs: one per write-back call of "
+    "at most NR_WB pages), `repeated_pages` (written back more than once: Fig "
     "4.12), `inter_request_distance_blocks` (accumulated: Fig 4.11), `rounds.<reason>`; "
     "`nv_cache.hits`, `fetches`, `pages_dropped`, `write_through`; `nv_writeback.pages_dirty` "
     "as read after (still in NVRAM, durable; written back at unmount, after the measurement). "

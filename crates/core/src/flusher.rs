@@ -57,6 +57,9 @@ struct Job<L: LowerFs> {
     /// written and not yet committed.)
     cut: bool,
     mtime: (i64, u32),
+    /// The file for `repeated_pages`: a hash of its file handle, which names one file for its
+    /// whole life (an inode number is reused by the next file created).
+    file_id: u64,
     /// (page index, location, version), ascending by index; `data` holds them in this order.
     pages: Vec<(u64, Loc, u64)>,
     data: Vec<Block>,
@@ -399,6 +402,12 @@ impl<L: LowerFs> Engine<L> {
                 valid: st.rec.valid,
                 cut: false,
                 mtime: st.rec.mtime,
+                file_id: {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::hash::DefaultHasher::new();
+                    st.rec.handle.hash(&mut h);
+                    h.finish()
+                },
                 pages: Vec::new(),
                 data: Vec::new(),
             };
@@ -504,7 +513,7 @@ impl<L: LowerFs> Engine<L> {
         inc(&c.requests);
         Counters::add(&c.pages_written, run as u64);
         for &(index, _, _) in &job.pages[p..p + run] {
-            let id = (cf.key.0, cf.key.1, index);
+            let id = (job.file_id, index);
             if history.written.contains(&id) {
                 inc(&c.repeated_pages);
             } else if history.written.len() < cache::MAX_REMEMBERED {

@@ -560,3 +560,35 @@ fn a_truncate_during_a_write_back_keeps_the_tail_hidden() {
     e.release(fh).unwrap();
     Arc::try_unwrap(e).unwrap().shutdown();
 }
+
+/// `repeated_pages` (thesis Fig 4.12) counts a page of one file written back again, not the
+/// page of a new file that got a deleted file's inode number (Postmark deletes and creates all
+/// the time).
+#[test]
+fn repeated_pages_count_one_file_not_a_reused_inode_number() {
+    let lower = MemLower::default();
+    lower_file(&lower, "a", &pattern(2 * PAGE, 1));
+    let e = start(&lower, &region(64), CacheConfig::default());
+    let flush = |e: &Engine<MemLower>| {
+        assert_eq!(e.flush_cache(Reason::Flush, &mut |_, _| {}).1, None);
+        let st = e.stats().writeback;
+        (st.pages_written, st.repeated_pages)
+    };
+    let (id, fh) = open(&e, "a", libc::O_RDWR);
+    let ino = e.getattr(id).unwrap().ino;
+    e.write(fh, 0, &[1; PAGE], false).unwrap();
+    assert_eq!(flush(&e), (1, 0));
+    e.write(fh, 0, &[2; PAGE], false).unwrap();
+    assert_eq!(flush(&e), (2, 1), "the same page of the same file again");
+    e.release(fh).unwrap();
+    e.unlink(e.root_id(), name("a")).unwrap();
+    e.forget(id, 1);
+    lower.sync_all();
+
+    lower_file(&lower, "b", &pattern(2 * PAGE, 2));
+    let (id, fh) = open(&e, "b", libc::O_RDWR);
+    assert_eq!(e.getattr(id).unwrap().ino, ino, "the test needs the inode number reused");
+    e.write(fh, 0, &[3; PAGE], false).unwrap();
+    assert_eq!(flush(&e), (3, 1), "another file's page 0 is not a repeat");
+    assert_eq!(lower_content(&lower, "b")[..PAGE], [3; PAGE]);
+}

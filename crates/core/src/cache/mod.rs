@@ -230,8 +230,9 @@ pub const MAX_REMEMBERED: usize = 1 << 20;
 /// Write-back bookkeeping that outlives batches.
 #[derive(Debug, Default)]
 pub struct History {
-    /// (device, inode, page) of every page written back so far (bounded).
-    pub written: HashSet<(u64, u64, u64)>,
+    /// (file, page) of every page written back so far (bounded); the file is a hash of its
+    /// handle (see `flusher::Job::file_id`).
+    pub written: HashSet<(u64, u64)>,
     /// Physical block after the previous write request (inter-request distance).
     pub last_end: Option<u64>,
 }
