@@ -255,9 +255,9 @@ WRITEBACK_THESIS = [
     "for recency and relo, which keep recently used pages.",
     "Here: *time / WB file* = wall(x) / wall(WB file) and *improvement* = 1 - that, means of "
     "per-repetition pairs (runs are interleaved); *pages written*, *repeated*, *requests*, "
-    "*inter-request distance* (accumulated, and per request) and *rounds* are `nvstack stat` "
-    "deltas over the timed command and the sync after it (the distance counts requests to "
-    "pages that have a physical block: Postmark's new files have none until written back); "
+    "*inter-request distance* (accumulated, and per request), *rounds*, *syncs* and *pages "
+    "dropped* (of files deleted while dirty, never written) are `nvstack stat` deltas over "
+    "the timed command and the sync after it (the distance counts requests to pages that have a physical block: Postmark's new files have none until written back); "
     "*dirty at end* = dirty pages still in NVRAM afterwards (durable; written back at "
     "unmount, after the measurement). *Disk* columns are the modeled disk's (`nvstack device "
     "stat`: busy time, MiB written, seek distance in 4 KiB blocks) or, on a plain loop "
@@ -283,7 +283,8 @@ def writeback_tables(rows: list[dict], fs_order: list[str] | None = None) -> lis
     """The write-back policy tables (experiments with an nvstack configuration whose NVRAM page
     cache is on): one table per workload variant, one row per configuration: wall time, time
     and improvement vs its `file` twin (fs.writeback_file_twins), pages written, repeated
-    pages, write requests, inter-request distance, rounds, dirty pages left, and the disk."""
+    pages, write requests, inter-request distance, rounds, syncs, pages dropped (deleted while
+    dirty), dirty pages left, and the disk."""
     from . import fs as fs_mod
     present = _order(rows, "fs")
     if not any(f in fs_mod.CONFIGS and fs_mod.CONFIGS[f].cache_on for f in present):
@@ -306,8 +307,8 @@ def writeback_tables(rows: list[dict], fs_order: list[str] | None = None) -> lis
         disk = [("blk_write_bytes", "loop dev MiB written", 2**-20, ".1f")]
     head = ["fs", "cache, policy", "n", "wall s", "time / WB file", "improvement over WB file %",
             "pages written", "repeated pages (%)", "write requests (pages / request)",
-            "inter-request distance, accumulated blocks (per request)", "rounds",
-            "dirty at end"] + [c[1] for c in disk]
+            "inter-request distance, accumulated blocks (per request)", "rounds", "syncs",
+            "pages dropped", "dirty at end"] + [c[1] for c in disk]
     out = []
     for g in groups:
         lines = []
@@ -339,6 +340,8 @@ def writeback_tables(rows: list[dict], fs_order: list[str] | None = None) -> lis
                      _mean_sd(get(g, f, "wb_time_ratio_vs_file"), ".3f") if twin else "",
                      _signed(get(g, f, "wb_improvement_vs_file_pct")) if twin else "",
                      _mean_sd(written, ".0f"), rep, req, dist, rounds_text,
+                     _mean_sd(get(g, f, "nv_writeback.syncs"), ".0f", sd=False),
+                     _mean_sd(get(g, f, "nv_cache.pages_dropped"), ".0f", sd=False),
                      _mean_sd(get(g, f, "nv_writeback.pages_dirty"), ".0f", sd=False)]
             cells += [_mean_sd(get(g, f, m), spec, k, sd=False) for m, _h, k, spec in disk]
             lines.append("| " + " | ".join(cells) + " |")

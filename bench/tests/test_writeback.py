@@ -258,6 +258,11 @@ def test_cache_and_writeback_counters_are_deltas(samples):
     assert m["nv_writeback.pages_inactive_dirty"] == 1807
     assert m["nv_writeback.high_pages"] == 4989 and m["nv_writeback.low_pages"] == 3742
     assert m["nv_writeback.zone_blocks"] == 1024 and m["nv_cache.files"] == 1
+    # syncs (counted since 7cf5a34) is a counter: a delta
+    after, before = (load(samples, n) for n in ("nvstack_stat_wb_relo.json",
+                                                "nvstack_stat_wb_relo_before.json"))
+    after["writeback"]["syncs"], before["writeback"]["syncs"] = 10, 3
+    assert parse.parse_nvstack_stat(after, before)["nv_writeback.syncs"] == 7
     assert m["nv_nvram.frames_total"] == 6237
     assert "nv_cache.enabled" not in m and "nv_writeback.policy" not in m
     # consistent sample: every newly dirty page was written back or is still dirty
@@ -384,8 +389,10 @@ def test_summary_writeback_tables(wb_results):
     assert relo[7] == "5211 (24.0 %)"
     assert relo[8] == "20405 (1.06)"
     assert relo[9] == f"15593780 ({15593780 / 20405:.4g})"
-    assert relo[10] == "pressure 17" and relo[11] == "4210"
-    assert relo[12] == f"{48 * 0.9:.1f}" and relo[13] == "48.0"
+    assert relo[10] == "pressure 17"
+    assert relo[11] == ""                   # syncs: the sample's binary did not count them yet
+    assert relo[12] == "0" and relo[13] == "4210"                 # pages dropped, dirty at end
+    assert relo[14] == f"{48 * 0.9:.1f}" and relo[15] == "48.0"
     assert lines["nvstack-ext2-wb-file"][4] == "1 (itself)"
     assert lines["ext2"][1] == "- (kernel FS alone)" and lines["ext2"][6] == ""
     assert lines[OFF][1] == "cache off" and lines[OFF][6] == "0 ± 0"
