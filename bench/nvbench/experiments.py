@@ -207,8 +207,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                "distance, modeled disk busy time",
                WRITEBACK_FS, WRITEBACK_WORKLOADS, baseline="nvstack-ext2-wb-file", reps=3,
                memory="64M", nvram="32M", scale=1.0, device="hdd-7200", disk="2G",
-               estimate="~2 h on hdd-7200, sleep timing (estimated, 1.5-3 h: 72 runs; nvstack "
-               "Postmark ~0.5-3.5 min, fio ~1-2 min per run)", notes=WRITEBACK_NOTES),
+               estimate="~5 h on hdd-7200, sleep timing, 72 runs (measured: fio 38 min for its "
+               "18 runs; a Postmark WB run ~3.2 min at 2500 files, ~6.5 min at 5000; 7500 not "
+               "run, ~10 min estimated)", notes=WRITEBACK_NOTES),
     Experiment("vma", "VMA journaling paper: seq_write, rnd_write, file_delete, postmark, untar "
                "under ext4 writeback/ordered/journal vs nvstack journal mode",
                ["ext4-writeback", "ext4-ordered", "ext4-journal", "nvstack-ext4-journal"],
