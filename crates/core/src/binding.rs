@@ -47,8 +47,8 @@ pub enum BindingError {
     Damaged,
     #[error("lower directory path longer than {PATH_MAX_BYTES} bytes")]
     PathTooLong,
-    #[error("{0}")]
-    Nvram(String),
+    #[error("writing the lower-directory record: {0}")]
+    Nvram(crate::FsError),
 }
 
 fn encode(b: &Binding) -> Vec<u8> {
@@ -106,9 +106,9 @@ pub fn bind_or_check(pool: &Pool, ours: &Binding) -> Result<bool, BindingError> 
         };
     }
     let (root, _) = pool.root_range();
-    let mut tx = pool.begin();
-    tx.update(root, &encode(ours)).map_err(|e| BindingError::Nvram(e.to_string()))?;
-    tx.commit();
+    let mut otx = crate::engine::optx::OpTx::new(pool);
+    let written = otx.tx().update(root, &encode(ours)).map_err(crate::FsError::from);
+    otx.end(written).map_err(BindingError::Nvram)?;
     Ok(true)
 }
 

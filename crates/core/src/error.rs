@@ -1,18 +1,31 @@
-//! The engine's errors. The front end maps them to errno in exactly one place.
+//! The engine's errors. The front end maps them to errno in exactly one place
+//! (`fuse/src/errno.rs`).
+//!
+//! The variants keep apart who said no: the lower file system ([`FsError::Lower`], passed
+//! through unchanged so that applications see what the lower directory would have told them),
+//! the engine itself answering as a file system would ([`FsError::Answer`]: a name taken by a
+//! temp file, a directory that holds temp files, too many open files), the kernel naming
+//! something we do not know ([`FsError::Stale`]), and the NVRAM refusing a change
+//! ([`FsError::Nvram`], with the reason: no free frame, or the operation does not fit its undo
+//! slot; the write path reacts differently to each).
 
 use lower::Errno;
+use txn::TxError;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FsError {
     /// The lower file system's own answer, passed through unchanged.
     #[error("lower file system: {0}")]
     Lower(Errno),
+    /// The engine's own answer, given as the lower file system would give it.
+    #[error("{0}")]
+    Answer(Errno),
     /// A node id or file handle the kernel sent that we do not know (a bug or a stale handle).
     #[error("unknown node or handle {0}")]
     Stale(u64),
-    /// The NVRAM ran out of frames or undo-log space for this operation.
-    #[error("NVRAM exhausted: {0}")]
-    NvramFull(String),
+    /// The NVRAM refused a change: no free frame, or more undo log than a slot holds.
+    #[error("NVRAM: {0}")]
+    Nvram(TxError),
 }
 
 impl From<Errno> for FsError {
@@ -21,10 +34,15 @@ impl From<Errno> for FsError {
     }
 }
 
-impl From<txn::TxError> for FsError {
-    fn from(e: txn::TxError) -> Self {
-        FsError::NvramFull(e.to_string())
+impl From<TxError> for FsError {
+    fn from(e: TxError) -> Self {
+        FsError::Nvram(e)
     }
+}
+
+/// The engine's own answer `code` (an errno value).
+pub(crate) fn answer(code: i32) -> FsError {
+    FsError::Answer(Errno(code))
 }
 
 pub type FsResult<T> = Result<T, FsError>;

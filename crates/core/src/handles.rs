@@ -1,8 +1,10 @@
 //! Open files and directories, by the handle number given to the kernel.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+
+use crate::sync::{Rank, RwLock};
 
 /// An open lower file with the node it belongs to.
 #[derive(Debug)]
@@ -21,12 +23,16 @@ pub struct HandleTable<F> {
 
 impl<F> HandleTable<F> {
     pub fn new(max: usize) -> Self {
-        HandleTable { next: AtomicU64::new(1), handles: RwLock::new(HashMap::new()), max }
+        HandleTable {
+            next: AtomicU64::new(1),
+            handles: RwLock::new(Rank::Handles, HashMap::new()),
+            max,
+        }
     }
 
     /// Registers an open file; `None` when the table is full.
     pub fn insert(&self, node_id: u64, file: F) -> Option<u64> {
-        let mut h = self.handles.write().expect("handle table lock");
+        let mut h = self.handles.write();
         if h.len() >= self.max {
             return None;
         }
@@ -36,15 +42,15 @@ impl<F> HandleTable<F> {
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Handle<F>>> {
-        self.handles.read().expect("handle table lock").get(&fh).cloned()
+        self.handles.read().get(&fh).cloned()
     }
 
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle<F>>> {
-        self.handles.write().expect("handle table lock").remove(&fh)
+        self.handles.write().remove(&fh)
     }
 
     pub fn len(&self) -> usize {
-        self.handles.read().expect("handle table lock").len()
+        self.handles.read().len()
     }
 
     pub fn is_empty(&self) -> bool {

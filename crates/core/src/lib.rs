@@ -1,36 +1,43 @@
 //! The nvstack engine: what the file system does, independent of how requests arrive.
 //!
-//! The front end (`fuse`) decodes a request and calls one method here; every method runs as one
-//! *operation* ([`ops::Engine::op`]): it is counted, and it runs inside a transaction of the
-//! consistency layer (`txn`), so that every mechanism that keeps state in NVRAM (temp files,
-//! cached pages, patches) changes it atomically with the operation that caused it. New regular
-//! files are temp files (TempFFS, `tempfs/`, `overlay.rs`, `transform.rs`); everything else
-//! passes through to the lower file system.
+//! The front end (`fuse`) decodes a request and calls one method of [`Engine`]; every method
+//! runs as one *operation* (`Engine::op`): it is counted, and it runs inside a transaction of
+//! the consistency layer (`txn`), so that every mechanism that keeps state in NVRAM (temp
+//! files, cached pages) changes it atomically with the operation that caused it.
 //!
-//! Code map: `inodes.rs` (node ids <-> lower objects, lookup counts), `handles.rs` (open files),
-//! `binding.rs` (the root-area record that ties a region to its lower directory), `ops.rs` (the
-//! operations), `overlay.rs` (the namespace overlay and temp-file operations), `tempfs/` (temp
-//! file records, data frames, index), `transform.rs` (temp file -> lower file, start-up
-//! recovery), `stats.rs` (counters), `writeback/` (zone tables and the four write-back policies), `error.rs` (the engine's errors; mapped to errno by the
-//! front end in one place).
+//! Code map (the folder layout is the architecture; dependencies point down this list):
+//! - `engine/`: the engine's state and accessors (`mod.rs`), the transaction idiom
+//!   (`optx.rs`), start-up and shutdown (`start.rs`), lower-FS space reserved for NVRAM data
+//!   (`space.rs`).
+//! - `ops/`: the operations, one file per family (names, attrs, files, io, dirs).
+//! - `tempfs/`: TempFFS - temp-file record and data-frame formats, operations on temp files,
+//!   rename over the merged namespace, the transform protocol, recovery.
+//! - `cache/`: the NVRAM page cache - cached-file record, volatile state, operations through
+//!   the cache, write-back, the four policies and zone tables (`policy/`), recovery.
+//! - `overlay/`: what NVRAM adds to the lower namespace (temp-file names), merged listings.
+//! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
+//!   short lock or an undo slot).
+//! - `sync.rs`: the ranked locks and the one lock order, checked in debug builds.
+//! - `inodes.rs` (node ids and identities), `handles.rs` (open files), `binding.rs` (the
+//!   root-area record tying a region to its lower directory), `stats.rs` (counters),
+//!   `error.rs` (typed errors; mapped to errno by the front end in one place).
 
 pub mod binding;
 pub mod cache;
-pub mod cached;
+pub mod engine;
 pub mod error;
-pub mod flusher;
 pub mod handles;
 pub mod inodes;
-pub mod ops;
+pub mod lowerfs;
+mod ops;
 pub mod overlay;
 pub mod stats;
+pub mod sync;
 pub mod tempfs;
-pub mod transform;
-pub mod writeback;
 
 pub use cache::{CacheConfig, Reason};
+pub use engine::start::StartError;
+pub use engine::{Engine, EngineConfig, Entry, Failpoints};
 pub use error::{FsError, FsResult};
-pub use ops::{Engine, EngineConfig, Entry, Failpoints};
 pub use stats::{Op, Stats};
 pub use tempfs::{TempConfig, Trigger};
-pub use transform::StartError;

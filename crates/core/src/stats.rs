@@ -162,8 +162,8 @@ pub struct Stats {
     pub open_handles: u64,
     pub nvram: NvramStats,
     pub tempfiles: crate::tempfs::TempStats,
-    pub cache: crate::cache::CacheStats,
-    pub writeback: crate::cache::WritebackStats,
+    pub cache: crate::cache::counters::CacheStats,
+    pub writeback: crate::cache::counters::WritebackStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -207,6 +207,34 @@ impl Counters {
             bytes_read: self.lower_bytes_read.load(Ordering::Relaxed),
             bytes_written: self.lower_bytes_written.load(Ordering::Relaxed),
         };
+        stats
+    }
+}
+
+impl<L: lower::LowerFs> crate::engine::Engine<L> {
+    /// Every counter, for `nvstack stat`.
+    pub fn stats(&self) -> Stats {
+        let mut stats = self.counters.snapshot();
+        let pool = self.pool.stats();
+        stats.inodes = self.inodes.len() as u64;
+        stats.open_handles = self.handles.len() as u64;
+        stats.nvram = NvramStats {
+            frames_total: pool.frames_total,
+            frames_used: pool.frames_total - pool.frames_free,
+            frames_free: pool.frames_free,
+            undo_bytes_max: pool.undo_bytes_max,
+            undo_slots: pool.undo_slots,
+            undo_slots_in_use: pool.undo_slots_in_use,
+            transactions_committed: pool.transactions_committed,
+            transactions_aborted: pool.transactions_aborted,
+            persist_mode: pool
+                .persist_mode
+                .map(|m| format!("{m:?}").to_lowercase())
+                .unwrap_or_default(),
+            consistency: format!("{:?}", self.pool.consistency()).to_lowercase(),
+        };
+        stats.tempfiles = self.temp.stats();
+        (stats.cache, stats.writeback) = self.cache.stats();
         stats
     }
 }

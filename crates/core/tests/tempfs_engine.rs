@@ -84,7 +84,7 @@ fn a_full_lower_file_system_says_enospc_at_write_time_and_every_accepted_byte_la
         e.forget(entry.node_id, 1);
         accepted.push((format!("f{i}"), written));
     }
-    assert_eq!(refused, Some(FsError::Lower(Errno(libc::ENOSPC))), "the writer hears ENOSPC");
+    assert_eq!(refused, Some(FsError::Answer(Errno(libc::ENOSPC))), "the writer hears ENOSPC");
     // statfs already counts the reserved space as used.
     let s = e.statfs(root).unwrap();
     assert!(s.bavail <= 1, "statfs shows the reservation: {s:?}");
@@ -175,7 +175,7 @@ fn renames_over_lower_files_shadow_them_until_the_transform_replaces_them() {
     e.release(fh).unwrap();
     e.forget(b.node_id, 1);
     let err = e.rename(root, name("other"), root, name("old"), libc::RENAME_NOREPLACE).unwrap_err();
-    assert_eq!(err, FsError::Lower(Errno(libc::EEXIST)));
+    assert_eq!(err, FsError::Answer(Errno(libc::EEXIST)));
     e.rename(root, name("other"), root, name("old"), libc::RENAME_EXCHANGE).unwrap();
     assert_eq!(read_all(&e, root, "other"), b"new content");
     assert_eq!(read_all(&e, root, "old"), b"");
@@ -203,7 +203,7 @@ fn links_and_xattrs_move_a_temp_file_to_the_lower_file_system_first() {
     e.write(fh, 0, b"data", false).unwrap();
     assert_eq!(
         e.getxattr(x_entry.node_id, name("user.k"), 0).unwrap_err(),
-        FsError::Lower(Errno(libc::ENODATA))
+        FsError::Answer(Errno(libc::ENODATA))
     );
     assert!(e.listxattr(x_entry.node_id, 0).unwrap().is_empty());
     e.setxattr(x_entry.node_id, name("user.k"), b"v", 0).unwrap();
@@ -234,11 +234,11 @@ fn a_directory_holding_only_temp_files_is_not_empty() {
     let (f, fh) = e.create(&ROOT, d.node_id, name("inside"), 0o644, libc::O_RDWR).unwrap();
     e.release(fh).unwrap();
     e.forget(f.node_id, 1);
-    assert_eq!(e.rmdir(root, name("d")).unwrap_err(), FsError::Lower(Errno(libc::ENOTEMPTY)));
+    assert_eq!(e.rmdir(root, name("d")).unwrap_err(), FsError::Answer(Errno(libc::ENOTEMPTY)));
     let e2 = e.mkdir(&ROOT, root, name("e"), 0o755).unwrap();
     assert_eq!(
         e.rename(root, name("e"), root, name("d"), 0).unwrap_err(),
-        FsError::Lower(Errno(libc::ENOTEMPTY))
+        FsError::Answer(Errno(libc::ENOTEMPTY))
     );
     // Renaming the directory keeps its temp files (they follow the directory's identity).
     e.rename(root, name("d"), e2.node_id, name("moved"), 0).unwrap();

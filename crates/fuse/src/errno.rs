@@ -5,11 +5,16 @@ use fuser::Errno;
 
 pub fn errno(e: &FsError) -> Errno {
     match e {
-        // The lower file system's answer is passed through unchanged.
-        FsError::Lower(lower::Errno(code)) => Errno::from_i32(*code),
+        // The lower file system's answer is passed through unchanged; the engine's own answers
+        // are already the errno the lower file system would give.
+        FsError::Lower(lower::Errno(code)) | FsError::Answer(lower::Errno(code)) => {
+            Errno::from_i32(*code)
+        }
         // A node id or handle we do not know: the kernel's reference is stale.
         FsError::Stale(_) => Errno::from_i32(libc::ESTALE),
-        // Running out of NVRAM for an operation is, to the application, running out of space.
-        FsError::NvramFull(_) => Errno::from_i32(libc::ENOSPC),
+        // The NVRAM refusing a change (no frame, or more undo log than a slot holds) is, to
+        // the application, running out of space. (The write path moves files out of NVRAM
+        // before it ever gives this answer.)
+        FsError::Nvram(_) => Errno::from_i32(libc::ENOSPC),
     }
 }

@@ -14,19 +14,22 @@
 //! stable). A transform therefore holds no lock during its lower IO.
 
 pub mod data;
+mod ops;
 pub mod record;
+mod recovery;
+mod rename;
+mod transform;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
 
-pub use record::{Record, State};
+use crate::overlay::DirKey;
+use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 
-/// The volatile identity of a lower directory: its (device, inode) key.
-pub type DirKey = (u64, u64);
+pub use record::{Record, State};
 
 /// Names starting with this prefix are nvstack's hidden transform files in the lower
 /// directory: invisible through the mount, never created by it.
@@ -148,6 +151,20 @@ pub struct TempState {
     pub last_use: u64,
 }
 
+impl TempState {
+    /// The file is in NVRAM, live (not being transformed), and has the name `name` in the
+    /// directory `dir`. O5: a temp file's name (state and overlay entry together) changes only
+    /// while its lock and the overlay are held, so under its lock this is also what the
+    /// overlay says.
+    pub fn is_named(&self, dir: DirKey, name: &OsStr) -> bool {
+        self.fate == Fate::Resident
+            && self.rec.state == State::Live
+            && self.rec.nlink > 0
+            && self.dir == dir
+            && self.rec.name == name
+    }
+}
+
 /// A temp file. `frame` (its object frame) and `serial` never change.
 #[derive(Debug)]
 pub struct TempFile {
@@ -159,11 +176,17 @@ pub struct TempFile {
 
 impl TempFile {
     pub fn new(frame: FrameId, st: TempState) -> TempFile {
-        TempFile { frame, serial: st.rec.serial, state: Mutex::new(st), changed: Condvar::new() }
+        TempFile {
+            frame,
+            serial: st.rec.serial,
+            state: Mutex::new(Rank::TempFile, st),
+            changed: Condvar::new(),
+        }
     }
 
+    /// Two files are locked in serial order (a rename of one temp file onto another).
     pub fn lock(&self) -> MutexGuard<'_, TempState> {
-        self.state.lock().expect("temp file lock")
+        self.state.lock_nth(self.serial)
     }
 
     /// Waits until the file is not being transformed; returns the guard re-taken.
@@ -172,7 +195,7 @@ impl TempFile {
         mut g: MutexGuard<'a, TempState>,
     ) -> MutexGuard<'a, TempState> {
         while g.rec.state == State::Transforming && g.fate == Fate::Resident {
-            g = self.changed.wait(g).expect("temp file lock");
+            g = self.changed.wait(g);
         }
         g
     }
@@ -183,58 +206,40 @@ impl TempFile {
     }
 }
 
-/// A lower directory holding temp files: its pinned node and its named temp files.
+/// The temp-file store's engine-wide state: its knobs, counters and LRU clock. (Its files are
+/// in the overlay; their data in NVRAM frames.)
 #[derive(Debug)]
-pub struct Dir<N> {
-    pub node: Arc<N>,
-    pub handle: Vec<u8>,
-    pub names: BTreeMap<OsString, Arc<TempFile>>,
+pub struct TempStore {
+    pub config: TempConfig,
+    pub counters: TempCounters,
+    pub lru: Clock,
+    /// One pressure relief at a time.
+    pub relieving: AtomicBool,
 }
 
-/// The overlay: named temp files by directory, and every live object by serial.
-#[derive(Debug)]
-pub struct Index<N> {
-    pub dirs: HashMap<DirKey, Dir<N>>,
-    pub objects: BTreeMap<u64, Arc<TempFile>>,
-    pub next_serial: u64,
-}
-
-impl<N> Index<N> {
-    pub fn get(&self, dir: DirKey, name: &OsStr) -> Option<&Arc<TempFile>> {
-        self.dirs.get(&dir).and_then(|d| d.names.get(name))
-    }
-
-    pub fn has_entries(&self, dir: DirKey) -> bool {
-        self.dirs.get(&dir).is_some_and(|d| !d.names.is_empty())
-    }
-
-    /// Removes a name; drops the directory's entry (and its pin) when it was the last.
-    pub fn remove_name(&mut self, dir: DirKey, name: &OsStr) -> Option<Arc<TempFile>> {
-        let d = self.dirs.get_mut(&dir)?;
-        let f = d.names.remove(name);
-        if d.names.is_empty() {
-            self.dirs.remove(&dir);
+impl TempStore {
+    pub fn new(config: TempConfig) -> Self {
+        TempStore {
+            config,
+            counters: TempCounters::default(),
+            lru: Clock::default(),
+            relieving: AtomicBool::new(false),
         }
-        f
     }
 
-    pub fn insert_name(
-        &mut self,
-        dir: DirKey,
-        node: &Arc<N>,
-        handle: &[u8],
-        name: &OsStr,
-        f: Arc<TempFile>,
-    ) {
-        self.dirs
-            .entry(dir)
-            .or_insert_with(|| Dir {
-                node: Arc::clone(node),
-                handle: handle.to_vec(),
-                names: BTreeMap::new(),
-            })
-            .names
-            .insert(name.to_os_string(), f);
+    /// Temp files in NVRAM now.
+    pub fn files_resident(&self) -> u64 {
+        self.counters.files_resident.load(Ordering::Relaxed)
+    }
+
+    /// Data pages of temp files in NVRAM now.
+    pub fn pages_resident(&self) -> u64 {
+        self.counters.pages_resident.load(Ordering::Relaxed)
+    }
+
+    /// `nvstack stat --json`: `tempfiles`.
+    pub fn stats(&self) -> TempStats {
+        self.counters.snapshot(&self.config)
     }
 }
 

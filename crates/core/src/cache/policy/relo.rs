@@ -23,7 +23,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::writeback::{ZoneTable, by_name};
+    use crate::cache::policy::{ZoneTable, by_name};
 
     fn pk(object: u64, index: u64) -> PageKey {
         PageKey { object, index }

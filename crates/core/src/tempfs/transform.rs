@@ -21,22 +21,18 @@
 //! orphans: it is created after step 1 and gone before step 4). A failure in step 2 or 3 (the
 //! lower file system said no) removes the hidden file and returns the record to `Live`.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
-use txn::Pool;
 
-use crate::error::{FsError, FsResult};
-use crate::handles::HandleTable;
-use crate::inodes::InodeTable;
-use crate::ops::{Engine, EngineConfig, Obj, errno, nvram_full};
+use crate::engine::{Engine, Obj};
+use crate::error::{FsError, FsResult, answer};
+use crate::inodes::Identity;
+use crate::overlay::DirKey;
 use crate::stats::Counters;
-use crate::tempfs::{
-    self, Fate, Index, Record, State, TempCounters, TempFile, TempState, Trigger, data,
-};
+use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
 
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
 const CHUNK_PAGES: u64 = 256;
@@ -58,159 +54,14 @@ struct Job<L: LowerFs> {
     f: Arc<TempFile>,
     rec: Record,
     pages: std::collections::BTreeMap<u64, txn::FrameId>,
-    key: tempfs::DirKey,
+    key: DirKey,
     dir: Arc<L::Node>,
     hidden: OsString,
     span: Option<u64>,
     written: u64,
 }
 
-/// Why an engine could not start over its region.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Region(#[from] nvram::Error),
-    #[error(
-        "{files} temp file(s) of a lower directory that no longer exists (directory handle {handle}): \
-         the lower directory was changed behind nvstack's back"
-    )]
-    MissingDir { files: usize, handle: String },
-    #[error("lower file system: {0}")]
-    Lower(lower::Errno),
-    #[error("finishing an interrupted transform of temp file {serial}: {error}")]
-    Redo { serial: u64, error: FsError },
-    #[error(
-        "finding the lower file of cached-file record in frame {object} by its handle: {error} \
-         (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
-         the walk limit)"
-    )]
-    CachedFile { object: u64, error: lower::Errno },
-    #[error("NVRAM: {0}")]
-    Nvram(String),
-    #[error("writing back the page cache with the cache off: {0}")]
-    Flush(FsError),
-}
-
 impl<L: LowerFs> Engine<L> {
-    /// Starts an engine over a recovered region: rebuilds the temp-file overlay, frees temp
-    /// files that were unlinked while open, finishes interrupted transforms, and with
-    /// tempfiles off moves every temp file to the lower file system.
-    pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
-        // The root node is borrowed from the adapter; the table holds its own reference by
-        // looking the root up again ("." of the root).
-        let policy = crate::writeback::by_name(config.cache.policy).ok_or_else(|| {
-            StartError::Nvram(format!("unknown write-back policy {}", config.cache.policy))
-        })?;
-        let mut config = config;
-        let frames = pool.stats().frames_total;
-        if config.cache.high_pages == u64::MAX {
-            // Defaults: write back from 80 % of the region's frames down to 60 %.
-            config.cache.high_pages = frames * 8 / 10;
-            config.cache.low_pages = frames * 6 / 10;
-        }
-        let root_key = lower.key(lower.root());
-        let (root, _) =
-            lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
-        let engine = Engine {
-            inodes: InodeTable::new(Obj::Lower(Arc::new(root)), root_key),
-            handles: HandleTable::new(config.max_handles),
-            counters: Counters::default(),
-            temp: config.temp,
-            index: Mutex::new(Index {
-                dirs: HashMap::new(),
-                objects: std::collections::BTreeMap::new(),
-                next_serial: 1,
-            }),
-            tc: TempCounters::default(),
-            lru: tempfs::Clock::default(),
-            root_dev: root_key.0,
-            max_walk: config.max_walk,
-            failpoints: config.failpoints,
-            relieving: AtomicBool::new(false),
-            reserved_pages: AtomicU64::new(0),
-            xattrs: config.xattrs,
-            cache: crate::cache::PageCache::new(config.cache, policy),
-            lower,
-            pool,
-        };
-        engine.rebuild()?;
-        engine.rebuild_cache()?;
-        if !engine.temp.enabled {
-            engine.transform_all(Trigger::Unmount, &mut |_, _| {});
-        }
-        if !engine.cache.config.enabled
-            && let (_, Some(e)) = engine.flush_cache(crate::cache::Reason::Unmount, &mut |_, _| {})
-        {
-            return Err(StartError::Flush(e));
-        }
-        Ok(engine)
-    }
-
-    fn rebuild(&self) -> Result<(), StartError> {
-        let found = tempfs::scan(&self.pool)?;
-        let mut dirs: HashMap<Vec<u8>, Arc<L::Node>> = HashMap::new();
-        let mut redo = Vec::new();
-        let mut idx = self.index.lock().expect("temp index");
-        idx.next_serial = found.iter().map(|f| f.rec.serial + 1).max().unwrap_or(1);
-        for f in found {
-            let pages = f.pages.len() as u64;
-            let file = Arc::new(TempFile::new(
-                f.frame,
-                TempState {
-                    dir: (0, 0),
-                    rec: f.rec,
-                    pages: f.pages,
-                    opens: 0,
-                    fate: Fate::Resident,
-                    last_use: 0,
-                },
-            ));
-            self.tc.pages_resident.fetch_add(pages, Ordering::Relaxed);
-            self.reserved_pages.fetch_add(pages, Ordering::Relaxed);
-            self.tc.files_resident.fetch_add(1, Ordering::Relaxed);
-            let mut st = file.lock();
-            if st.rec.nlink == 0 {
-                // Unlinked while open, and nothing is open after a restart.
-                let mut tx = self.pool.begin();
-                let mut pages = st.pages.clone();
-                let n = data::free_all(&mut tx, file.frame, &mut pages)
-                    .map_err(|e| StartError::Redo { serial: file.serial, error: nvram_full(e) })?;
-                tx.commit();
-                self.tc.pages_resident.fetch_sub(n, Ordering::Relaxed);
-                self.reserved_pages.fetch_sub(n, Ordering::Relaxed);
-                self.tc.files_resident.fetch_sub(1, Ordering::Relaxed);
-                st.fate = Fate::Freed;
-                continue;
-            }
-            let dir = if let Some(d) = dirs.get(&st.rec.dir) {
-                Arc::clone(d)
-            } else {
-                let node = self
-                    .lower
-                    .find_dir(&st.rec.dir, self.max_walk)
-                    .map_err(|_| StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) })?;
-                let node = Arc::new(node);
-                dirs.insert(st.rec.dir.clone(), Arc::clone(&node));
-                node
-            };
-            let key = self.lower.key(&dir);
-            st.dir = key;
-            let (name, handle) = (st.rec.name.clone(), st.rec.dir.clone());
-            if st.rec.state == State::Transforming {
-                redo.push(Arc::clone(&file));
-            }
-            drop(st);
-            idx.insert_name(key, &dir, &handle, &name, Arc::clone(&file));
-            idx.objects.insert(file.serial, file);
-        }
-        drop(idx);
-        for f in redo {
-            self.finish_transform(&f, Trigger::Recovery)
-                .map_err(|error| StartError::Redo { serial: f.serial, error })?;
-        }
-        Ok(())
-    }
-
     /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
     /// when another thread did it; a file that is unlinked or freed is left alone.
     pub fn transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
@@ -218,7 +69,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Steps 2-4 for a file whose record is `Transforming`.
-    fn finish_transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+    pub(super) fn finish_transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
         let result = self.prepare(f).and_then(|mut job| {
             self.copy_step(&mut job, Sync::PerFile)?;
             let node = self.rename_step(&job, Sync::PerFile)?;
@@ -240,13 +91,10 @@ impl<L: LowerFs> Engine<L> {
             let mut rec = st.rec.clone();
             rec.state = State::Live;
             rec.set_shadows(true);
-            let mut tx = self.pool.begin();
-            match data::put_record(&mut tx, f.frame, &rec) {
-                Ok(()) => {
-                    tx.commit();
-                    st.rec = rec;
-                }
-                Err(_) => tx.abort(),
+            // On failure (NVRAM full) the record stays Transforming: the next attempt or the
+            // next mount finishes the transform.
+            if self.atomically(|tx| data::put_record(tx, f.frame, &rec)).is_ok() {
+                st.rec = rec;
             }
         }
     }
@@ -258,8 +106,8 @@ impl<L: LowerFs> Engine<L> {
             (st.rec.clone(), st.pages.clone(), st.dir)
         };
         let dir = {
-            let idx = self.index.lock().expect("temp index");
-            Arc::clone(&idx.dirs.get(&key).ok_or(errno(libc::ESTALE))?.node)
+            let idx = self.overlay.lock();
+            Arc::clone(&idx.dirs.get(&key).ok_or(answer(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
         Ok(Job { f: Arc::clone(f), rec, pages, key, dir, hidden, span: None, written: 0 })
@@ -281,13 +129,15 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Step 3 (the directory fsync only with `Sync::PerFile`; a batch syncs the file system
-    /// once). Under the index lock, so that no lookup races with the name's two owners.
+    /// once). No lock: the name is the overlay's until step 4 removes it, so a lookup (overlay
+    /// first, then the lower directory) finds the file in one of the two at every instant.
     fn rename_step(&self, job: &Job<L>, sync: Sync) -> FsResult<L::Node> {
-        let _idx = self.index.lock().expect("temp index");
         let renamed = self
             .lower
             .rename(&job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
-            .and_then(|()| if sync == Sync::PerFile { self.sync_dir(&job.dir) } else { Ok(()) })
+            .and_then(
+                |()| if sync == Sync::PerFile { self.lower.sync_dir(&job.dir) } else { Ok(()) },
+            )
             .and_then(|()| self.lower.lookup(&job.dir, &job.rec.name));
         match renamed {
             Ok((node, _)) => {
@@ -307,36 +157,31 @@ impl<L: LowerFs> Engine<L> {
     /// name; the node id now names the lower file.
     fn free_step(&self, job: &Job<L>, node: L::Node, trigger: Trigger) -> FsResult<()> {
         let f = &job.f;
-        let mut idx = self.index.lock().expect("temp index");
         let mut st = f.lock();
-        let mut tx = self.pool.begin();
-        let mut left = st.pages.clone();
-        if let Err(e) = data::free_all(&mut tx, f.frame, &mut left) {
-            tx.abort();
-            // The lower file is complete; the record stays Transforming and is finished by
-            // the next attempt or at the next mount.
-            return Err(nvram_full(e));
-        }
-        tx.commit();
+        // On failure the lower file is complete; the record stays Transforming and is
+        // finished by the next attempt or at the next mount.
+        self.atomically(|tx| data::free_all(tx, f.frame, &mut st.pages.clone()))?;
         self.fail("transform.freed");
         let n = st.pages.len() as u64;
+        // The name leaves the overlay with the file's lock held (O5).
+        let mut idx = self.overlay.lock();
         st.pages.clear();
         st.fate = Fate::Transformed;
         idx.remove_name(job.key, &job.rec.name);
-        idx.objects.remove(&f.serial);
-        let new_key = self.lower.key(&node);
+        idx.temps.remove(&f.serial);
+        drop(idx);
+        let new_key = Identity::lower(self.lower.key(&node));
         self.inodes.rekey(crate::inodes::TEMP_BASE + f.serial, new_key, Obj::Lower(Arc::new(node)));
         drop(st);
-        drop(idx);
-        self.tc.pages_resident.fetch_sub(n, Ordering::Relaxed);
-        self.reserved_pages.fetch_sub(n, Ordering::Relaxed);
-        self.tc.files_resident.fetch_sub(1, Ordering::Relaxed);
-        self.tc.transformed(trigger);
-        Counters::add(&self.tc.bytes_transformed, job.rec.size);
+        self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
+        self.space.sub(n);
+        self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+        self.temp.counters.transformed(trigger);
+        Counters::add(&self.temp.counters.bytes_transformed, job.rec.size);
         Counters::add(&self.counters.lower_bytes_written, job.written);
         if let Some(span) = job.span {
-            Counters::add(&self.tc.span_files, 1);
-            Counters::add(&self.tc.span_blocks_sum, span);
+            Counters::add(&self.temp.counters.span_files, 1);
+            Counters::add(&self.temp.counters.span_blocks_sum, span);
         }
         Ok(())
     }
@@ -344,27 +189,19 @@ impl<L: LowerFs> Engine<L> {
     /// Step 1 for one file: `Ok(false)` when there is nothing to do (freed, unlinked,
     /// transformed, or being transformed by another thread, which this call waits for).
     fn mark(&self, f: &Arc<TempFile>) -> FsResult<bool> {
-        let idx = self.index.lock().expect("temp index");
         let mut st = f.lock();
         if st.fate != Fate::Resident || st.rec.nlink == 0 {
             return Ok(false);
         }
         if st.rec.state == State::Transforming {
-            drop(idx);
             drop(f.wait_stable(st));
             return Ok(false);
         }
         let mut rec = st.rec.clone();
         rec.state = State::Transforming;
-        let mut tx = self.pool.begin();
-        if let Err(e) = data::put_record(&mut tx, f.frame, &rec) {
-            tx.abort();
-            return Err(nvram_full(e));
-        }
-        tx.commit();
+        self.atomically(|tx| data::put_record(tx, f.frame, &rec))?;
         st.rec = rec;
         drop(st);
-        drop(idx);
         self.fail("transform.marked");
         Ok(true)
     }
@@ -562,8 +399,7 @@ impl<L: LowerFs> Engine<L> {
         trigger: Trigger,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        let files: Vec<Arc<TempFile>> =
-            self.index.lock().expect("temp index").objects.values().cloned().collect();
+        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
         self.transform_group(&files, trigger, progress)
     }
 
@@ -572,24 +408,20 @@ impl<L: LowerFs> Engine<L> {
     /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed, NR_Dirty counting the page
     /// cache's dirty pages too (the rest of the room comes from write-back).
     pub(crate) fn relieve_pressure(&self, force: bool) {
-        let resident = self.tc.pages_resident.load(Ordering::Relaxed)
-            + self.tc.files_resident.load(Ordering::Relaxed);
-        if !force && resident <= self.temp.max_frames {
+        let resident = self.temp.pages_resident() + self.temp.files_resident();
+        if !force && resident <= self.temp.config.max_frames {
             return;
         }
-        if self.relieving.swap(true, Ordering::AcqRel) {
+        if self.temp.relieving.swap(true, Ordering::AcqRel) {
             return; // another thread is at it
         }
-        let nr_tempffs = self.tc.pages_resident.load(Ordering::Relaxed);
-        let nr_dirty =
-            (nr_tempffs + self.cache.counters.pages_dirty.load(Ordering::Relaxed)).max(1);
-        let target = (self.temp.writeback_batch * nr_tempffs / nr_dirty).max(1);
-        let mut candidates: Vec<(u64, Arc<TempFile>)> = self
-            .index
-            .lock()
-            .expect("temp index")
-            .objects
-            .values()
+        let nr_tempffs = self.temp.pages_resident();
+        let nr_dirty = (nr_tempffs + self.cache.pages_dirty()).max(1);
+        let target = (self.temp.config.writeback_batch * nr_tempffs / nr_dirty).max(1);
+        // The files first (the overlay), then each one's state (a rank before the overlay).
+        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
+        let mut candidates: Vec<(u64, Arc<TempFile>)> = files
+            .iter()
             .filter_map(|f| {
                 let st = f.lock();
                 (st.fate == Fate::Resident && st.rec.nlink > 0)
@@ -610,7 +442,7 @@ impl<L: LowerFs> Engine<L> {
         if let Some(e) = error {
             eprintln!("nvstack: pressure transform failed: {e}");
         }
-        self.relieving.store(false, Ordering::Release);
+        self.temp.relieving.store(false, Ordering::Release);
     }
 
     /// `nvstack flush`: transforms every temp file.
@@ -625,12 +457,4 @@ impl<L: LowerFs> Engine<L> {
             _ => None,
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }

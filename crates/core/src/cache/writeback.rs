@@ -30,14 +30,15 @@ use std::sync::atomic::Ordering;
 
 use lower::{Errno, LowerFs, SetAttr, TimeSet};
 
-use crate::cache::record::Record;
-use crate::cache::{self, CachedFile, History, PAGE, PageMeta, Reason, inc};
-use crate::cached::Cached;
+use super::counters::inc;
+use super::ops::Cached;
+use super::policy::{self, Loc, PageKey};
+use super::record::Record;
+use super::state;
+use super::{History, MAX_REMEMBERED, PAGE, Reason};
+use crate::engine::Engine;
 use crate::error::{FsError, FsResult};
-use crate::ops::{Engine, nvram_full};
 use crate::stats::Counters;
-use crate::transform::StartError;
-use crate::writeback::{Loc, PageKey};
 
 /// A page-aligned 4 KiB block (O_DIRECT buffers must be aligned).
 #[derive(Clone, Copy)]
@@ -87,7 +88,7 @@ impl<L: LowerFs> Engine<L> {
         if self.cache_frames() <= self.cache.config.high_pages {
             return;
         }
-        let Ok(mut history) = self.cache.round.try_lock() else { return };
+        let Some(mut history) = self.cache.round.try_lock() else { return };
         let held = self.cache_frames();
         if held > self.cache.config.high_pages {
             let target = held - self.cache.config.low_pages.min(held);
@@ -107,7 +108,7 @@ impl<L: LowerFs> Engine<L> {
     /// A write found no free frame: a round down to the low watermark, at least one batch
     /// (waits for a running round).
     pub(crate) fn writeback_for_room(&self) -> FsResult<u64> {
-        let mut history = self.cache.round.lock().expect("write-back round");
+        let mut history = self.cache.round.lock();
         let held = self.cache_frames();
         let target =
             (held - self.cache.config.low_pages.min(held)).max(self.cache.config.batch_pages);
@@ -134,7 +135,7 @@ impl<L: LowerFs> Engine<L> {
                     self.age_all();
                     continue;
                 }
-                chosen = crate::writeback::by_zones(&self.cache.tables().all, want);
+                chosen = policy::by_zones(&self.cache.tables().all, want);
                 if chosen.is_empty() {
                     break;
                 }
@@ -169,13 +170,13 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// The clock over every dirty page (`cache::age`).
+    /// The clock over every dirty page (`state::age`).
     fn age_all(&self) {
         for cf in self.cache.all() {
             let mut st = cf.lock();
             let mut t = self.cache.tables();
             for (&index, meta) in &mut st.pages {
-                cache::age(
+                state::age(
                     &mut t,
                     &self.cache.counters,
                     PageKey { object: cf.object.0, index },
@@ -242,7 +243,7 @@ impl<L: LowerFs> Engine<L> {
     /// Writes back every page of one file and frees its record (coherence: an operation
     /// needs the lower file as the application sees it).
     pub(crate) fn write_back_file(&self, cf: &Arc<Cached<L>>, reason: Reason) -> FsResult<()> {
-        let mut history = self.cache.round.lock().expect("write-back round");
+        let mut history = self.cache.round.lock();
         inc(&self.cache.counters.rounds[reason as usize]);
         // A limit: the file's pages in batches, then a few passes for a record left by a
         // truncate meanwhile; a file rewritten without pause ends with EAGAIN.
@@ -268,9 +269,9 @@ impl<L: LowerFs> Engine<L> {
         reason: Reason,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        let mut history = self.cache.round.lock().expect("write-back round");
+        let mut history = self.cache.round.lock();
         inc(&self.cache.counters.rounds[reason as usize]);
-        let total = self.cache.counters.pages_dirty.load(Ordering::Relaxed);
+        let total = self.cache.pages_dirty();
         let mut done = 0u64;
         let batch = self.cache.config.batch_pages.max(1) as usize;
         // A limit: what was dirty when the flush began, twice over (writers go on meanwhile),
@@ -278,7 +279,7 @@ impl<L: LowerFs> Engine<L> {
         let most = 2 * total.div_ceil(batch as u64) + 16;
         let mut fruitless = 0;
         for _ in 0..most {
-            let chosen = crate::writeback::by_zones(&self.cache.tables().all, batch);
+            let chosen = policy::by_zones(&self.cache.tables().all, batch);
             if chosen.is_empty() {
                 break;
             }
@@ -314,7 +315,7 @@ impl<L: LowerFs> Engine<L> {
     /// second by the front end's timer).
     pub fn writeback_aged(&self) -> FsResult<u64> {
         let age = self.cache.config.max_dirty_age;
-        if age == 0 || self.cache.counters.pages_dirty.load(Ordering::Relaxed) == 0 {
+        if age == 0 || self.cache.pages_dirty() == 0 {
             return Ok(0);
         }
         let limit = self.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
@@ -331,9 +332,9 @@ impl<L: LowerFs> Engine<L> {
         if old.is_empty() {
             return Ok(0);
         }
-        let mut history = self.cache.round.lock().expect("write-back round");
+        let mut history = self.cache.round.lock();
         inc(&self.cache.counters.rounds[Reason::Age as usize]);
-        crate::writeback::sort_by_location(&mut old);
+        policy::sort_by_location(&mut old);
         let mut written = 0;
         for chunk in old.chunks(self.cache.config.batch_pages.max(1) as usize) {
             written += self.write_pages(&mut history, chunk)?;
@@ -516,7 +517,7 @@ impl<L: LowerFs> Engine<L> {
             let id = (job.file_id, index);
             if history.written.contains(&id) {
                 inc(&c.repeated_pages);
-            } else if history.written.len() < cache::MAX_REMEMBERED {
+            } else if history.written.len() < MAX_REMEMBERED {
                 history.written.insert(id);
             }
         }
@@ -531,10 +532,10 @@ impl<L: LowerFs> Engine<L> {
 
     /// Step 3: one transaction over every file of the batch, all locked in object order.
     fn commit_batch(&self, jobs: &[Job<L>]) -> FsResult<u64> {
+        // Jobs are in record-frame order (`snapshot`), the order several file locks are taken.
         let mut states: Vec<_> = jobs.iter().map(|j| j.cf.lock()).collect();
-        let mut tx = self.pool.begin();
-        let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
-        let result = (|| {
+        let plans = self.atomically(|tx| {
+            let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
             for (job, st) in jobs.iter().zip(states.iter()) {
                 if st.gone {
                     plans.push((Vec::new(), st.rec.clone(), false));
@@ -569,15 +570,8 @@ impl<L: LowerFs> Engine<L> {
                 }
                 plans.push((clean, rec, free_record));
             }
-            Ok(())
-        })();
-        match result {
-            Ok(()) => tx.commit(),
-            Err(e) => {
-                tx.abort();
-                return Err(nvram_full(e));
-            }
-        }
+            Ok(plans)
+        })?;
         // Committed: the volatile mirror, still under every file's lock.
         let mut freed = 0u64;
         for ((job, st), (clean, rec, free_record)) in jobs.iter().zip(states.iter_mut()).zip(plans)
@@ -600,79 +594,5 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         Ok(freed)
-    }
-
-    /// At start: the cached files of the region, found again by their handles. A record of a
-    /// file that no longer exists (deleted while dirty, before its pages were dropped) is
-    /// freed with its pages.
-    pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
-        let found = cache::scan(&self.pool)?;
-        let now = self.lower.now().0;
-        let mut next_serial = 1;
-        for cache::Found { frame: object, rec, pages: frames } in found {
-            next_serial = next_serial.max(rec.serial + 1);
-            let node = match self.lower.find_file(&rec.handle, self.max_walk) {
-                Ok(node) => node,
-                Err(Errno(libc::ENOENT | libc::ESTALE)) => {
-                    let mut tx = self.pool.begin();
-                    for f in frames.values().chain(std::iter::once(&object)) {
-                        tx.free_frame(*f).map_err(|e| StartError::Nvram(e.to_string()))?;
-                    }
-                    tx.commit();
-                    Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
-                    eprintln!(
-                        "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
-                        frames.len()
-                    );
-                    continue;
-                }
-                Err(e) => return Err(StartError::CachedFile { object: object.0, error: e }),
-            };
-            let key = self.lower.key(&node);
-            let cf = Arc::new(CachedFile::new(key, object, Arc::new(node), rec));
-            {
-                let mut files = self.cache.files.lock().expect("cache files");
-                if files.by_key.insert(key, Arc::clone(&cf)).is_some() {
-                    return Err(nvram::Error::corrupt(
-                        nvram::Area::Frame(object.0),
-                        "two cached-file records for one lower file",
-                    )
-                    .into());
-                }
-                files.by_object.insert(object.0, Arc::clone(&cf));
-            }
-            inc(&self.cache.counters.files);
-            let mut st = cf.lock();
-            let extents =
-                self.cache_io(&cf).ok().and_then(|f| self.lower.fiemap(f).ok()).unwrap_or_default();
-            let mut t = self.cache.tables();
-            let mut reserved = 0;
-            for (index, frame) in frames {
-                let loc = cache::locate(&extents, object.0, index, &t.all);
-                let meta = PageMeta {
-                    frame,
-                    active: false,
-                    referenced: false,
-                    version: self.cache.tick(),
-                    last_use: 0,
-                    dirtied_at: now,
-                    loc,
-                    reserved: matches!(loc, Loc::Logical { .. }),
-                };
-                reserved += u64::from(meta.reserved);
-                cache::add_page(
-                    &mut t,
-                    &self.cache.counters,
-                    PageKey { object: object.0, index },
-                    &meta,
-                );
-                st.pages.insert(index, meta);
-            }
-            st.extents = Some(extents);
-            st.unmapped = reserved;
-            self.reserved_pages.fetch_add(reserved, Ordering::Relaxed);
-        }
-        self.cache.next_serial.store(next_serial, Ordering::Relaxed);
-        Ok(())
     }
 }

@@ -17,25 +17,34 @@
 //!   file's stripe so that no record starts meanwhile.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use lower::{Attr, LowerFs, SetAttr};
 use txn::FrameTag;
 
-use crate::cache::record::{KIND_PAGE, KIND_RECORD, MAX_HANDLE, Record};
-use crate::cache::{self, CachedFile, PAGE, PageMeta, Reason, inc};
-use crate::error::{FsError, FsResult};
-use crate::ops::{Engine, OpTx, errno, nvram_full};
+use super::counters::inc;
+use super::policy::{Loc, PageKey, ZoneTable};
+use super::record::{KIND_PAGE, KIND_RECORD, MAX_HANDLE, Record};
+use super::state::{self, CachedFile, PageMeta};
+use super::{PAGE, Reason};
+use crate::engine::Engine;
+use crate::engine::optx::OpTx;
+use crate::error::{FsError, FsResult, answer};
 use crate::stats::Counters;
-use crate::writeback::{Loc, PageKey};
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
+
+/// A page a cached write adds to NVRAM, prepared before its transaction.
+struct FreshPage {
+    page: u64,
+    bytes: Vec<u8>,
+    loc: Loc,
+}
 
 impl<L: LowerFs> Engine<L> {
     /// The cached file of `key`, if it has a record.
     pub(crate) fn cached(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
-        if !self.cache.config.enabled
-            && self.cache.counters.files.load(std::sync::atomic::Ordering::Relaxed) == 0
-        {
+        if !self.cache.config.enabled && self.cache.counters.files.load(Ordering::Relaxed) == 0 {
             return None;
         }
         self.cache.get(key)
@@ -53,10 +62,11 @@ impl<L: LowerFs> Engine<L> {
         if let Some(cf) = self.cache.get(key) {
             return Ok(Some(cf));
         }
+        // The file's stripe keeps other creators of its record, and direct changes of its
+        // lower data, out while its size is read; only this file waits for the lower calls.
         let _stripe = self.cache.stripe(key);
-        let mut files = self.cache.files.lock().expect("cache files");
-        if let Some(cf) = files.by_key.get(&key) {
-            return Ok(Some(Arc::clone(cf)));
+        if let Some(cf) = self.cache.get(key) {
+            return Ok(Some(cf));
         }
         let attr = self.lower.getattr(node)?;
         // No durable identity (a file system without file handles): written through.
@@ -70,22 +80,18 @@ impl<L: LowerFs> Engine<L> {
             valid: attr.size,
             mtime: attr.mtime,
             ctime: attr.ctime,
-            serial: self.cache.next_serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            serial: self.cache.next_serial.fetch_add(1, Ordering::Relaxed),
             handle,
         };
-        let made = (|| {
+        let made = (|| -> Result<txn::FrameId, txn::TxError> {
             let tx = otx.tx();
-            let object = tx
-                .alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 })
-                .map_err(nvram_full)?;
+            let object = tx.alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 })?;
             tx.write(self.pool.frame_offset(object), &rec.encode());
             Ok(object)
         })();
-        let object = otx.end(made)?;
+        let object = otx.end(made.map_err(FsError::from))?;
         let cf = Arc::new(CachedFile::new(key, object, Arc::clone(node), rec));
-        files.by_key.insert(key, Arc::clone(&cf));
-        files.by_object.insert(object.0, Arc::clone(&cf));
-        inc(&self.cache.counters.files);
+        self.cache.insert(&cf);
         Ok(Some(cf))
     }
 
@@ -100,7 +106,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// FIEMAP of the lower file, cached in the state until a write-back changes it.
-    fn extents<'s>(&self, cf: &Cached<L>, st: &'s mut cache::CacheState) -> &'s [lower::Extent] {
+    fn extents<'s>(&self, cf: &Cached<L>, st: &'s mut state::CacheState) -> &'s [lower::Extent] {
         if st.extents.is_none() {
             // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
             // (file, page): location-aware policies then work on logical runs.
@@ -111,6 +117,11 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// A cached write of `data` at `offset` (see the module docs). On error nothing changed.
+    ///
+    /// Three phases under the file's lock: (1) without a transaction, the pages the write
+    /// adds are prepared - partial ones fetched from the lower file, all located, their lower
+    /// space reserved (every lower call happens here: no undo slot is held while a disk
+    /// works); (2) one transaction writes NVRAM only and commits; (3) the volatile mirror.
     pub(crate) fn cached_write(
         &self,
         otx: &mut OpTx<'_>,
@@ -122,84 +133,63 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(None); // written back and freed meanwhile: look it up again
         }
-        let end = offset.checked_add(data.len() as u64).ok_or(errno(libc::EFBIG))?;
+        let end = offset.checked_add(data.len() as u64).ok_or(answer(libc::EFBIG))?;
+        let fresh = self.prepare_pages(cf, &mut st, offset, data)?;
+        let unmapped = fresh.iter().filter(|f| matches!(f.loc, Loc::Logical { .. })).count();
+        self.reserve(unmapped as u64)?;
+        // Phase 2: NVRAM only.
         let pool = &self.pool;
-        let mut fresh: Vec<(u64, txn::FrameId, Loc)> = Vec::new();
-        let mut touched: Vec<u64> = Vec::new();
         let now = self.lower.now();
         let mut rec = st.rec.clone();
-        let result = (|| {
+        rec.size = rec.size.max(end);
+        rec.mtime = now;
+        rec.ctime = now;
+        let mut touched: Vec<u64> = Vec::new();
+        let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
+            let tx = otx.tx();
             for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
-                let chunk = &data[done..done + n];
                 if let Some(meta) = st.pages.get(&page) {
-                    otx.tx().update(pool.frame_offset(meta.frame) + in_page as u64, chunk)?;
+                    tx.update(
+                        pool.frame_offset(meta.frame) + in_page as u64,
+                        &data[done..done + n],
+                    )?;
                     touched.push(page);
-                } else {
-                    let mut buf = vec![0u8; PAGE as usize];
-                    let base = page * PAGE;
-                    if n < PAGE as usize && base < st.rec.valid {
-                        // A partial write to a page not in NVRAM: fetch it (the blocking
-                        // baseline; bytes at or beyond `valid` are zero).
-                        let want = (st.rec.valid - base).min(PAGE) as usize;
-                        let io = self.cache_io(cf)?;
-                        let mut got = 0;
-                        while got < want {
-                            let r = self.lower.read(io, base + got as u64, &mut buf[got..want])?;
-                            if r == 0 {
-                                break;
-                            }
-                            got += r;
-                        }
-                        inc(&self.cache.counters.fetches);
-                    }
-                    buf[in_page..in_page + n].copy_from_slice(chunk);
-                    let frame = otx.tx().alloc_frame(FrameTag {
-                        kind: KIND_PAGE,
-                        owner: cf.object.0,
-                        index: page,
-                    })?;
-                    otx.tx().write(pool.frame_offset(frame), &buf);
-                    let loc = {
-                        let extents = self.extents(cf, &mut st);
-                        cache::locate(extents, cf.object.0, page, &self.cache.tables().all)
-                    };
-                    fresh.push((page, frame, loc));
                 }
             }
-            // Pages without a lower block need space in the lower file system at write-back.
-            let unmapped =
-                fresh.iter().filter(|(_, _, l)| matches!(l, Loc::Logical { .. })).count();
-            self.reserve(unmapped as u64)?;
-            rec.size = rec.size.max(end);
-            rec.mtime = now;
-            rec.ctime = now;
-            otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
-            Ok::<u64, FsError>(unmapped as u64)
+            let mut frames = Vec::with_capacity(fresh.len());
+            for f in &fresh {
+                let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: f.page };
+                let frame = tx.alloc_frame(tag)?;
+                tx.write(pool.frame_offset(frame), &f.bytes);
+                frames.push(frame);
+            }
+            tx.update(pool.frame_offset(cf.object), &rec.encode())?;
+            Ok(frames)
         })();
         // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
-        let unmapped = otx.end(result)?;
+        let frames = otx.end(written.map_err(FsError::from))?;
         st.rec = rec;
-        self.reserved_pages.fetch_add(unmapped, std::sync::atomic::Ordering::Relaxed);
-        // The transaction committed: now the volatile mirror.
+        self.space.add(unmapped as u64);
+        // Phase 3: the volatile mirror.
         let c = &self.cache.counters;
         let tick = self.cache.tick();
         let mut t = self.cache.tables();
         for page in touched {
             let meta = st.pages.get_mut(&page).expect("touched page is dirty");
             meta.version = tick;
-            cache::accessed(&mut t, c, meta, tick);
+            state::accessed(&mut t, c, meta, tick);
             inc(&c.hits);
         }
-        for (page, frame, loc) in fresh {
+        for (f, frame) in fresh.into_iter().zip(frames) {
             // Another file's write may have taken this block meanwhile (its location came from
             // an older FIEMAP: blocks move when a write-back cuts a file): one page per
             // location, so this one goes to its logical place. (The space was reserved by
-            // the location seen in the transaction; only placement changes.)
-            let reserved = matches!(loc, Loc::Logical { .. });
-            let loc = if t.all.contains(loc) {
-                Loc::Logical { object: cf.object.0, index: page }
+            // the location seen in phase 1; only placement changes.)
+            let reserved = matches!(f.loc, Loc::Logical { .. });
+            let loc = if t.all.contains(f.loc) {
+                Loc::Logical { object: cf.object.0, index: f.page }
             } else {
-                loc
+                f.loc
             };
             let meta = PageMeta {
                 frame,
@@ -211,11 +201,44 @@ impl<L: LowerFs> Engine<L> {
                 loc,
                 reserved,
             };
-            cache::add_page(&mut t, c, PageKey { object: cf.object.0, index: page }, &meta);
+            state::add_page(&mut t, c, PageKey { object: cf.object.0, index: f.page }, &meta);
             st.unmapped += u64::from(meta.reserved);
-            st.pages.insert(page, meta);
+            st.pages.insert(f.page, meta);
         }
         Ok(Some(data.len()))
+    }
+
+    /// Phase 1 of a cached write: the content of every page the write adds to NVRAM (a
+    /// partial page not in NVRAM is *fetched* from the lower file first - the blocking
+    /// baseline; bytes at or beyond `valid` are zero) and its location.
+    fn prepare_pages(
+        &self,
+        cf: &Cached<L>,
+        st: &mut state::CacheState,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<Vec<FreshPage>> {
+        let mut fresh = Vec::new();
+        for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
+            if st.pages.contains_key(&page) {
+                continue;
+            }
+            let mut bytes = vec![0u8; PAGE as usize];
+            let base = page * PAGE;
+            if n < PAGE as usize && base < st.rec.valid {
+                let want = (st.rec.valid - base).min(PAGE) as usize;
+                let io = self.cache_io(cf)?;
+                self.lower.read_full(io, base, &mut bytes[..want])?;
+                inc(&self.cache.counters.fetches);
+            }
+            bytes[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            let loc = {
+                let extents = self.extents(cf, st);
+                state::locate(extents, cf.object.0, page, &self.cache.tables().all)
+            };
+            fresh.push(FreshPage { page, bytes, loc });
+        }
+        Ok(fresh)
     }
 
     /// Reads through the cache: the lower file's bytes below `valid`, zeros up to the size,
@@ -279,7 +302,7 @@ impl<L: LowerFs> Engine<L> {
                 &mut buf[at..at + (stop - start) as usize],
             );
             let t = t.get_or_insert_with(|| self.cache.tables());
-            cache::accessed(t, c, meta, tick);
+            state::accessed(t, c, meta, tick);
             inc(&c.hits);
         }
         Ok(Some(len))
@@ -299,9 +322,9 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None);
         }
         let size = st.rec.size;
-        let Ok(from) = u64::try_from(offset) else { return Err(errno(libc::ENXIO)) };
+        let Ok(from) = u64::try_from(offset) else { return Err(answer(libc::ENXIO)) };
         if from >= size {
-            return Err(errno(libc::ENXIO));
+            return Err(answer(libc::ENXIO));
         }
         let valid = st.rec.valid;
         // The lower file's answer below `valid`, or None (ENXIO or beyond `valid`).
@@ -321,7 +344,7 @@ impl<L: LowerFs> Engine<L> {
             match (dirty, below) {
                 (Some(a), Some(b)) => a.min(b),
                 (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => return Err(errno(libc::ENXIO)),
+                (None, None) => return Err(answer(libc::ENXIO)),
             }
         } else {
             let mut pos = from;
@@ -341,10 +364,10 @@ impl<L: LowerFs> Engine<L> {
             }
         };
         if found >= size && whence == libc::SEEK_DATA {
-            return Err(errno(libc::ENXIO));
+            return Err(answer(libc::ENXIO));
         }
         let found = found.min(size);
-        Ok(Some(i64::try_from(found).map_err(|_| errno(libc::EOVERFLOW))?))
+        Ok(Some(i64::try_from(found).map_err(|_| answer(libc::EOVERFLOW))?))
     }
 
     /// The record's size and times over the lower attributes of a cached file.
@@ -380,7 +403,7 @@ impl<L: LowerFs> Engine<L> {
         let first_gone = size.div_ceil(PAGE);
         let gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
         let mut rec = st.rec.clone();
-        let result = (|| {
+        let result = (|| -> Result<(), txn::TxError> {
             if size < old && size % PAGE != 0 {
                 // C3: the tail of the last page reads as zeros if the file grows again.
                 if let Some(meta) = st.pages.get(&(size / PAGE)) {
@@ -402,7 +425,7 @@ impl<L: LowerFs> Engine<L> {
             otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
             Ok(())
         })()
-        .map_err(nvram_full);
+        .map_err(FsError::from);
         otx.end(result)?;
         st.rec = rec;
         st.shrunk_to = st.shrunk_to.min(size);
@@ -416,17 +439,17 @@ impl<L: LowerFs> Engine<L> {
     /// are out of `st.pages`): out of the zone tables, their lower-space reservation released.
     pub(crate) fn pages_clean<'m>(
         &self,
-        st: &mut cache::CacheState,
+        st: &mut state::CacheState,
         pages: impl IntoIterator<Item = &'m PageMeta>,
     ) {
         let mut unreserve = 0;
         let mut t = self.cache.tables();
         for meta in pages {
-            cache::remove_page(&mut t, &self.cache.counters, meta);
+            state::remove_page(&mut t, &self.cache.counters, meta);
             unreserve += u64::from(meta.reserved);
         }
         st.unmapped -= unreserve;
-        self.reserved_pages.fetch_sub(unreserve, std::sync::atomic::Ordering::Relaxed);
+        self.space.sub(unreserve);
     }
 
     /// setattr of a lower regular file with a record: the size in the cache, the rest in the
@@ -457,7 +480,7 @@ impl<L: LowerFs> Engine<L> {
                 rec.mtime = attr.mtime;
                 rec.ctime = rec.ctime.max(attr.ctime);
                 let off = self.pool.frame_offset(cf.object);
-                let r = otx.tx().update(off, &rec.encode()).map_err(nvram_full);
+                let r = otx.tx().update(off, &rec.encode()).map_err(FsError::from);
                 otx.end(r)?;
                 st.rec = rec;
             }
@@ -484,20 +507,12 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(());
         }
-        let mut tx = self.pool.begin();
-        let r = (|| {
+        self.atomically(|tx| {
             for meta in st.pages.values() {
                 tx.free_frame(meta.frame)?;
             }
             tx.free_frame(cf.object)
-        })();
-        match r {
-            Ok(()) => tx.commit(),
-            Err(e) => {
-                tx.abort();
-                return Err(nvram_full(e));
-            }
-        }
+        })?;
         let pages = std::mem::take(&mut st.pages);
         Counters::add(&self.cache.counters.pages_dropped, pages.len() as u64);
         self.forget_cached(cf, &mut st, &pages);
@@ -505,25 +520,16 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// The volatile side of freeing a record (its transaction committed): tables, counters,
-    /// reservation, maps. Called with the file's state locked.
+    /// reservation, maps. Called with the file's state locked (the map's rank is later).
     pub(crate) fn forget_cached(
         &self,
         cf: &Cached<L>,
-        st: &mut cache::CacheState,
+        st: &mut state::CacheState,
         pages: &std::collections::BTreeMap<u64, PageMeta>,
     ) {
         self.pages_clean(st, pages.values());
         st.gone = true;
-        // Only this file's entries: once the freeing transaction committed, another thread may
-        // have created a record in the same frame (or for the same file) already.
-        let mut files = self.cache.files.lock().expect("cache files");
-        if files.by_key.get(&cf.key).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
-            files.by_key.remove(&cf.key);
-        }
-        if files.by_object.get(&cf.object.0).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
-            files.by_object.remove(&cf.object.0);
-        }
-        cache::dec(&self.cache.counters.files);
+        self.cache.remove(cf);
     }
 
     /// Checks the volatile mirror against itself (tests): every dirty page of every cached
@@ -531,7 +537,7 @@ impl<L: LowerFs> Engine<L> {
     /// in either table, and the maps agree. Call it while no operation runs.
     pub fn check_cache(&self) -> Result<(), String> {
         let files: Vec<_> = {
-            let f = self.cache.files.lock().expect("cache files");
+            let f = self.cache.files.lock();
             if f.by_key.len() != f.by_object.len() {
                 return Err(format!(
                     "{} files by key, {} by object",
@@ -548,8 +554,8 @@ impl<L: LowerFs> Engine<L> {
             }
             f.by_object.values().cloned().collect()
         };
-        let t = self.cache.tables();
-        let (mut all, mut inactive) = (0u64, 0u64);
+        // Every file's pages first (file locks), then the tables (a later rank).
+        let mut pages: Vec<(PageKey, PageMeta)> = Vec::new();
         for cf in files {
             let st = cf.lock();
             if st.gone {
@@ -562,26 +568,28 @@ impl<L: LowerFs> Engine<L> {
                     cf.object.0, st.unmapped
                 ));
             }
-            for (&index, meta) in &st.pages {
-                let page = PageKey { object: cf.object.0, index };
-                let zone = |table: &crate::writeback::ZoneTable| {
-                    table
-                        .zone(table.zone_of(meta.loc))
-                        .and_then(|z| z.pages.get(&meta.loc).copied())
-                };
-                if zone(&t.all) != Some(page) {
-                    return Err(format!("{page:?} at {:?} missing from the all table", meta.loc));
-                }
-                all += 1;
-                let in_inactive = zone(&t.inactive) == Some(page);
-                if in_inactive == meta.active {
-                    return Err(format!(
-                        "{page:?}: active {} but in the inactive table {in_inactive}",
-                        meta.active
-                    ));
-                }
-                inactive += u64::from(!meta.active);
+            pages.extend(
+                st.pages.iter().map(|(&index, m)| (PageKey { object: cf.object.0, index }, *m)),
+            );
+        }
+        let t = self.cache.tables();
+        let (mut all, mut inactive) = (0u64, 0u64);
+        for (page, meta) in pages {
+            let zone = |table: &ZoneTable| {
+                table.zone(table.zone_of(meta.loc)).and_then(|z| z.pages.get(&meta.loc).copied())
+            };
+            if zone(&t.all) != Some(page) {
+                return Err(format!("{page:?} at {:?} missing from the all table", meta.loc));
             }
+            all += 1;
+            let in_inactive = zone(&t.inactive) == Some(page);
+            if in_inactive == meta.active {
+                return Err(format!(
+                    "{page:?}: active {} but in the inactive table {in_inactive}",
+                    meta.active
+                ));
+            }
+            inactive += u64::from(!meta.active);
         }
         if t.all.dirty_pages() != all || t.inactive.dirty_pages() != inactive {
             return Err(format!(
@@ -591,10 +599,8 @@ impl<L: LowerFs> Engine<L> {
             ));
         }
         let c = &self.cache.counters;
-        let (d, i) = (
-            c.pages_dirty.load(std::sync::atomic::Ordering::Relaxed),
-            c.pages_inactive_dirty.load(std::sync::atomic::Ordering::Relaxed),
-        );
+        let (d, i) =
+            (c.pages_dirty.load(Ordering::Relaxed), c.pages_inactive_dirty.load(Ordering::Relaxed));
         if (d, i) != (all, inactive) {
             return Err(format!(
                 "counters say {d} / {i} dirty / inactive, files {all} / {inactive}"
@@ -623,6 +629,6 @@ impl<L: LowerFs> Engine<L> {
                 return r;
             }
         }
-        Err(errno(libc::EAGAIN))
+        Err(answer(libc::EAGAIN))
     }
 }

@@ -1,0 +1,285 @@
+//! The engine: its state, what a node id and an open handle name, and the accessors every
+//! operation uses. The operations themselves are in `ops/` (one file per family), the
+//! transaction idiom in `optx.rs`, start-up and shutdown in `start.rs`, space reservation in
+//! `space.rs`.
+//!
+//! Every public method of [`Engine`] is one request of the front end and runs through
+//! [`Engine::op`]: counted, inside one transaction (begun at its first NVRAM change). Each
+//! first asks what the object is: a lower object (through the page cache, or straight to the
+//! lower file system) or a temp file (TempFFS, `tempfs/`).
+//!
+//! State and its owners: `inodes` and `handles` (what the kernel names), `overlay` (the
+//! namespace NVRAM adds to the lower directories), `temp` (the temp-file store's knobs and
+//! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
+//! order: `sync.rs`.
+
+pub mod optx;
+pub mod space;
+pub mod start;
+
+use std::sync::{Arc, OnceLock};
+
+use lower::{Attr, LowerFs, TimeSet};
+use txn::Pool;
+
+use crate::cache::{CacheConfig, PageCache};
+use crate::error::{FsError, FsResult, answer};
+use crate::handles::{Handle, HandleTable};
+use crate::inodes::{Identity, Inode, InodeTable, ROOT_ID, TEMP_BASE};
+use crate::lowerfs::Lower;
+use crate::overlay::{DirKey, Listed, Overlay};
+use crate::stats::Counters;
+use crate::sync::Mutex;
+use crate::tempfs::{TempConfig, TempFile, TempState, TempStore, data};
+use space::Space;
+
+/// A test hook: called with the name of each persistence step of the temp-file protocols
+/// (e.g. `transform.copied`), so that process-level tests can kill the daemon exactly there.
+pub trait Failpoints: Send + Sync + std::fmt::Debug {
+    fn hit(&self, point: &'static str);
+}
+
+/// Limits and knobs of an engine, fixed at mount.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Most open files and directories at once.
+    pub max_handles: usize,
+    /// The temp-file store (TempFFS).
+    pub temp: TempConfig,
+    /// Most directories the recovery walk visits to find a directory by its handle when the
+    /// lower file system cannot open handles directly (unprivileged daemon).
+    pub max_walk: usize,
+    pub failpoints: Option<Arc<dyn Failpoints>>,
+    /// Extended attributes served (on) or refused with ENOSYS, after which the kernel stops
+    /// asking (it otherwise asks for security.capability before every write(2), because FUSE
+    /// super blocks lack SB_NOSEC).
+    pub xattrs: bool,
+    /// The NVRAM page cache and its write-back.
+    pub cache: CacheConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_handles: 1 << 16,
+            temp: TempConfig::default(),
+            max_walk: 1 << 20,
+            failpoints: None,
+            xattrs: true,
+            cache: CacheConfig::default(),
+        }
+    }
+}
+
+/// A looked-up object: its node id and attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub node_id: u64,
+    pub attr: Attr,
+}
+
+/// What a node id names.
+#[derive(Debug)]
+pub enum Obj<N> {
+    Lower(Arc<N>),
+    Temp(Arc<TempFile>),
+}
+
+impl<N> Clone for Obj<N> {
+    fn clone(&self) -> Self {
+        match self {
+            Obj::Lower(n) => Obj::Lower(Arc::clone(n)),
+            Obj::Temp(f) => Obj::Temp(Arc::clone(f)),
+        }
+    }
+}
+
+/// An open file or directory.
+#[derive(Debug)]
+pub enum Open<L: LowerFs> {
+    /// An open lower object (not a directory): `key` is its lower identity, `regular` whether
+    /// it is a regular file (only those are cached), `direct` whether opened with O_DIRECT
+    /// (its IO goes to the lower file, which is written back first).
+    Lower { file: L::File, key: (u64, u64), regular: bool, direct: bool },
+    /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
+    Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },
+    /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
+    /// directory held temp files (offsets are then positions in it: stable across changes).
+    Dir { file: L::File, key: DirKey, listing: Mutex<Option<Arc<Vec<Listed>>>> },
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Engine<L: LowerFs> {
+    /// The lower file system, reached only through its facade.
+    pub(crate) lower: Lower<L>,
+    pub(crate) pool: Pool,
+    pub(crate) inodes: InodeTable<Obj<L::Node>>,
+    pub(crate) handles: HandleTable<Open<L>>,
+    pub(crate) counters: Counters,
+    /// Lower-FS space reserved for data that lives only in NVRAM.
+    pub(crate) space: Space,
+    /// The temp-file store's knobs, counters and LRU clock.
+    pub(crate) temp: TempStore,
+    /// What NVRAM adds to the lower namespace (rank `Overlay`).
+    pub(crate) overlay: Mutex<Overlay<L::Node>>,
+    pub(crate) cache: PageCache<L::Node, L::File>,
+    /// The lower root's device: temp files live on it only.
+    pub(crate) root_dev: u64,
+    pub(crate) max_walk: usize,
+    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
+    pub(crate) xattrs: bool,
+}
+
+/// How a handle's IO reaches its lower file (see [`Engine::via`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Via {
+    /// Through the page cache (a regular file).
+    Cache((u64, u64)),
+    /// A regular file opened with O_DIRECT: to the lower file, written back first.
+    Direct((u64, u64)),
+    /// Not a regular file (device, FIFO): straight through.
+    Plain,
+}
+
+/// The node of a stale id is an error the kernel should never cause; report ESTALE.
+pub(crate) fn stale(id: u64) -> FsError {
+    FsError::Stale(id)
+}
+
+impl<L: LowerFs> Engine<L> {
+    pub(crate) fn fail(&self, point: &'static str) {
+        if let Some(f) = &self.failpoints {
+            f.hit(point);
+        }
+    }
+
+    pub(crate) fn inode(&self, id: u64) -> FsResult<Arc<Inode<Obj<L::Node>>>> {
+        self.inodes.get(id).ok_or_else(|| stale(id))
+    }
+
+    /// The object behind a node id.
+    pub(crate) fn obj(&self, id: u64) -> FsResult<Obj<L::Node>> {
+        Ok(self.inode(id)?.node())
+    }
+
+    /// The lower object behind a node id; a temp file that is still in NVRAM yields `Err`
+    /// with the file, so callers that need a lower object can transform it first.
+    pub(crate) fn lower_obj(&self, id: u64) -> FsResult<Result<Arc<L::Node>, Arc<TempFile>>> {
+        Ok(match self.obj(id)? {
+            Obj::Lower(n) => Ok(n),
+            Obj::Temp(f) => Err(f),
+        })
+    }
+
+    /// A directory (always a lower object); a temp file is not one.
+    pub(crate) fn dir(&self, id: u64) -> FsResult<Arc<L::Node>> {
+        match self.obj(id)? {
+            Obj::Lower(n) => Ok(n),
+            Obj::Temp(_) => Err(answer(libc::ENOTDIR)),
+        }
+    }
+
+    pub(crate) fn handle(&self, fh: u64) -> FsResult<Arc<Handle<Open<L>>>> {
+        self.handles.get(fh).ok_or_else(|| stale(fh))
+    }
+
+    pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
+        let key = self.lower.key(&node);
+        let node_id = self.inodes.remember(Obj::Lower(Arc::new(node)), Identity::lower(key));
+        Entry { node_id, attr: self.overlay_attr(key, attr) }
+    }
+
+    /// Registers a temp file with the kernel (one lookup). Called with the file's state
+    /// locked and the file resident, so that a transform cannot re-key it in between.
+    pub(crate) fn temp_entry(&self, f: &Arc<TempFile>, st: &TempState) -> Entry {
+        let node_id = self.inodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
+        Entry { node_id, attr: self.temp_attr(f, st) }
+    }
+
+    pub(crate) fn temp_attr(&self, f: &TempFile, st: &TempState) -> Attr {
+        let r = &st.rec;
+        Attr {
+            dev: self.root_dev,
+            ino: TEMP_BASE + f.serial,
+            size: r.size,
+            blocks: st.pages.len() as u64 * (data::PAGE / 512),
+            atime: r.atime,
+            mtime: r.mtime,
+            ctime: r.ctime,
+            mode: r.mode,
+            nlink: r.nlink,
+            uid: r.uid,
+            gid: r.gid,
+            rdev: 0,
+            blksize: data::PAGE as u32,
+        }
+    }
+
+    pub(crate) fn time(&self, t: TimeSet) -> (i64, u32) {
+        match t {
+            TimeSet::Now => self.lower.now(),
+            TimeSet::At(s, ns) => (s, ns),
+        }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn register(&self, node_id: u64, file: Open<L>) -> FsResult<u64> {
+        // Too many open files: the lower file system would say EMFILE too.
+        self.handles.insert(node_id, file).ok_or(answer(libc::EMFILE))
+    }
+
+    /// The lower file of an open handle: the handle's own, or (for a temp file that has been
+    /// transformed since it was opened) the lower file opened now.
+    pub(crate) fn lower_file<'h>(&self, h: &'h Handle<Open<L>>) -> FsResult<&'h L::File> {
+        match &h.file {
+            Open::Lower { file, .. } | Open::Dir { file, .. } => Ok(file),
+            Open::Temp { lower, flags, .. } => {
+                if let Some(file) = lower.get() {
+                    return Ok(file);
+                }
+                let Obj::Lower(node) = self.obj(h.node_id)? else {
+                    return Err(stale(h.node_id));
+                };
+                let file = self.lower.open(&node, *flags)?;
+                // Two threads may race here; the loser's descriptor is simply closed.
+                let _ = lower.set(file);
+                Ok(lower.get().expect("set above"))
+            }
+        }
+    }
+
+    /// How IO on an open lower object (or a transformed temp file) reaches the lower file.
+    pub(crate) fn via(&self, h: &Handle<Open<L>>) -> FsResult<Via> {
+        Ok(match &h.file {
+            Open::Lower { key, regular: true, direct: false, .. } => Via::Cache(*key),
+            Open::Lower { key, regular: true, direct: true, .. } => Via::Direct(*key),
+            Open::Lower { .. } | Open::Dir { .. } => Via::Plain,
+            Open::Temp { .. } => match self.obj(h.node_id)? {
+                Obj::Lower(n) => Via::Cache(self.lower.key(&n)),
+                Obj::Temp(_) => Via::Plain,
+            },
+        })
+    }
+
+    /// The root's node id (always 1).
+    pub fn root_id(&self) -> u64 {
+        ROOT_ID
+    }
+}
+
+/// The set-ID bits a write or truncate by an unprivileged caller removes (see
+/// `Engine::kill_suidgid`).
+pub(crate) fn suidgid_bits(mode: u32) -> u32 {
+    let mut kill = 0;
+    if mode & libc::S_ISUID != 0 {
+        kill |= libc::S_ISUID;
+    }
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    kill
+}

@@ -1,0 +1,124 @@
+//! An engine's life: start over a recovered region (rebuild the volatile mirrors, finish
+//! what a crash interrupted) and shut down (transform, write back, mark the region clean).
+//!
+//! Start, in order: the temp-file overlay from the temp-file records (`tempfs/recovery.rs`:
+//! unlinked-open files freed, interrupted transforms finished), then the page cache from the
+//! cached-file records (`cache/recovery.rs`: files found again by handle), then the mount's
+//! choices (tempfiles off: every temp file transformed; cache off: every page written back).
+
+use std::sync::Arc;
+
+use lower::LowerFs;
+use txn::{Pool, TxError};
+
+use super::space::Space;
+use super::{Engine, EngineConfig, Obj};
+use crate::cache::{PageCache, Reason};
+use crate::error::FsError;
+use crate::handles::HandleTable;
+use crate::inodes::{Identity, InodeTable};
+use crate::lowerfs::Lower;
+use crate::overlay::Overlay;
+use crate::stats::Counters;
+use crate::sync::{Mutex, Rank};
+use crate::tempfs::{TempStore, Trigger};
+
+/// Why an engine could not start over its region.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Region(#[from] nvram::Error),
+    #[error(
+        "{files} temp file(s) of a lower directory that no longer exists (directory handle {handle}): \
+         the lower directory was changed behind nvstack's back"
+    )]
+    MissingDir { files: usize, handle: String },
+    #[error("lower file system: {0}")]
+    Lower(lower::Errno),
+    #[error("finishing an interrupted transform of temp file {serial}: {error}")]
+    Redo { serial: u64, error: FsError },
+    #[error(
+        "finding the lower file of cached-file record in frame {object} by its handle: {error} \
+         (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
+         the walk limit)"
+    )]
+    CachedFile { object: u64, error: lower::Errno },
+    #[error(
+        "freeing the dirty pages of a file deleted before the crash (record in frame {object}): \
+         {error}"
+    )]
+    DropDeleted { object: u64, error: FsError },
+    #[error("NVRAM: {0}")]
+    Nvram(#[from] TxError),
+    #[error("{0}")]
+    Config(String),
+    #[error("writing back the page cache with the cache off: {0}")]
+    Flush(FsError),
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// Starts an engine over a recovered region: rebuilds the temp-file overlay, frees temp
+    /// files that were unlinked while open, finishes interrupted transforms, and with
+    /// tempfiles off moves every temp file to the lower file system.
+    pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
+        // The root node is borrowed from the adapter; the table holds its own reference by
+        // looking the root up again ("." of the root).
+        let policy = crate::cache::policy::by_name(config.cache.policy).ok_or_else(|| {
+            StartError::Config(format!("unknown write-back policy {}", config.cache.policy))
+        })?;
+        let mut config = config;
+        let frames = pool.stats().frames_total;
+        if config.cache.high_pages == u64::MAX {
+            // Defaults: write back from 80 % of the region's frames down to 60 %.
+            config.cache.high_pages = frames * 8 / 10;
+            config.cache.low_pages = frames * 6 / 10;
+        }
+        let root_key = lower.key(lower.root());
+        let (root, _) =
+            lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
+        let engine = Engine {
+            inodes: InodeTable::new(Obj::Lower(Arc::new(root)), Identity::lower(root_key)),
+            handles: HandleTable::new(config.max_handles),
+            counters: Counters::default(),
+            space: Space::default(),
+            temp: TempStore::new(config.temp),
+            overlay: Mutex::new(Rank::Overlay, Overlay::default()),
+            cache: PageCache::new(config.cache, policy),
+            root_dev: root_key.0,
+            max_walk: config.max_walk,
+            failpoints: config.failpoints,
+            xattrs: config.xattrs,
+            lower: Lower::new(lower),
+            pool,
+        };
+        engine.rebuild_tempfiles()?;
+        engine.rebuild_cache()?;
+        if !engine.temp.config.enabled {
+            engine.transform_all(Trigger::Unmount, &mut |_, _| {});
+        }
+        if !engine.cache.config().enabled
+            && let (_, Some(e)) = engine.flush_cache(Reason::Unmount, &mut |_, _| {})
+        {
+            return Err(StartError::Flush(e));
+        }
+        Ok(engine)
+    }
+
+    /// Ends the engine: temp files are transformed (unless configured to stay in NVRAM),
+    /// every open handle is closed, the region is marked clean.
+    pub fn shutdown(self) {
+        if self.temp.config.transform_on_unmount {
+            self.transform_all(Trigger::Unmount, &mut |_, _| {});
+        }
+        if self.cache.config().writeback_on_unmount
+            && let (_, Some(e)) = self.flush_cache(Reason::Unmount, &mut |_, _| {})
+        {
+            eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
+        }
+        let Engine { pool, inodes, handles, overlay, .. } = self;
+        drop(handles);
+        drop(inodes);
+        drop(overlay);
+        pool.close();
+    }
+}

@@ -1,0 +1,286 @@
+//! The one facade through which the engine reaches the lower file system.
+//!
+//! Every call the engine makes into the lower file system goes through [`Lower`]: the
+//! namespace and attribute changes (create, mknod, mkdir, symlink, link, unlink, rmdir,
+//! rename, setattr, setxattr, removexattr) are grouped below, so that the metadata journal can
+//! record each of them in the operation's transaction at one place; reads of the namespace,
+//! data IO and durability calls follow.
+//!
+//! Invariant L1: no call reaches the lower file system while the calling thread holds a short
+//! lock or an undo slot (`sync::assert_may_block`, checked in debug builds: every test run).
+//! A lower call may wait for a disk; holding a global lock or a slot across it would stall
+//! unrelated operations behind that disk.
+
+use std::ffi::OsStr;
+
+use lower::{Attr, Creds, DirEntry, Extent, LowerFs, Result, SetAttr, StatFs};
+
+use crate::sync::assert_may_block;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Lower<L: LowerFs> {
+    fs: L,
+}
+
+impl<L: LowerFs> Lower<L> {
+    pub fn new(fs: L) -> Self {
+        Lower { fs }
+    }
+
+    // Identity and time: no IO.
+
+    pub fn root(&self) -> &L::Node {
+        self.fs.root()
+    }
+
+    pub fn key(&self, node: &L::Node) -> (u64, u64) {
+        self.fs.key(node)
+    }
+
+    pub fn now(&self) -> (i64, u32) {
+        self.fs.now()
+    }
+
+    // Namespace and attribute changes (the metadata journal's hook).
+
+    pub fn mknod(
+        &self,
+        creds: &Creds,
+        parent: &L::Node,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<(L::Node, Attr)> {
+        assert_may_block("lower mknod");
+        self.fs.mknod(creds, parent, name, mode, rdev)
+    }
+
+    pub fn mkdir(
+        &self,
+        creds: &Creds,
+        parent: &L::Node,
+        name: &OsStr,
+        mode: u32,
+    ) -> Result<(L::Node, Attr)> {
+        assert_may_block("lower mkdir");
+        self.fs.mkdir(creds, parent, name, mode)
+    }
+
+    pub fn symlink(
+        &self,
+        creds: &Creds,
+        parent: &L::Node,
+        name: &OsStr,
+        target: &OsStr,
+    ) -> Result<(L::Node, Attr)> {
+        assert_may_block("lower symlink");
+        self.fs.symlink(creds, parent, name, target)
+    }
+
+    pub fn create(
+        &self,
+        creds: &Creds,
+        parent: &L::Node,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(L::Node, Attr, L::File)> {
+        assert_may_block("lower create");
+        self.fs.create(creds, parent, name, mode, flags)
+    }
+
+    pub fn link(&self, node: &L::Node, newparent: &L::Node, newname: &OsStr) -> Result<Attr> {
+        assert_may_block("lower link");
+        self.fs.link(node, newparent, newname)
+    }
+
+    pub fn unlink(&self, parent: &L::Node, name: &OsStr) -> Result<()> {
+        assert_may_block("lower unlink");
+        self.fs.unlink(parent, name)
+    }
+
+    pub fn rmdir(&self, parent: &L::Node, name: &OsStr) -> Result<()> {
+        assert_may_block("lower rmdir");
+        self.fs.rmdir(parent, name)
+    }
+
+    pub fn rename(
+        &self,
+        parent: &L::Node,
+        name: &OsStr,
+        newparent: &L::Node,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        assert_may_block("lower rename");
+        self.fs.rename(parent, name, newparent, newname, flags)
+    }
+
+    pub fn setattr(&self, node: &L::Node, file: Option<&L::File>, set: &SetAttr) -> Result<Attr> {
+        assert_may_block("lower setattr");
+        self.fs.setattr(node, file, set)
+    }
+
+    pub fn setxattr(&self, node: &L::Node, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        assert_may_block("lower setxattr");
+        self.fs.setxattr(node, name, value, flags)
+    }
+
+    pub fn removexattr(&self, node: &L::Node, name: &OsStr) -> Result<()> {
+        assert_may_block("lower removexattr");
+        self.fs.removexattr(node, name)
+    }
+
+    // Reading the namespace.
+
+    pub fn lookup(&self, parent: &L::Node, name: &OsStr) -> Result<(L::Node, Attr)> {
+        assert_may_block("lower lookup");
+        self.fs.lookup(parent, name)
+    }
+
+    pub fn getattr(&self, node: &L::Node) -> Result<Attr> {
+        assert_may_block("lower getattr");
+        self.fs.getattr(node)
+    }
+
+    pub fn readlink(&self, node: &L::Node) -> Result<Vec<u8>> {
+        assert_may_block("lower readlink");
+        self.fs.readlink(node)
+    }
+
+    pub fn opendir(&self, node: &L::Node) -> Result<L::File> {
+        assert_may_block("lower opendir");
+        self.fs.opendir(node)
+    }
+
+    pub fn readdir(
+        &self,
+        dir: &L::File,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        assert_may_block("lower readdir");
+        self.fs.readdir(dir, offset, emit)
+    }
+
+    pub fn statfs(&self, node: &L::Node) -> Result<StatFs> {
+        assert_may_block("lower statfs");
+        self.fs.statfs(node)
+    }
+
+    pub fn getxattr(&self, node: &L::Node, name: &OsStr, size: usize) -> Result<Vec<u8>> {
+        assert_may_block("lower getxattr");
+        self.fs.getxattr(node, name, size)
+    }
+
+    pub fn listxattr(&self, node: &L::Node, size: usize) -> Result<Vec<u8>> {
+        assert_may_block("lower listxattr");
+        self.fs.listxattr(node, size)
+    }
+
+    pub fn dir_handle(&self, dir: &L::Node) -> Result<Vec<u8>> {
+        assert_may_block("lower name_to_handle_at");
+        self.fs.dir_handle(dir)
+    }
+
+    pub fn file_handle(&self, file: &L::Node) -> Result<Vec<u8>> {
+        assert_may_block("lower name_to_handle_at");
+        self.fs.file_handle(file)
+    }
+
+    pub fn find_dir(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+        assert_may_block("lower find_dir");
+        self.fs.find_dir(handle, limit)
+    }
+
+    pub fn find_file(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+        assert_may_block("lower find_file");
+        self.fs.find_file(handle, limit)
+    }
+
+    // Data.
+
+    pub fn open(&self, node: &L::Node, flags: i32) -> Result<L::File> {
+        assert_may_block("lower open");
+        self.fs.open(node, flags)
+    }
+
+    pub fn open_direct(&self, node: &L::Node, writable: bool) -> Result<Option<L::File>> {
+        assert_may_block("lower open (O_DIRECT)");
+        self.fs.open_direct(node, writable)
+    }
+
+    pub fn read(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        assert_may_block("lower read");
+        self.fs.read(file, offset, buf)
+    }
+
+    /// Reads until `buf` is full or the file ends; returns the bytes read.
+    pub fn read_full(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = self.read(file, offset + got as u64, &mut buf[got..])?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok(got)
+    }
+
+    pub fn write(&self, file: &L::File, offset: u64, data: &[u8]) -> Result<usize> {
+        assert_may_block("lower write");
+        self.fs.write(file, offset, data)
+    }
+
+    pub fn fallocate(&self, file: &L::File, mode: i32, offset: u64, len: u64) -> Result<()> {
+        assert_may_block("lower fallocate");
+        self.fs.fallocate(file, mode, offset, len)
+    }
+
+    pub fn lseek(&self, file: &L::File, offset: i64, whence: i32) -> Result<i64> {
+        assert_may_block("lower lseek");
+        self.fs.lseek(file, offset, whence)
+    }
+
+    pub fn copy_file_range(
+        &self,
+        input: &L::File,
+        offset_in: u64,
+        output: &L::File,
+        offset_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        assert_may_block("lower copy_file_range");
+        self.fs.copy_file_range(input, offset_in, output, offset_out, len)
+    }
+
+    pub fn fiemap(&self, file: &L::File) -> Result<Vec<Extent>> {
+        assert_may_block("lower fiemap");
+        self.fs.fiemap(file)
+    }
+
+    // Durability.
+
+    pub fn fsync(&self, file: &L::File, datasync: bool) -> Result<()> {
+        assert_may_block("lower fsync");
+        self.fs.fsync(file, datasync)
+    }
+
+    pub fn fsyncdir(&self, dir: &L::File, datasync: bool) -> Result<()> {
+        assert_may_block("lower fsyncdir");
+        self.fs.fsyncdir(dir, datasync)
+    }
+
+    /// fsync of a directory by its node.
+    pub fn sync_dir(&self, dir: &L::Node) -> Result<()> {
+        let d = self.opendir(dir)?;
+        self.fsyncdir(&d, false)
+    }
+
+    pub fn syncfs(&self) -> Result<()> {
+        assert_may_block("lower syncfs");
+        self.fs.syncfs()
+    }
+}

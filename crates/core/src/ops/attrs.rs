@@ -1,0 +1,155 @@
+//! Attributes: getattr, setattr (with the kernel's set-ID rules), readlink, access, and the
+//! extended attributes (which live in the lower file system: a temp file is transformed
+//! before one is set or removed).
+
+use std::ffi::OsStr;
+
+use lower::{Attr, LowerFs, SetAttr};
+
+use crate::engine::{Engine, Obj, Open, suidgid_bits};
+use crate::error::{FsResult, answer};
+use crate::stats::Op;
+use crate::tempfs::{self, Fate};
+
+impl<L: LowerFs> Engine<L> {
+    pub fn getattr(&self, node_id: u64) -> FsResult<Attr> {
+        self.op(Op::Getattr, |_| {
+            loop {
+                match self.obj(node_id)? {
+                    Obj::Lower(n) => {
+                        return Ok(self.overlay_attr(self.lower.key(&n), self.lower.getattr(&n)?));
+                    }
+                    Obj::Temp(f) => {
+                        let st = f.lock();
+                        match st.fate {
+                            Fate::Resident => return Ok(self.temp_attr(&f, &st)),
+                            Fate::Freed => return Err(answer(libc::ENOENT)),
+                            Fate::Transformed => {} // the inode now names the lower file
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// `unprivileged`: the caller is not root. A truncate by such a caller removes the file's
+    /// set-user-ID and set-group-ID bits, as the kernel would (it leaves that to us because we
+    /// handle killpriv, see `kill_suidgid`).
+    pub fn setattr(
+        &self,
+        node_id: u64,
+        fh: Option<u64>,
+        set: &SetAttr,
+        unprivileged: bool,
+    ) -> FsResult<Attr> {
+        self.op(Op::Setattr, |tx| {
+            loop {
+                let node = match self.obj(node_id)? {
+                    Obj::Lower(n) => n,
+                    Obj::Temp(f) => match self.temp_setattr(tx, &f, set, unprivileged)? {
+                        Some(attr) => return Ok(attr),
+                        None => continue, // transformed meanwhile
+                    },
+                };
+                let handle = fh.and_then(|fh| self.handles.get(fh));
+                let file = match handle.as_deref().map(|h| &h.file) {
+                    Some(Open::Lower { file, .. } | Open::Dir { file, .. }) => Some(file),
+                    _ => None,
+                };
+                if set.size.is_some() && set.mode.is_none() && unprivileged {
+                    self.kill_suidgid(&node)?;
+                }
+                let key = self.lower.key(&node);
+                if let Some(cf) = self.cached(key) {
+                    match self.cached_setattr(tx, &cf, &node, file, set)? {
+                        Some(attr) => return Ok(attr),
+                        None => continue, // written back meanwhile
+                    }
+                }
+                if set.size.is_some() {
+                    // Changes the lower file's data: no record may start meanwhile.
+                    return self
+                        .with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?));
+                }
+                return Ok(self.lower.setattr(&node, file, set)?);
+            }
+        })
+    }
+
+    /// Removes set-user-ID (always) and set-group-ID (when group-executable) from a regular
+    /// file, exactly the bits the kernel's `should_remove_suid` names. The daemon writes to
+    /// the lower file system as root, whose writes keep those bits, so for writes and
+    /// truncates by unprivileged callers the engine removes them itself (FUSE
+    /// handle_killpriv_v2; it also spares a security.capability query per write).
+    pub(crate) fn kill_suidgid(&self, node: &L::Node) -> FsResult<()> {
+        let attr = self.lower.getattr(node)?;
+        if attr.kind() != lower::FileKind::Regular {
+            return Ok(());
+        }
+        let kill = suidgid_bits(attr.mode);
+        if kill != 0 {
+            let set = SetAttr { mode: Some(attr.mode & !kill & 0o7777), ..SetAttr::default() };
+            self.lower.setattr(node, None, &set)?;
+        }
+        Ok(())
+    }
+
+    pub fn readlink(&self, node_id: u64) -> FsResult<Vec<u8>> {
+        self.op(Op::Readlink, |_| match self.obj(node_id)? {
+            Obj::Lower(n) => Ok(self.lower.readlink(&n)?),
+            Obj::Temp(_) => Err(answer(libc::EINVAL)),
+        })
+    }
+
+    /// Permission checks are the kernel's (`default_permissions`); this only confirms the node.
+    pub fn access(&self, node_id: u64) -> FsResult<()> {
+        self.op(Op::Access, |_| self.inode(node_id).map(drop))
+    }
+
+    /// Extended attributes live in the lower file system: setting or removing one on a temp
+    /// file transforms it first. A temp file has none (reads say ENODATA, lists are empty).
+    /// With xattrs off every xattr request fails with ENOSYS: the kernel then marks the
+    /// operation unsupported for the mount and answers EOPNOTSUPP itself from then on.
+    fn xattrs_off(&self, op: Op) -> FsResult<()> {
+        if self.xattrs {
+            return Ok(());
+        }
+        self.counters.request(op, false);
+        Err(answer(libc::ENOSYS))
+    }
+
+    pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        self.xattrs_off(Op::Setxattr)?;
+        let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
+        self.op(Op::Setxattr, |_| Ok(self.lower.setxattr(&node, name, value, flags)?))
+    }
+
+    pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
+        self.xattrs_off(Op::Getxattr)?;
+        self.op(Op::Getxattr, |_| match self.lower_obj(node_id)? {
+            Ok(node) => Ok(self.lower.getxattr(&node, name, size)?),
+            Err(_) => Err(answer(libc::ENODATA)),
+        })
+    }
+
+    pub fn listxattr(&self, node_id: u64, size: usize) -> FsResult<Vec<u8>> {
+        self.xattrs_off(Op::Listxattr)?;
+        self.op(Op::Listxattr, |_| match self.lower_obj(node_id)? {
+            Ok(node) => Ok(self.lower.listxattr(&node, size)?),
+            Err(_) => Ok(Vec::new()),
+        })
+    }
+
+    pub fn removexattr(&self, node_id: u64, name: &OsStr) -> FsResult<()> {
+        self.xattrs_off(Op::Removexattr)?;
+        if let Err(f) = self.lower_obj(node_id)? {
+            // Nothing to remove: answer as the lower file system would for a file without it.
+            if f.lock().fate == Fate::Resident {
+                self.counters.request(Op::Removexattr, false);
+                return Err(answer(libc::ENODATA));
+            }
+        }
+        let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
+        self.op(Op::Removexattr, |_| Ok(self.lower.removexattr(&node, name)?))
+    }
+}

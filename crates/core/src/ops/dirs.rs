@@ -1,0 +1,122 @@
+//! Directories: opendir, readdir (merged with the overlay), readdirplus, releasedir,
+//! fsyncdir, and statfs.
+
+use lower::{DirEntry, LowerFs, StatFs};
+
+use crate::engine::{Engine, Entry, Obj, Open, stale};
+use crate::error::FsResult;
+use crate::inodes::ROOT_ID;
+use crate::stats::Op;
+use crate::sync::{Mutex, Rank};
+use crate::tempfs::Fate;
+
+impl<L: LowerFs> Engine<L> {
+    pub fn opendir(&self, node_id: u64) -> FsResult<u64> {
+        self.op(Op::Opendir, |_| {
+            let node = self.dir(node_id)?;
+            let dir = self.lower.opendir(&node)?;
+            let key = self.lower.key(&node);
+            self.register(
+                node_id,
+                Open::Dir { file: dir, key, listing: Mutex::new(Rank::Listing, None) },
+            )
+        })
+    }
+
+    /// Lists entries after `offset`; `emit` returns false when the reply buffer is full.
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> FsResult<()> {
+        self.op(Op::Readdir, |_| {
+            let h = self.handle(fh)?;
+            self.list_merged(&h, offset, &mut |l| emit(l.entry.clone()))
+        })
+    }
+
+    /// Lists entries after `offset` with their lookups (readdirplus): every entry except "."
+    /// and ".." is looked up and counts as one kernel lookup. `emit` returns false when the
+    /// reply buffer is full; that entry's lookup is then forgotten again, since the kernel never
+    /// saw it.
+    pub fn readdirplus(
+        &self,
+        fh: u64,
+        offset: u64,
+        emit: &mut dyn FnMut(&DirEntry, Option<&Entry>) -> bool,
+    ) -> FsResult<()> {
+        self.op(Op::Readdir, |_| {
+            let handle = self.handle(fh)?;
+            let dir = self.dir(handle.node_id)?;
+            let mut failure = None;
+            self.list_merged(&handle, offset, &mut |listed| {
+                let entry = &listed.entry;
+                if entry.name == "." || entry.name == ".." {
+                    return emit(entry, None);
+                }
+                let looked_up = match &listed.temp {
+                    Some(f) => {
+                        // Under the file's lock a transform cannot re-key it meanwhile.
+                        let st = f.lock();
+                        if st.fate == Fate::Resident {
+                            Ok(self.temp_entry(f, &st))
+                        } else {
+                            drop(st);
+                            self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))
+                        }
+                    }
+                    None => self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a)),
+                };
+                match looked_up {
+                    Ok(looked_up) => {
+                        let added = emit(entry, Some(&looked_up));
+                        if !added {
+                            self.inodes.forget(looked_up.node_id, 1);
+                        }
+                        added
+                    }
+                    // Removed between readdir and lookup: skip it, as a later readdir would.
+                    Err(lower::Errno(libc::ENOENT)) => true,
+                    Err(e) => {
+                        failure = Some(e);
+                        false
+                    }
+                }
+            })?;
+            match failure {
+                Some(e) => Err(e.into()),
+                None => Ok(()),
+            }
+        })
+    }
+
+    pub fn releasedir(&self, fh: u64) -> FsResult<()> {
+        self.op(Op::Releasedir, |_| self.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
+    }
+
+    pub fn fsyncdir(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        self.op(Op::Fsyncdir, |_| {
+            let h = self.handle(fh)?;
+            Ok(self.lower.fsyncdir(self.lower_file(&h)?, datasync)?)
+        })
+    }
+
+    /// The lower file system's statfs, less the space and inodes reserved for temp files
+    /// (they will need it when transformed).
+    pub fn statfs(&self, node_id: u64) -> FsResult<StatFs> {
+        self.op(Op::Statfs, |_| {
+            let node = match self.obj(node_id)? {
+                Obj::Lower(n) => n,
+                Obj::Temp(_) => self.dir(ROOT_ID)?,
+            };
+            let mut s = self.lower.statfs(&node)?;
+            let unit = u64::from(s.frsize.max(1));
+            let reserved = self.reserved_bytes().div_ceil(unit);
+            s.bfree = s.bfree.saturating_sub(reserved);
+            s.bavail = s.bavail.saturating_sub(reserved);
+            s.ffree = s.ffree.saturating_sub(self.temp.files_resident());
+            Ok(s)
+        })
+    }
+}

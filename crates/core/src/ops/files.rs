@@ -1,0 +1,200 @@
+//! Open files: open, create, release, flush, fsync, fallocate, lseek, copy_file_range.
+
+use std::ffi::OsStr;
+
+use lower::{Creds, LowerFs};
+
+use crate::engine::{Engine, Entry, Obj, Open, Via, stale};
+use crate::error::{FsResult, answer};
+use crate::handles::Handle;
+use crate::stats::{Counters, Op};
+use crate::tempfs::{self, Fate, data};
+
+impl<L: LowerFs> Engine<L> {
+    pub fn open(&self, node_id: u64, flags: i32) -> FsResult<u64> {
+        self.op(Op::Open, |tx| {
+            loop {
+                let node = match self.obj(node_id)? {
+                    Obj::Lower(n) => n,
+                    Obj::Temp(f) => match self.temp_open(tx, node_id, &f, flags)? {
+                        Some(fh) => return Ok(fh),
+                        None => continue,
+                    },
+                };
+                // O_DIRECT is the kernel's business above FUSE (it bypasses its page cache and
+                // sends us every request); our lower IO uses buffers of any alignment.
+                let file = self.lower.open(&node, flags & !libc::O_DIRECT)?;
+                let regular = self.lower.getattr(&node)?.kind() == lower::FileKind::Regular;
+                let key = self.lower.key(&node);
+                let direct = flags & libc::O_DIRECT != 0;
+                return self.register(node_id, Open::Lower { file, key, regular, direct });
+            }
+        })
+    }
+
+    pub fn create(
+        &self,
+        creds: &Creds,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Entry, u64)> {
+        self.op(Op::Create, |tx| {
+            let p = self.dir(parent)?;
+            if let Some(created) = self.temp_create(tx, creds, &p, name, mode, flags)? {
+                return Ok(created);
+            }
+            self.check_new_name(&p, name)?;
+            let (node, attr, file) =
+                self.lower.create(creds, &p, name, mode, flags & !libc::O_DIRECT)?;
+            let key = self.lower.key(&node);
+            let entry = self.entry(node, attr);
+            let direct = flags & libc::O_DIRECT != 0;
+            let fh =
+                self.register(entry.node_id, Open::Lower { file, key, regular: true, direct })?;
+            if self.temp.config.enabled {
+                Counters::add(&self.temp.counters.created_in_lower, 1);
+            }
+            Ok((entry, fh))
+        })
+    }
+
+    pub fn release(&self, fh: u64) -> FsResult<()> {
+        self.op(Op::Release, |tx| {
+            let h = self.handles.remove(fh).ok_or_else(|| stale(fh))?;
+            if let Open::Temp { file, .. } = &h.file {
+                self.temp_release(tx, file)?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn flush(&self, fh: u64) -> FsResult<()> {
+        self.op(Op::Flush, |_| self.handle(fh).map(drop))
+    }
+
+    /// A temp file is durable once a write returns (undo mode): fsync has nothing to do.
+    pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        self.op(Op::Fsync, |_| {
+            let h = self.handle(fh)?;
+            if let Open::Temp { file, .. } = &h.file
+                && file.lock().fate == Fate::Resident
+            {
+                return Ok(());
+            }
+            Ok(self.lower.fsync(self.lower_file(&h)?, datasync)?)
+        })
+    }
+
+    /// Allocation is the lower file system's business: fallocate on a temp file transforms
+    /// it first.
+    pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, len: u64) -> FsResult<()> {
+        let h = self.handle(fh)?;
+        if let Open::Temp { .. } = &h.file {
+            self.lower_object(h.node_id, tempfs::Trigger::Fallocate)?;
+        }
+        self.op(Op::Fallocate, |_| {
+            let file = self.lower_file(&h)?;
+            match self.via(&h)? {
+                Via::Cache(key) | Via::Direct(key) => self
+                    .with_clean_lower(key, || Ok(self.lower.fallocate(file, mode, offset, len)?)),
+                Via::Plain => Ok(self.lower.fallocate(file, mode, offset, len)?),
+            }
+        })
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<i64> {
+        self.op(Op::Lseek, |_| {
+            let h = self.handle(fh)?;
+            if let Open::Temp { file, .. } = &h.file {
+                let st = file.lock();
+                if st.fate == Fate::Resident {
+                    let from = u64::try_from(offset).map_err(|_| answer(libc::EINVAL))?;
+                    let found = match whence {
+                        libc::SEEK_DATA => data::seek_data(&st.pages, st.rec.size, from),
+                        libc::SEEK_HOLE => data::seek_hole(&st.pages, st.rec.size, from),
+                        _ => return Err(answer(libc::EINVAL)),
+                    };
+                    return found.and_then(|o| i64::try_from(o).ok()).ok_or(answer(libc::ENXIO));
+                }
+            }
+            if let Via::Cache(key) = self.via(&h)?
+                && let Some(cf) = self.cached(key)
+                && matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE)
+                && let Some(found) = self.cached_seek(&cf, self.lower_file(&h)?, offset, whence)?
+            {
+                return Ok(found);
+            }
+            Ok(self.lower.lseek(self.lower_file(&h)?, offset, whence)?)
+        })
+    }
+
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        let input = self.handle(fh_in)?;
+        let output = self.handle(fh_out)?;
+        // A temp file on either side, an input with dirty pages in NVRAM, or an output the
+        // cache takes: copy through the engine.
+        let temp = |h: &Handle<Open<L>>| matches!(h.file, Open::Temp { .. });
+        let (via_in, via_out) = (self.via(&input)?, self.via(&output)?);
+        let cached_in = matches!(via_in, Via::Cache(k) if self.cached(k).is_some());
+        let cached_out = matches!(via_out, Via::Cache(_)) && self.cache.config().enabled;
+        if temp(&input) || temp(&output) || cached_in || cached_out {
+            return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
+        }
+        self.op(Op::CopyFileRange, |_| {
+            let copy = || -> FsResult<u64> {
+                Ok(self.lower.copy_file_range(
+                    self.lower_file(&input)?,
+                    offset_in,
+                    self.lower_file(&output)?,
+                    offset_out,
+                    len,
+                )?)
+            };
+            let n = match via_out {
+                Via::Cache(key) | Via::Direct(key) => self.with_clean_lower(key, copy)?,
+                Via::Plain => copy()?,
+            };
+            Counters::add(&self.counters.app_bytes_written, n);
+            Counters::add(&self.counters.lower_bytes_written, n);
+            Ok(n)
+        })
+    }
+
+    /// copy_file_range through the engine (a temp file or the page cache on a side): read and
+    /// write in chunks of at most 1 MiB; each chunk is one read and one write operation.
+    fn copy_by_buffer(
+        &self,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> FsResult<u64> {
+        const CHUNK: u64 = 1 << 20;
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(CHUNK) as u32;
+            let mut chunk = Vec::new();
+            self.read(fh_in, offset_in + done, want, |d| chunk.extend_from_slice(d))?;
+            if chunk.is_empty() {
+                break;
+            }
+            let n = self.write(fh_out, offset_out + done, &chunk, false)?;
+            done += n as u64;
+            if n < chunk.len() {
+                break;
+            }
+        }
+        self.counters.request(Op::CopyFileRange, true);
+        Ok(done)
+    }
+}

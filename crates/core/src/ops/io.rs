@@ -1,0 +1,173 @@
+//! Reading and writing: through a temp file, the page cache, or straight to the lower file.
+
+use std::sync::Arc;
+
+use lower::LowerFs;
+use txn::TxError;
+
+use crate::engine::optx::OpTx;
+use crate::engine::{Engine, Obj, Open, Via, stale};
+use crate::error::{FsError, FsResult};
+use crate::stats::{Counters, Op};
+use crate::tempfs::{self, Fate, TempFile, data};
+
+/// What a write leaves to do after its operation ended.
+enum After {
+    Nothing,
+    Temp(Arc<TempFile>),
+    Cached,
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// Reads up to `size` bytes and hands them to `reply`. The bytes live in a buffer owned by
+    /// the calling worker thread and reused across requests (no allocation and zero-fill per
+    /// read).
+    pub fn read(&self, fh: u64, offset: u64, size: u32, reply: impl FnOnce(&[u8])) -> FsResult<()> {
+        thread_local! {
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        self.op(Op::Read, |tx| {
+            let h = self.handle(fh)?;
+            BUFFER.with_borrow_mut(|buf| {
+                if buf.len() < size as usize {
+                    buf.resize(size as usize, 0);
+                }
+                let buf = &mut buf[..size as usize];
+                if let Open::Temp { file, .. } = &h.file {
+                    let mut st = file.lock();
+                    if st.fate == Fate::Resident {
+                        let n = data::read(&self.pool, &st.pages, st.rec.size, offset, buf);
+                        st.last_use = self.temp.lru.tick();
+                        self.temp_touch_atime(tx, file, &mut st)?;
+                        drop(st);
+                        Counters::add(&self.counters.app_bytes_read, n as u64);
+                        reply(&buf[..n]);
+                        return Ok(());
+                    }
+                }
+                let file = self.lower_file(&h)?;
+                let n = match self.via(&h)? {
+                    Via::Cache(key) => {
+                        let cached = match self.cached(key) {
+                            Some(cf) => self.cached_read(&cf, file, offset, buf)?,
+                            None => None,
+                        };
+                        if let Some(n) = cached {
+                            Counters::add(&self.counters.app_bytes_read, n as u64);
+                            reply(&buf[..n]);
+                            return Ok(());
+                        }
+                        self.lower.read(file, offset, buf)?
+                    }
+                    Via::Direct(key) => {
+                        self.with_clean_lower(key, || Ok(self.lower.read(file, offset, buf)?))?
+                    }
+                    Via::Plain => self.lower.read(file, offset, buf)?,
+                };
+                Counters::add(&self.counters.app_bytes_read, n as u64);
+                Counters::add(&self.counters.lower_bytes_read, n as u64);
+                reply(&buf[..n]);
+                Ok(())
+            })
+        })
+    }
+
+    /// `kill_suidgid`: the kernel asks to remove set-ID bits first (a write by an
+    /// unprivileged caller).
+    ///
+    /// A full NVRAM never fails a write the lower file system would take: with no free frame,
+    /// room is made once (least recently used temp files transformed, inactive dirty pages
+    /// written back by the policy); if that did not help, or the write needs more undo log
+    /// than a slot holds, the file leaves NVRAM (a temp file is transformed, a cached file's
+    /// write goes through to the lower file, which is written back first).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
+        let mut pressured = false;
+        let mut write_through = false;
+        loop {
+            let result = self.op(Op::Write, |otx| {
+                self.write_once(otx, fh, offset, data, kill_suidgid, write_through)
+            });
+            match result {
+                Ok((n, After::Temp(file))) => {
+                    self.after_temp_write(&file);
+                    return Ok(n);
+                }
+                Ok((n, After::Cached)) => {
+                    self.after_cached_write();
+                    return Ok(n);
+                }
+                Ok((n, After::Nothing)) => return Ok(n),
+                Err(FsError::Nvram(TxError::NoFrames)) if !pressured => {
+                    pressured = true;
+                    self.relieve_pressure(true);
+                    if let Err(e) = self.writeback_for_room() {
+                        eprintln!("nvstack: write-back for room failed: {e}");
+                    }
+                }
+                Err(FsError::Nvram(e)) => {
+                    let h = self.handle(fh)?;
+                    match &h.file {
+                        Open::Temp { file, .. } if file.lock().fate == Fate::Resident => {
+                            self.transform(file, tempfs::Trigger::NvramFull)?;
+                        }
+                        _ if !write_through => {
+                            write_through = true;
+                            self.cache.count_write_through();
+                        }
+                        _ => return Err(FsError::Nvram(e)),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt of `write`: to the temp file, through the page cache (unless
+    /// `write_through`), or to the lower file.
+    fn write_once(
+        &self,
+        otx: &mut OpTx<'_>,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+        write_through: bool,
+    ) -> FsResult<(usize, After)> {
+        let h = self.handle(fh)?;
+        if let Open::Temp { file, .. } = &h.file
+            && let Some(written) = self.temp_write(otx, file, offset, data, kill_suidgid)?
+        {
+            return Ok((written, After::Temp(Arc::clone(file))));
+        }
+        let via = self.via(&h)?;
+        if kill_suidgid || matches!(via, Via::Cache(_)) {
+            let Obj::Lower(node) = self.obj(h.node_id)? else {
+                return Err(stale(h.node_id));
+            };
+            if kill_suidgid {
+                self.kill_suidgid(&node)?;
+            }
+            if let Via::Cache(key) = via
+                && self.cache.config().enabled
+                && !write_through
+            {
+                while let Some(cf) = self.cache_entry(otx, &node, key)? {
+                    if let Some(n) = self.cached_write(otx, &cf, offset, data)? {
+                        Counters::add(&self.counters.app_bytes_written, n as u64);
+                        return Ok((n, After::Cached));
+                    }
+                }
+            }
+        }
+        let file = self.lower_file(&h)?;
+        let n = match via {
+            Via::Cache(key) | Via::Direct(key) => {
+                self.with_clean_lower(key, || Ok(self.lower.write(file, offset, data)?))?
+            }
+            Via::Plain => self.lower.write(file, offset, data)?,
+        };
+        Counters::add(&self.counters.app_bytes_written, n as u64);
+        Counters::add(&self.counters.lower_bytes_written, n as u64);
+        Ok((n, After::Nothing))
+    }
+}

@@ -1,0 +1,396 @@
+//! The engine's locks and their one total order.
+//!
+//! Every lock of the engine is a [`Mutex`] or [`RwLock`] from this module, created with its
+//! [`Rank`]. A thread may acquire a lock only if its rank is greater than the rank of every
+//! lock the thread already holds; locks of one rank that may be held several at once (the
+//! states of several files of one write-back batch, the two temp files of a rename) are taken
+//! in ascending order of a per-lock number ([`Mutex::lock_nth`]). A total order on every
+//! acquisition rules out deadlock. In debug builds (every test run) each acquisition is
+//! checked against the locks the thread holds and an out-of-order one panics, naming both
+//! ranks; release builds compile the checks away.
+//!
+//! The order, outermost first (ARCHITECTURE.md repeats this table):
+//!
+//! | rank | what it guards | may be held across lower IO |
+//! |---|---|---|
+//! | `Round` | one write-back round at a time, and its history | yes: it *is* the write-back |
+//! | `Stripe` | a stripe of lower files: no cached-file record starts while a file's data changes in the lower FS directly | yes (one file's) |
+//! | `Listing` | the merged listing of one open directory | yes (its readdir) |
+//! | `TempFile` | one temp file's state; several in serial order | yes (its shadowed name's unlink) |
+//! | `CachedFile` | one cached file's state; several in record-frame order | yes (its fetches and reads) |
+//! | `Overlay` | the overlay: named temp files by directory, pending directory times | no |
+//! | `CacheFiles` | the map of cached files | no |
+//! | `UndoSlot` | an undo slot held by a running transaction (a token, not a lock) | no |
+//! | `ZoneTables` | the zone information tables | no |
+//! | `Inodes` | the inode table | no |
+//! | `Inode` | one inode's node and key | no |
+//! | `Handles` | the handle table | no |
+//!
+//! *Short* ranks (the global ones and the undo slot) are never held across a call into the
+//! lower file system: every lower call asserts that with [`assert_may_block`]. A cold read on
+//! a disk therefore stalls only operations on the same file (or, for `Round`, other
+//! write-backs), never an unrelated create or a write to another file.
+
+use std::fmt;
+
+/// A lock's place in the order (see the module docs). Smaller ranks are taken first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rank {
+    Round,
+    Stripe,
+    Listing,
+    TempFile,
+    CachedFile,
+    Overlay,
+    CacheFiles,
+    UndoSlot,
+    ZoneTables,
+    Inodes,
+    Inode,
+    Handles,
+}
+
+impl Rank {
+    /// Short ranks are never held across a lower call or a wait.
+    pub fn is_short(self) -> bool {
+        self >= Rank::Overlay
+    }
+
+    /// Ranks of which a thread may hold several locks at once (in `lock_nth` order).
+    fn is_multi(self) -> bool {
+        matches!(self, Rank::TempFile | Rank::CachedFile)
+    }
+}
+
+/// One registered acquisition; unregisters itself when dropped.
+#[derive(Debug)]
+pub struct Held {
+    rank: Rank,
+    nth: u64,
+}
+
+#[cfg(debug_assertions)]
+mod check {
+    use super::Rank;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The locks this thread holds, in acquisition order.
+        pub static HELD: RefCell<Vec<(Rank, u64)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub fn acquire(rank: Rank, nth: u64, ordered: bool) {
+        HELD.with_borrow_mut(|held| {
+            if ordered {
+                for &(r, n) in held.iter() {
+                    let fine = rank > r || (rank == r && rank.is_multi() && nth > n);
+                    assert!(
+                        fine,
+                        "lock order violated: taking {rank:?}#{nth} while holding {r:?}#{n} \
+                         (see crates/core/src/sync.rs); held: {held:?}"
+                    );
+                }
+            }
+            held.push((rank, nth));
+        });
+    }
+
+    pub fn release(rank: Rank, nth: u64) {
+        HELD.with_borrow_mut(|held| {
+            if let Some(i) = held.iter().rposition(|&e| e == (rank, nth)) {
+                held.remove(i);
+            }
+        });
+    }
+
+    pub fn assert_may_block(what: &str) {
+        HELD.with_borrow(|held| {
+            if let Some(&(r, n)) = held.iter().find(|(r, _)| r.is_short()) {
+                panic!("{what} while holding the short lock {r:?}#{n} (held: {held:?})");
+            }
+        });
+    }
+}
+
+impl Held {
+    fn acquire(rank: Rank, nth: u64, ordered: bool) -> Held {
+        #[cfg(debug_assertions)]
+        check::acquire(rank, nth, ordered);
+        #[cfg(not(debug_assertions))]
+        let _ = ordered;
+        Held { rank, nth }
+    }
+
+    /// Registers a resource of `rank` that is not a lock of this module (an undo slot).
+    pub fn token(rank: Rank) -> Held {
+        Held::acquire(rank, 0, true)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        check::release(self.rank, self.nth);
+    }
+}
+
+/// Runs `f` as if the thread held no lock, and restores its locks after. For one use: a
+/// crash-image test that, in the middle of one engine's persist (locks held), recovers a
+/// second engine over the crash image on the same thread; the locks of one engine say
+/// nothing about the order in the other.
+pub fn isolated<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(debug_assertions)]
+    {
+        let saved = check::HELD.with_borrow_mut(std::mem::take);
+        let result = f();
+        check::HELD.with_borrow_mut(|held| *held = saved);
+        result
+    }
+    #[cfg(not(debug_assertions))]
+    f()
+}
+
+/// Panics (debug builds) if the thread holds a short lock: called before every call into the
+/// lower file system and before every wait.
+pub fn assert_may_block(what: &str) {
+    #[cfg(debug_assertions)]
+    check::assert_may_block(what);
+    #[cfg(not(debug_assertions))]
+    let _ = what;
+}
+
+/// A mutex with a rank. Poisoning (a panic while holding it) is a bug and panics again.
+pub struct Mutex<T> {
+    rank: Rank,
+    inner: std::sync::Mutex<T>,
+}
+
+impl<T: fmt::Debug> fmt::Debug for Mutex<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mutex").field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+/// A held [`Mutex`].
+pub struct MutexGuard<'a, T> {
+    inner: std::sync::MutexGuard<'a, T>,
+    _held: Held,
+}
+
+impl<T> Mutex<T> {
+    pub fn new(rank: Rank, value: T) -> Self {
+        Mutex { rank, inner: std::sync::Mutex::new(value) }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.lock_nth(0)
+    }
+
+    /// Locks one of several locks of a multi rank: `nth` orders them (ascending).
+    pub fn lock_nth(&self, nth: u64) -> MutexGuard<'_, T> {
+        let held = Held::acquire(self.rank, nth, true);
+        let inner = self.inner.lock().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
+        MutexGuard { inner, _held: held }
+    }
+
+    /// Never blocks, so it may be taken out of order.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        let inner = self.inner.try_lock().ok()?;
+        Some(MutexGuard { inner, _held: Held::acquire(self.rank, 0, false) })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank))
+    }
+}
+
+impl<T> std::ops::Deref for MutexGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.inner, f)
+    }
+}
+
+/// A condition variable over a [`Mutex`] of a long rank.
+#[derive(Debug, Default)]
+pub struct Condvar(std::sync::Condvar);
+
+impl Condvar {
+    pub fn new() -> Self {
+        Condvar(std::sync::Condvar::new())
+    }
+
+    /// Waits (releasing the lock meanwhile); a thread holding a short lock must not wait.
+    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        let MutexGuard { inner, _held: held } = guard;
+        let (rank, nth) = (held.rank, held.nth);
+        drop(held);
+        assert_may_block("waiting on a condition variable");
+        let inner = self.0.wait(inner).unwrap_or_else(|_| panic!("{rank:?} lock poisoned"));
+        // Re-registered without an order check: it is the lock the thread had.
+        MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
+    }
+
+    pub fn notify_all(&self) {
+        self.0.notify_all();
+    }
+}
+
+/// A reader-writer lock with a rank.
+pub struct RwLock<T> {
+    rank: Rank,
+    inner: std::sync::RwLock<T>,
+}
+
+impl<T: fmt::Debug> fmt::Debug for RwLock<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwLock").field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+/// A shared hold of a [`RwLock`].
+#[derive(Debug)]
+pub struct ReadGuard<'a, T> {
+    inner: std::sync::RwLockReadGuard<'a, T>,
+    _held: Held,
+}
+
+/// An exclusive hold of a [`RwLock`].
+#[derive(Debug)]
+pub struct WriteGuard<'a, T> {
+    inner: std::sync::RwLockWriteGuard<'a, T>,
+    _held: Held,
+}
+
+impl<T> RwLock<T> {
+    pub fn new(rank: Rank, value: T) -> Self {
+        RwLock { rank, inner: std::sync::RwLock::new(value) }
+    }
+
+    pub fn read(&self) -> ReadGuard<'_, T> {
+        let held = Held::acquire(self.rank, 0, true);
+        let inner = self.inner.read().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
+        ReadGuard { inner, _held: held }
+    }
+
+    pub fn write(&self) -> WriteGuard<'_, T> {
+        let held = Held::acquire(self.rank, 0, true);
+        let inner = self.inner.write().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
+        WriteGuard { inner, _held: held }
+    }
+}
+
+impl<T> std::ops::Deref for ReadGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> std::ops::Deref for WriteGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> std::ops::DerefMut for WriteGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::*;
+
+    fn panics(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
+        let err = std::panic::catch_unwind(f).expect_err("should panic");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn locks_in_rank_order_are_fine_and_out_of_order_panics() {
+        let outer = Mutex::new(Rank::TempFile, ());
+        let inner = Mutex::new(Rank::Overlay, ());
+        {
+            let _a = outer.lock();
+            let _b = inner.lock();
+        }
+        let msg = panics(|| {
+            let _b = inner.lock();
+            let _a = outer.lock();
+        });
+        assert!(msg.contains("taking TempFile#0 while holding Overlay#0"), "{msg}");
+        // The panic unwound both guards: the thread holds nothing now.
+        let _a = outer.lock();
+    }
+
+    #[test]
+    fn several_locks_of_a_multi_rank_go_in_ascending_order() {
+        let (a, b) = (Mutex::new(Rank::CachedFile, ()), Mutex::new(Rank::CachedFile, ()));
+        {
+            let _x = a.lock_nth(1);
+            let _y = b.lock_nth(2);
+        }
+        let msg = panics(|| {
+            let _y = b.lock_nth(2);
+            let _x = a.lock_nth(1);
+        });
+        assert!(msg.contains("lock order violated"), "{msg}");
+        // A single-instance rank never twice.
+        let o = Mutex::new(Rank::Overlay, ());
+        let p = Mutex::new(Rank::Overlay, ());
+        let msg = panics(|| {
+            let _x = o.lock();
+            let _y = p.lock();
+        });
+        assert!(msg.contains("taking Overlay#0 while holding Overlay#0"), "{msg}");
+    }
+
+    #[test]
+    fn a_lower_call_or_a_wait_under_a_short_lock_panics_and_under_a_long_one_does_not() {
+        let long = Mutex::new(Rank::CachedFile, ());
+        {
+            let _g = long.lock();
+            assert_may_block("lower read");
+        }
+        let short = Mutex::new(Rank::Overlay, ());
+        let msg = panics(|| {
+            let _g = short.lock();
+            assert_may_block("lower read");
+        });
+        assert!(msg.contains("lower read while holding the short lock Overlay"), "{msg}");
+        let msg = panics(|| {
+            let _slot = Held::token(Rank::UndoSlot);
+            assert_may_block("lower pread");
+        });
+        assert!(msg.contains("UndoSlot"), "{msg}");
+    }
+
+    #[test]
+    fn isolated_runs_with_a_clean_slate_and_restores_the_held_locks() {
+        let short = Mutex::new(Rank::Overlay, ());
+        let g = short.lock();
+        isolated(|| {
+            let again = Mutex::new(Rank::TempFile, ());
+            let _x = again.lock(); // out of order for the outer engine, fine in isolation
+            assert_may_block("lower read");
+        });
+        let msg = panics(std::panic::AssertUnwindSafe(|| assert_may_block("lower read")));
+        assert!(msg.contains("Overlay"), "{msg}");
+        drop(g);
+    }
+}

@@ -1,0 +1,536 @@
+//! Operations on temp files (TempFFS; design.md section 10): create, open, release, write,
+//! truncate and setattr, atime, unlink. Renames are in `rename.rs`, the transform in
+//! `transform.rs`.
+//!
+//! Each change rewrites the file's record (and data frames) inside the operation's
+//! transaction, committed before the file's lock is released (strict two-phase locking); the
+//! volatile mirror (state, overlay) changes only after the commit, so an aborted transaction
+//! leaves nothing to repair in memory (rule O4).
+
+use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use lower::{Creds, LowerFs, SetAttr};
+use txn::Tx;
+
+use crate::engine::optx::OpTx;
+use crate::engine::{Engine, Entry, Open, suidgid_bits};
+use crate::error::{FsError, FsResult, answer};
+use crate::overlay::DirKey;
+use crate::stats::Counters;
+use crate::tempfs::{self, Fate, Record, State, TempFile, TempState, data};
+
+/// The outcome of `tx_truncate`, applied to the mirror after the commit.
+struct Truncated {
+    rec: Record,
+    pages: std::collections::BTreeMap<u64, txn::FrameId>,
+    freed: u64,
+}
+
+/// The outcome of `tx_unname`.
+pub(super) enum Unnamed {
+    Freed(u64),
+    Kept(Record),
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// The temp file named `name` in `dir`, registered with the kernel (one lookup).
+    pub(crate) fn temp_lookup(&self, dir: &L::Node, name: &OsStr) -> Option<Entry> {
+        let key = self.lower.key(dir);
+        let mut f = Arc::clone(self.overlay.lock().get(key, name)?);
+        loop {
+            let st = f.lock();
+            // With the file's lock held its name cannot change (O5); the overlay, read again
+            // under it, says whether the file read before still has the name.
+            let now = self.overlay.lock().get(key, name).cloned();
+            match now {
+                Some(g) if Arc::ptr_eq(&g, &f) => return Some(self.temp_entry(&f, &st)),
+                Some(g) => {
+                    drop(st);
+                    f = g;
+                }
+                None => return None,
+            }
+        }
+    }
+
+    /// Creates `name` as a temp file when TempFFS applies: on, a regular file, the directory
+    /// on the lower root's file system and without a default ACL (the lower file system would
+    /// give the new file an ACL we do not keep). `None`: create it in the lower file system.
+    ///
+    /// The lower calls (ACL, attributes, the name's absence, the directory's handle, space)
+    /// come first, without a lock; the overlay is held only for the name check, the record's
+    /// transaction and the insertion. (The name cannot appear in the lower directory
+    /// meanwhile: the kernel serializes namespace changes of one directory, assumption A6.)
+    pub(crate) fn temp_create(
+        &self,
+        otx: &mut OpTx<'_>,
+        creds: &Creds,
+        dir: &Arc<L::Node>,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<Option<(Entry, u64)>> {
+        let key = self.lower.key(dir);
+        if !self.temp.config.enabled
+            || !matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG)
+            || key.0 != self.root_dev
+            || tempfs::is_hidden(name)
+        {
+            return Ok(None);
+        }
+        if name.len() > tempfs::record::MAX_NAME {
+            return Err(answer(libc::ENAMETOOLONG));
+        }
+        let Some((handle, dir_attr)) = self.temp_create_checks(dir, key, name)? else {
+            return Ok(None);
+        };
+        let (gid, perm) = init_owner(creds, &dir_attr, mode);
+        let now = self.lower.now();
+        let mut idx = self.overlay.lock();
+        if idx.get(key, name).is_some() {
+            return Err(answer(libc::EEXIST));
+        }
+        let serial = idx.next_serial;
+        let rec = Record {
+            state: State::Live,
+            flags: 0,
+            mode: libc::S_IFREG | perm,
+            uid: creds.uid,
+            gid,
+            nlink: 1,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            serial,
+            dir: handle.clone(),
+            name: name.to_os_string(),
+        };
+        let tx = otx.tx();
+        let frame = match tx
+            .alloc_frame(txn::FrameTag { kind: tempfs::record::KIND_OBJECT, ..Default::default() })
+        {
+            Ok(frame) => frame,
+            // A full NVRAM: the file goes to the lower file system (never an error there).
+            Err(txn::TxError::NoFrames) => {
+                otx.end(Ok(()))?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let r = data::put_record(tx, frame, &rec).map_err(FsError::from);
+        otx.end(r)?;
+        idx.next_serial += 1;
+        let f = Arc::new(TempFile::new(
+            frame,
+            TempState {
+                rec,
+                dir: key,
+                pages: std::collections::BTreeMap::new(),
+                opens: 1,
+                fate: Fate::Resident,
+                last_use: self.temp.lru.tick(),
+            },
+        ));
+        idx.insert_name(key, dir, &handle, name, Arc::clone(&f));
+        idx.temps.insert(serial, Arc::clone(&f));
+        drop(idx);
+        Counters::add(&self.temp.counters.created, 1);
+        Counters::add(&self.temp.counters.files_resident, 1);
+        let st = f.lock();
+        let entry = self.temp_entry(&f, &st);
+        drop(st);
+        let open =
+            Open::Temp { file: Arc::clone(&f), flags: reopen_flags(flags), lower: OnceLock::new() };
+        let Some(fh) = self.handles.insert(entry.node_id, open) else {
+            // Too many open files: take the new file back (as a failed open(O_CREAT) would
+            // leave it, it may stay; removing it is kinder and is what we do).
+            self.inodes.forget(entry.node_id, 1);
+            let mut st = f.lock();
+            st.opens = 0;
+            let r = self.tx_unname(otx.tx(), &f, &st);
+            if let Ok(u) = otx.end(r) {
+                let mut idx = self.overlay.lock();
+                self.apply_unname(&mut st, u);
+                idx.remove_name(key, name);
+                idx.temps.remove(&serial);
+            }
+            return Err(answer(libc::EMFILE));
+        };
+        Ok(Some((entry, fh)))
+    }
+
+    /// The lower side of a temp-file create, before any lock: `None` when the directory has a
+    /// default ACL or no handle short enough (create in the lower file system instead), EEXIST
+    /// when the lower directory has the name; else the directory's handle and attributes,
+    /// with space for the new file reserved (and its mtime and ctime set, as the lower file
+    /// system would set them).
+    fn temp_create_checks(
+        &self,
+        dir: &L::Node,
+        key: DirKey,
+        name: &OsStr,
+    ) -> FsResult<Option<(Vec<u8>, lower::Attr)>> {
+        match self.lower.getxattr(dir, OsStr::new("system.posix_acl_default"), 0) {
+            Ok(_) => return Ok(None),
+            Err(lower::Errno(libc::ENODATA | libc::EOPNOTSUPP)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let dir_attr = self.lower.getattr(dir)?;
+        match self.lower.lookup(dir, name) {
+            Ok(_) => return Err(answer(libc::EEXIST)),
+            Err(lower::Errno(libc::ENOENT)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let handle = self.dir_handle_of(key, dir)?;
+        if handle.len() > tempfs::record::MAX_HANDLE {
+            return Ok(None);
+        }
+        self.reserve(1)?;
+        self.touch_dir(dir)?;
+        Ok(Some((handle, dir_attr)))
+    }
+
+    /// The durable handle of lower directory `dir` (key `key`): the overlay's copy when it
+    /// holds temp files there, else asked of the lower file system (no lock held).
+    pub(super) fn dir_handle_of(&self, key: DirKey, dir: &L::Node) -> FsResult<Vec<u8>> {
+        if let Some(d) = self.overlay.lock().dirs.get(&key) {
+            return Ok(d.handle.clone());
+        }
+        Ok(self.lower.dir_handle(dir)?)
+    }
+
+    /// Opens a temp file; `None` when it was transformed meanwhile (open the lower file).
+    pub(crate) fn temp_open(
+        &self,
+        otx: &mut OpTx<'_>,
+        node_id: u64,
+        f: &Arc<TempFile>,
+        flags: i32,
+    ) -> FsResult<Option<u64>> {
+        let mut st = f.lock();
+        if flags & libc::O_TRUNC != 0 {
+            st = f.wait_stable(st);
+        }
+        match st.fate {
+            Fate::Resident => {}
+            Fate::Transformed => return Ok(None),
+            Fate::Freed => return Err(answer(libc::ENOENT)),
+        }
+        if flags & libc::O_TRUNC != 0 && st.rec.size > 0 {
+            let r = self.tx_truncate(otx.tx(), f, &st, 0);
+            let t = otx.end(r)?;
+            self.apply_truncate(&mut st, t);
+        }
+        let open =
+            Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
+        let fh = self.handles.insert(node_id, open).ok_or(answer(libc::EMFILE))?;
+        st.opens += 1;
+        st.last_use = self.temp.lru.tick();
+        Ok(Some(fh))
+    }
+
+    /// Last close of an unlinked temp file frees it.
+    pub(crate) fn temp_release(&self, otx: &mut OpTx<'_>, f: &Arc<TempFile>) -> FsResult<()> {
+        let mut st = f.lock();
+        if st.opens == 1 && st.rec.nlink == 0 && st.fate == Fate::Resident {
+            let r = Self::tx_free(otx.tx(), f, &st);
+            let n = otx.end(r)?;
+            self.apply_free(&mut st, n);
+            self.overlay.lock().temps.remove(&f.serial);
+        }
+        st.opens = st.opens.saturating_sub(1);
+        Ok(())
+    }
+
+    /// Frees every frame of `f` in `tx`; returns the number of data pages freed.
+    pub(super) fn tx_free(tx: &mut Tx<'_>, f: &TempFile, st: &TempState) -> FsResult<u64> {
+        let mut pages = st.pages.clone();
+        data::free_all(tx, f.frame, &mut pages).map_err(FsError::from)
+    }
+
+    /// After the transaction of `tx_free` committed.
+    pub(super) fn apply_free(&self, st: &mut TempState, pages: u64) {
+        st.pages.clear();
+        st.fate = Fate::Freed;
+        self.temp.counters.pages_resident.fetch_sub(pages, Ordering::Relaxed);
+        self.space.sub(pages);
+        self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Sets the size of a temp file in `tx` (the caller holds its state, stable); returns the
+    /// new record and page map and the number of pages freed, applied by `apply_truncate`.
+    fn tx_truncate(
+        &self,
+        tx: &mut Tx<'_>,
+        f: &TempFile,
+        st: &TempState,
+        size: u64,
+    ) -> FsResult<Truncated> {
+        let mut rec = st.rec.clone();
+        let now = self.lower.now();
+        rec.size = size;
+        rec.mtime = now;
+        rec.ctime = now;
+        data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+        let mut pages = st.pages.clone();
+        let freed = data::truncate(tx, &mut pages, st.rec.size, size).map_err(FsError::from)?;
+        Ok(Truncated { rec, pages, freed })
+    }
+
+    fn apply_truncate(&self, st: &mut TempState, t: Truncated) {
+        st.rec = t.rec;
+        st.pages = t.pages;
+        self.temp.counters.pages_resident.fetch_sub(t.freed, Ordering::Relaxed);
+        self.space.sub(t.freed);
+    }
+
+    /// relatime, as the lower file system mounts by default: a read updates atime when it is
+    /// not newer than mtime or ctime, or older than a day. (A frozen file is left alone.)
+    pub(crate) fn temp_touch_atime(
+        &self,
+        otx: &mut OpTx<'_>,
+        f: &TempFile,
+        st: &mut TempState,
+    ) -> FsResult<()> {
+        const DAY: i64 = 24 * 3600;
+        let r = &st.rec;
+        let now = self.lower.now();
+        if r.state == State::Transforming
+            || (r.atime > r.mtime && r.atime > r.ctime && now.0 - r.atime.0 < DAY)
+        {
+            return Ok(());
+        }
+        let mut rec = r.clone();
+        rec.atime = now;
+        let r = data::put_record(otx.tx(), f.frame, &rec).map_err(FsError::from);
+        otx.end(r)?;
+        st.rec = rec;
+        Ok(())
+    }
+
+    /// Writes to a temp file; `None` when it has been transformed (write to the lower file).
+    pub(crate) fn temp_write(
+        &self,
+        otx: &mut OpTx<'_>,
+        f: &Arc<TempFile>,
+        offset: u64,
+        buf: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<Option<usize>> {
+        let mut st = f.wait_stable(f.lock());
+        match st.fate {
+            Fate::Resident => {}
+            Fate::Transformed => return Ok(None),
+            Fate::Freed => return Err(answer(libc::ESTALE)),
+        }
+        let end = offset.checked_add(buf.len() as u64).ok_or(answer(libc::EFBIG))?;
+        if end > i64::MAX as u64 {
+            return Err(answer(libc::EFBIG));
+        }
+        let first = offset / data::PAGE;
+        let last = end.div_ceil(data::PAGE);
+        let missing = (first..last).filter(|p| !st.pages.contains_key(p)).count() as u64;
+        self.reserve(missing)?;
+        let mut rec = st.rec.clone();
+        let now = self.lower.now();
+        rec.size = rec.size.max(end);
+        rec.mtime = now;
+        rec.ctime = now;
+        if kill_suidgid {
+            rec.mode &= !suidgid_bits(rec.mode);
+        }
+        // The page map is changed in place (no copy per write on this hot path): the pages a
+        // rolled-back write added are taken out again while the file lock is still held.
+        let tx = otx.tx();
+        let r = data::write(tx, f.frame, &mut st.pages, offset, buf).and_then(|fresh| {
+            data::put_record(tx, f.frame, &rec)
+                .inspect_err(|_| data::forget_pages(&mut st.pages, &fresh))
+        });
+        otx.end(r.map(drop).map_err(FsError::from))?;
+        st.rec = rec;
+        st.last_use = self.temp.lru.tick();
+        self.temp.counters.pages_resident.fetch_add(missing, Ordering::Relaxed);
+        self.space.add(missing);
+        Counters::add(&self.temp.counters.bytes_written_by_apps, buf.len() as u64);
+        Counters::add(&self.counters.app_bytes_written, buf.len() as u64);
+        Ok(Some(buf.len()))
+    }
+
+    /// setattr of a temp file; `None` when it has been transformed (use the lower file).
+    pub(crate) fn temp_setattr(
+        &self,
+        otx: &mut OpTx<'_>,
+        f: &Arc<TempFile>,
+        set: &SetAttr,
+        unprivileged: bool,
+    ) -> FsResult<Option<lower::Attr>> {
+        let mut st = f.wait_stable(f.lock());
+        match st.fate {
+            Fate::Resident => {}
+            Fate::Transformed => return Ok(None),
+            Fate::Freed => return Err(answer(libc::ENOENT)),
+        }
+        if set.size.is_some_and(|size| size > i64::MAX as u64) {
+            return Err(answer(libc::EFBIG));
+        }
+        let r = (|| {
+            let tx = otx.tx();
+            let truncated = match set.size {
+                Some(size) => Some(self.tx_truncate(tx, f, &st, size)?),
+                None => None,
+            };
+            let mut rec = truncated.as_ref().map_or_else(|| st.rec.clone(), |t| t.rec.clone());
+            if let Some(mode) = set.mode {
+                rec.mode = libc::S_IFREG | (mode & 0o7777);
+            }
+            if set.uid.is_some() || set.gid.is_some() {
+                rec.uid = set.uid.unwrap_or(rec.uid);
+                rec.gid = set.gid.unwrap_or(rec.gid);
+                // chown of a regular file removes set-ID bits, even for root (notify_change
+                // with ATTR_KILL_SUID/SGID); the kernel leaves it to us (handle_killpriv_v2).
+                if set.mode.is_none() {
+                    rec.mode &= !suidgid_bits(rec.mode);
+                }
+            }
+            if set.size.is_some() && set.mode.is_none() && unprivileged {
+                rec.mode &= !suidgid_bits(rec.mode);
+            }
+            if let Some(t) = set.atime {
+                rec.atime = self.time(t);
+            }
+            if let Some(t) = set.mtime {
+                rec.mtime = self.time(t);
+            }
+            rec.ctime = self.lower.now();
+            data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+            Ok((truncated, rec))
+        })();
+        let (truncated, rec) = otx.end(r)?;
+        if let Some(t) = truncated {
+            self.apply_truncate(&mut st, t);
+        }
+        st.rec = rec;
+        Ok(Some(self.temp_attr(f, &st)))
+    }
+
+    /// Unlinks `name` if it is a temp file: `false` when it is not one.
+    pub(crate) fn temp_unlink(
+        &self,
+        otx: &mut OpTx<'_>,
+        dir: &L::Node,
+        name: &OsStr,
+    ) -> FsResult<bool> {
+        let key = self.lower.key(dir);
+        loop {
+            let Some(f) = self.overlay.lock().get(key, name).cloned() else { return Ok(false) };
+            let mut st = f.wait_stable(f.lock());
+            if !st.is_named(key, name) {
+                continue; // renamed, transformed or unlinked meanwhile: look again
+            }
+            // Lower calls under this file's lock only (O1: the shadowed file goes first).
+            self.touch_dir(dir)?;
+            self.unlink_shadowed(dir, &st.rec)?;
+            let r = self.tx_unname(otx.tx(), &f, &st);
+            let unnamed = otx.end(r)?;
+            let mut idx = self.overlay.lock();
+            self.apply_unname(&mut st, unnamed);
+            idx.remove_name(key, name);
+            if st.fate == Fate::Freed {
+                idx.temps.remove(&f.serial);
+            }
+            drop(idx);
+            Counters::add(&self.temp.counters.deleted_in_nvram, 1);
+            return Ok(true);
+        }
+    }
+
+    /// O1: a temp file leaves a name under which it hid a lower file: unlink that file first,
+    /// durably (fsync of the directory), because once the NVRAM commit has taken the temp file
+    /// away nothing would hide the lower file after a crash any more.
+    pub(super) fn unlink_shadowed(&self, dir: &L::Node, rec: &Record) -> FsResult<()> {
+        if rec.shadows() {
+            match self.lower.unlink(dir, &rec.name) {
+                Ok(()) => self.sync_dir(dir)?,
+                Err(lower::Errno(libc::ENOENT)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the name away from a temp file (unlink, or replaced by a rename): frees it or,
+    /// while open, keeps it unnamed. Applied by `apply_unname` after the commit.
+    pub(super) fn tx_unname(
+        &self,
+        tx: &mut Tx<'_>,
+        f: &TempFile,
+        st: &TempState,
+    ) -> FsResult<Unnamed> {
+        if st.opens == 0 {
+            return Ok(Unnamed::Freed(Self::tx_free(tx, f, st)?));
+        }
+        let mut rec = st.rec.clone();
+        rec.nlink = 0;
+        rec.name = std::ffi::OsString::new();
+        rec.set_shadows(false);
+        rec.ctime = self.lower.now();
+        data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+        Ok(Unnamed::Kept(rec))
+    }
+
+    pub(super) fn apply_unname(&self, st: &mut TempState, u: Unnamed) {
+        match u {
+            Unnamed::Freed(pages) => self.apply_free(st, pages),
+            Unnamed::Kept(rec) => st.rec = rec,
+        }
+    }
+
+    /// After a write to a temp file committed: the size trigger, then NVRAM pressure.
+    pub(crate) fn after_temp_write(&self, f: &Arc<TempFile>) {
+        let too_big = {
+            let st = f.lock();
+            st.fate == Fate::Resident && st.rec.nlink > 0 && st.rec.size > self.temp.config.max_size
+        };
+        if too_big {
+            // Failure leaves the file in NVRAM, which is still correct; it is retried on the
+            // next write.
+            if let Err(e) = self.transform(f, tempfs::Trigger::Size) {
+                eprintln!("nvstack: size-triggered transform failed: {e}");
+            }
+        }
+        self.relieve_pressure(false);
+    }
+
+    /// A name was added to or removed from a lower directory through the overlay: its mtime
+    /// and ctime change as if the lower file system had done it (POSIX; the kernel drops its
+    /// cached attributes of the directory and asks again).
+    pub(crate) fn touch_dir(&self, dir: &L::Node) -> FsResult<()> {
+        let set = SetAttr { mtime: Some(lower::TimeSet::Now), ..SetAttr::default() };
+        self.lower.setattr(dir, None, &set)?;
+        Ok(())
+    }
+}
+
+/// Group and permission bits of a new file as the kernel's inode_init_owner sets them in the
+/// lower directory: the group of a set-group-ID directory; S_ISGID kept only for a member.
+fn init_owner(creds: &Creds, dir: &lower::Attr, mode: u32) -> (u32, u32) {
+    let gid = if dir.mode & libc::S_ISGID != 0 { dir.gid } else { creds.gid };
+    let mut perm = mode & 0o7777;
+    if perm & libc::S_ISGID != 0
+        && creds.uid != 0
+        && gid != creds.gid
+        && !creds.groups.contains(&gid)
+    {
+        perm &= !libc::S_ISGID;
+    }
+    (gid, perm)
+}
+
+/// The flags a transformed temp file is reopened with: the access mode and the flags that
+/// change IO semantics, never those of creation (O_CREAT, O_EXCL, O_TRUNC).
+fn reopen_flags(flags: i32) -> i32 {
+    flags & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME)
+}
