@@ -12,8 +12,12 @@ from .util import BENCH_DIR, BenchError, parse_size
 EPILOG = """\
 stages (each reads only what the previous one wrote):
   run/smoke  -> OUT/runs/**/ (raw stdout/stderr, cmd.txt, env.json, repro.sh, result.json)
-  parse OUT  -> OUT/<experiment>.csv
+                and OUT/raw.tar.xz (the runs, packed: what git keeps; runs/ is gitignored)
+  parse OUT  -> OUT/<experiment>.csv (unpacks OUT/raw.tar.xz first if OUT/runs/ is missing)
   plot OUT   -> OUT/*.png and OUT/summary.md (never runs a benchmark)
+
+run, smoke, showcase (unless --no-plot) and plot need matplotlib: bench/install.sh puts it in
+bench/.venv, which bench/run then uses by itself.
 
 examples:
   bench/run list                                   experiments, file systems, capabilities
@@ -76,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment (see `list`), then parse and plot")
     p.add_argument("experiment")
     _common(p, None)
-    p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv")
+    p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv (unpacks "
+                       "OUT/raw.tar.xz first when OUT/runs/ is missing)")
     p.add_argument("rundir", type=Path)
+    p = sub.add_parser("pack", help="OUT/runs/ -> OUT/raw.tar.xz, the form git keeps (run "
+                       "does this itself; for runs that were interrupted or edited)")
+    p.add_argument("resultdir", type=Path)
     p = sub.add_parser("plot", help="CSVs -> PNG figures + summary.md (never runs benchmarks)")
     p.add_argument("resultdir", type=Path)
     sub.add_parser("list", help="experiments, file-system configurations, workloads, and which "
@@ -109,9 +117,27 @@ def cmd_list() -> int:
     return 0
 
 
+def require_plotting() -> None:
+    """Fails with one line saying what to install when the plotting modules are missing
+    (checked before an experiment starts, not after hours of runs)."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        venv = BENCH_DIR / ".venv"
+        where = (f"from {venv}" if Path(sys.prefix).resolve() == venv.resolve()
+                 else f"for {sys.executable} (no {venv})" if not venv.exists()
+                 else f"for {sys.executable}")
+        raise BenchError(f"Python module {exc.name or 'matplotlib'} is missing {where}: run "
+                         f"bench/install.sh (root; --no-apt installs only the Python packages), "
+                         f"then bench/run again") from None
+
+
 def cmd_run(name: str, args) -> int:
-    from . import parse, plot, runner, summary
+    from . import archive, parse, runner, summary
     from .experiments import EXPERIMENTS
+    if not args.no_plot:
+        require_plotting()
     if name not in EXPERIMENTS:
         raise BenchError(f"unknown experiment {name!r}; `bench/run list` shows them")
     exp = EXPERIMENTS[name]
@@ -142,13 +168,18 @@ def cmd_run(name: str, args) -> int:
                          if args.transactions else {},
                          variants=[v.strip() for v in args.variants.split(",") if v.strip()]
                          if args.variants else None)
+    if archive.unpack(st.out):
+        print(f"unpacked {st.out / archive.ARCHIVE} (earlier runs; the new ones join them)")
     results = runner.run_experiment(exp, st, args.device)
+    if not args.dry_run:
+        archive.pack(st.out)
     counts = {s: sum(r["status"] == s for r in results)
               for s in ("ok", "failed", "skipped", "dry-run")}
     print(f"{len(results)} runs: {counts['ok']} ok, {counts['failed']} failed, "
           f"{counts['skipped']} skipped, {counts['dry-run']} dry-run -> {out}")
     if args.no_plot:
         return 0
+    from . import plot
     parse.parse_tree(st.out)
     pngs = plot.plot_dir(st.out)
     path = summary.write(st.out)
@@ -169,15 +200,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "run":
             return cmd_run(args.experiment, args)
         if args.cmd == "parse":
-            from . import parse
+            from . import archive, parse
+            if archive.unpack(args.rundir):
+                print(f"unpacked {args.rundir / archive.ARCHIVE} into {args.rundir / archive.RUNS}")
             written = parse.parse_tree(args.rundir)
             for exp, path in written.items():
                 print(f"{exp}: {path}")
             if not written:
-                print(f"no runs found under {args.rundir}/runs", file=sys.stderr)
+                print(f"no runs found under {args.rundir}/runs (nor {archive.ARCHIVE})",
+                      file=sys.stderr)
                 return 1
             return 0
+        if args.cmd == "pack":
+            from . import archive
+            path = archive.pack(args.resultdir)
+            if path is None:
+                raise BenchError(f"no {args.resultdir / archive.RUNS} to pack")
+            print(f"{path} ({path.stat().st_size} bytes)")
+            return 0
         if args.cmd == "plot":
+            require_plotting()
             from . import plot, summary
             pngs = plot.plot_dir(args.resultdir)
             path = summary.write(args.resultdir)

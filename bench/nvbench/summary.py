@@ -400,7 +400,8 @@ def markdown(result_dir: Path) -> str:
         nvram = _nvram_text(rows)
         parts += [f"Device: `{m['device']}`; memory budget M = {int(m['memory_bytes']) >> 20} MiB "
                   f"(cgroup per run){nvram}; scale = {m['scale']}; baseline = `{baseline}`; "
-                  f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/`.", ""]
+                  f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/` (in git packed as "
+                  f"`raw.tar.xz`; `bench/run parse` unpacks it).", ""]
         parts += tempffs_tables(rows, meta.get("fs"))
         parts += writeback_tables(rows, meta.get("fs"))
         parts += ratio_table(rows, baseline, meta.get("fs"))

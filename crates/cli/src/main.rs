@@ -35,8 +35,15 @@ enum Command {
     /// Format, commit, crash a process mid-transaction, recover, and sweep simulated power cuts.
     Demo(cmd::demo::DemoArgs),
     /// Mount nvstack over a lower directory: `nvstack mount /srv/data /mnt/nv --nvram /dev/shm/nv`.
+    ///
+    /// The mount point must not lie inside the lower directory (the mount would appear in its
+    /// own lower tree: refused). It may be the lower directory itself (`nvstack mount /srv/data
+    /// /srv/data ...`): the mount then hides the lower directory, which nvstack still reaches
+    /// through the descriptor it opened before mounting; the same holds for a mount point above
+    /// the lower directory, which hides everything below it.
     Mount(cmd::mount::MountArgs),
-    /// Unmount cleanly (waits until the region is marked clean).
+    /// Unmount cleanly: retries while the mount is busy (--busy-timeout, 10 s), then waits
+    /// until the daemon has marked the region clean.
     Umount(cmd::umount::UmountArgs),
     /// Counters of a running mount: requests, bytes, NVRAM use (`--json` for tools).
     Stat(cmd::stat::StatArgs),

@@ -58,6 +58,21 @@ fn dev_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `device detach MP`, repeated while it fails because the kernel file system is busy, for at
+/// most 30 s: detach refuses a busy mount and changes nothing then, and right after the last
+/// close a mount can be busy for a moment on a loaded machine (TESTING-NOTES.md).
+fn detach_retrying(mp: &Path) -> std::process::Output {
+    let start = std::time::Instant::now();
+    loop {
+        let out = dev(&["detach", mp.to_str().unwrap()]);
+        let busy = String::from_utf8_lossy(&out.stderr).contains("busy");
+        if out.status.success() || !busy || start.elapsed() > std::time::Duration::from_secs(30) {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// An attached device; Drop detaches (or, if that fails, cuts, which never refuses).
 struct Attached {
     mp: PathBuf,
@@ -75,7 +90,13 @@ impl Attached {
     }
     fn detach(mut self) {
         self.live = false;
-        dev_ok(&["detach", self.mp.to_str().unwrap()]);
+        let out = detach_retrying(&self.mp);
+        assert!(
+            out.status.success(),
+            "device detach failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     fn cut(mut self, seed: u64) -> String {
         self.live = false;
@@ -90,7 +111,7 @@ impl Drop for Attached {
     fn drop(&mut self) {
         if self.live {
             let mp = self.mp.to_str().unwrap();
-            if !dev(&["detach", mp]).status.success() {
+            if !detach_retrying(&self.mp).status.success() {
                 let _ = dev(&["cut", mp]);
             }
         }

@@ -94,7 +94,7 @@ impl Fixture {
         Command::new(BIN).args(["flush", "-q"]).arg(self.mnt()).output().unwrap().status.success()
     }
     fn umount(&self) {
-        let out = Command::new(BIN).arg("umount").arg(self.mnt()).output().unwrap();
+        let out = common::nvstack_umount(&self.mnt());
         assert!(out.status.success(), "umount: {}", text(&out));
     }
     /// Hidden transform files left in the lower directory.
@@ -110,7 +110,7 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let mnt = self.mnt();
-        if Command::new(BIN).arg("umount").arg(&mnt).output().is_ok_and(|o| !o.status.success()) {
+        if !common::nvstack_umount(&mnt).status.success() {
             let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
         }
         common::remove_run_dir(&mnt);

@@ -70,7 +70,7 @@ impl Fixture {
         assert!(out.status.success(), "mount: {}", text(&out));
     }
     fn umount(&self) {
-        let out = nvstack(&["umount", self.mnt().to_str().unwrap()]);
+        let out = common::nvstack_umount(&self.mnt());
         assert!(out.status.success(), "umount: {}", text(&out));
     }
     fn daemon_pid(&self) -> i32 {
@@ -83,7 +83,7 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let mnt = self.mnt();
-        if !nvstack(&["umount", mnt.to_str().unwrap()]).status.success() {
+        if !common::nvstack_umount(&mnt).status.success() {
             let _ = Command::new("umount").arg("-l").arg(&mnt).output();
         }
         common::remove_run_dir(&mnt);
@@ -481,4 +481,163 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
     let out = f.mount_with(&[]);
     assert!(!out.status.success());
     assert!(text(&out).contains(&format!("frame {record}")), "{}", text(&out));
+}
+
+/// Whether `path` is a mount point (its exact path as field 5 of /proc/self/mountinfo; the test
+/// paths have no characters that mountinfo escapes).
+fn is_mounted(path: &Path) -> bool {
+    let want = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.to_str().unwrap()))
+}
+
+/// Unmounts a mount the fixture does not know about when dropped (whatever failed), and removes
+/// its run directory; asserts the clean unmount unless the test is already failing.
+struct Unmounted(PathBuf);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        let out = common::nvstack_umount(&self.0);
+        if !out.status.success() {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+        }
+        common::remove_run_dir(&self.0);
+        if !std::thread::panicking() {
+            assert!(out.status.success(), "umount {}: {}", self.0.display(), text(&out));
+        }
+    }
+}
+
+#[test]
+fn a_mount_point_inside_the_lower_directory_is_refused_and_leaves_nothing_behind() {
+    // Refused before anything is mounted or created: needs neither root nor /dev/fuse.
+    let f = Fixture::new();
+    let inside = f.lower().join("in");
+    std::fs::create_dir(&inside).unwrap();
+    let (lower, mp) = (f.lower(), inside.clone());
+    let out = nvstack(&[
+        "mount",
+        lower.to_str().unwrap(),
+        mp.to_str().unwrap(),
+        "--nvram",
+        f.nvram().to_str().unwrap(),
+        "--size",
+        "32M",
+    ]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("is inside the lower directory"), "{said}");
+    assert!(
+        said.contains(mp.to_str().unwrap()) && said.contains(lower.to_str().unwrap()),
+        "{said}"
+    );
+    assert!(!is_mounted(&mp), "nothing mounted");
+    assert!(!common::run_dir(&mp).unwrap().exists(), "no run directory");
+    assert!(!f.nvram().exists(), "no region created");
+}
+
+#[test]
+fn mounting_over_the_lower_directory_itself_or_above_it_works_and_hides_it() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    std::fs::write(f.lower().join("old"), b"before").unwrap();
+    // Over the lower directory itself: the mount shows it and hides it from everyone else.
+    let lower = f.lower();
+    let over = |mp: &Path, nvram: &Path| {
+        nvstack(&[
+            "mount",
+            lower.to_str().unwrap(),
+            mp.to_str().unwrap(),
+            "--nvram",
+            nvram.to_str().unwrap(),
+            "--size",
+            "32M",
+        ])
+    };
+    let out = over(&lower, &f.nvram());
+    let guard = Unmounted(lower.clone());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(lower.join("old")).unwrap(), b"before");
+    std::fs::write(lower.join("new"), b"through the mount").unwrap();
+    assert!(is_mounted(&lower));
+    drop(guard);
+    assert!(!is_mounted(&lower));
+    assert_eq!(std::fs::read(lower.join("new")).unwrap(), b"through the mount");
+    // Above it (the mount point is an ancestor of the lower directory): the same.
+    let above = f.dir.path().to_path_buf();
+    let nvram = f.shm.path().join("region-above");
+    let out = over(&above, &nvram);
+    let guard = Unmounted(above.clone());
+    assert!(out.status.success(), "{}", text(&out));
+    let mut seen: Vec<_> =
+        std::fs::read_dir(&above).unwrap().map(|e| e.unwrap().file_name()).collect();
+    seen.sort();
+    assert_eq!(seen, ["new", "old"], "the mount shows the lower directory");
+    std::fs::write(above.join("from-above"), b"x").unwrap();
+    drop(guard);
+    assert!(!is_mounted(&above));
+    assert_eq!(std::fs::read(lower.join("from-above")).unwrap(), b"x");
+}
+
+#[test]
+fn umount_retries_a_busy_mount_and_says_how_to_find_the_holder() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    f.mount();
+    std::fs::write(f.mnt().join("held"), b"open").unwrap();
+    let held = std::fs::File::open(f.mnt().join("held")).unwrap();
+    let mnt = f.mnt();
+    let out = nvstack(&["umount", "--busy-timeout", "0", mnt.to_str().unwrap()]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("is busy") && said.contains("fuser -vm"), "{said}");
+    assert!(is_mounted(&mnt), "a busy mount stays mounted");
+    // The holder lets go after a second; a bounded wait outlasts it.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        drop(held);
+    });
+    let start = std::time::Instant::now();
+    let out = nvstack(&["umount", "--busy-timeout", "20", mnt.to_str().unwrap()]);
+    release.join().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(start.elapsed() >= std::time::Duration::from_millis(500), "it did wait");
+    assert!(!is_mounted(&mnt));
+    assert_eq!(std::fs::read(f.lower().join("held")).unwrap(), b"open");
+}
+
+#[test]
+fn a_mount_point_reached_through_a_bind_mount_of_the_lower_directory_is_refused() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    std::fs::create_dir(f.lower().join("in")).unwrap();
+    let bind = f.dir.path().join("bind");
+    std::fs::create_dir(&bind).unwrap();
+    let out = Command::new("mount").arg("--bind").arg(f.lower()).arg(&bind).output().unwrap();
+    assert!(out.status.success(), "mount --bind: {}", text(&out));
+    let mp = bind.join("in");
+    let out = nvstack(&[
+        "mount",
+        f.lower().to_str().unwrap(),
+        mp.to_str().unwrap(),
+        "--nvram",
+        f.nvram().to_str().unwrap(),
+    ]);
+    if out.status.success() {
+        // A regression: undo the mount before the bind mount under it.
+        let _ = Command::new("umount").arg("-l").arg(&mp).output();
+    }
+    let unbound = common::umount_retrying(&bind);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("is inside the lower directory") && said.contains("bind is"), "{said}");
+    assert!(unbound && !is_mounted(&mp), "nothing left mounted");
 }

@@ -121,7 +121,7 @@ impl ScratchFs {
 
 impl Drop for ScratchFs {
     fn drop(&mut self) {
-        if self.mounted && !run(Command::new("umount").arg(self.root())).status.success() {
+        if self.mounted && !common::umount_retrying(&self.root()) {
             let _ = run(Command::new("umount").arg("-l").arg(self.root()));
         }
         if let Some(dev) = &self.loopdev {
@@ -161,7 +161,7 @@ impl NvMount {
 
 impl Drop for NvMount {
     fn drop(&mut self) {
-        if !run(Command::new(NVSTACK).arg("umount").arg(&self.mnt)).status.success() {
+        if !common::nvstack_umount(&self.mnt).status.success() {
             let _ = run(Command::new("fusermount3").arg("-uz").arg(&self.mnt));
         }
         common::remove_run_dir(&self.mnt);

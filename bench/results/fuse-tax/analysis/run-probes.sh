@@ -2,6 +2,8 @@
 # The fuse-tax gap analysis (docs/benchmarks.md "FUSE tax"): probes with per-opcode request
 # counts and daemon CPU (bench/tools/fuse-tax-probe). Root; ~10 min. Writes next to itself.
 # Usage: bench/results/fuse-tax/analysis/run-probes.sh [REPS]
+# The probe directories are gitignored and kept in git packed as probes.tar.xz: they are unpacked
+# first (new probes join the old ones) and packed again at the end.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOOLS=$(cd "$HERE/../../../tools" && pwd)
@@ -18,6 +20,7 @@ configs=("passthrough_hp" "passthrough_hp-wt" "nvstack-none")
 # CONFIGS="a,b" and WORKLOADS="postmark randwrite ..." narrow the matrix (the threads/knobs
 # sweep: CONFIGS="nvstack-none --threads 1,nvstack-none --threads 2,..." WORKLOADS="postmark randwrite seqwrite")
 WORKLOADS=${WORKLOADS:-postmark randwrite seqwrite seqread randread}
+"$HERE/summarize.py" --unpack
 for rep in $(seq "$REPS"); do
   for cfg in "${configs[@]}"; do
     tag=${cfg// /_}
@@ -32,3 +35,4 @@ for rep in $(seq "$REPS"); do
     done
   done
 done
+"$HERE/summarize.py" --pack

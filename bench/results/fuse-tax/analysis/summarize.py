@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """run-probes.sh outputs -> probes.md: per workload and configuration, wall time, FUSE
 requests per opcode (kernel tracepoint), daemon CPU (perf stat task-clock) and CPU per request.
-Mean over repetitions, [min-max] for wall and CPU."""
+Mean over repetitions, [min-max] for wall and CPU.
+
+The probe directories (postmark/, randwrite/, ...) are kept in git packed as probes.tar.xz
+(bench/README.md, "Results in git"); this script unpacks them first when they are missing. `--unpack` only unpacks; `--pack` packs
+the probe directories present into probes.tar.xz (run-probes.sh does both)."""
 import json
 import re
 import statistics
@@ -9,6 +13,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+WORKLOADS = ("postmark", "randwrite", "seqwrite", "seqread", "randread")
+sys.path.insert(0, str(HERE.parents[2]))  # bench/, for nvbench.archive
+from nvbench import archive  # noqa: E402
 
 
 def load(rep: Path):
@@ -43,6 +50,13 @@ def fmt(xs, spec=".2f"):
 
 
 def main():
+    if sys.argv[1:] == ["--pack"]:
+        print(archive.pack(HERE, members=WORKLOADS, name="probes.tar.xz"))
+        return 0
+    if archive.unpack(HERE, members=WORKLOADS, name="probes.tar.xz"):
+        print(f"unpacked {HERE / 'probes.tar.xz'}")
+    if sys.argv[1:] == ["--unpack"]:
+        return 0
     lines = ["# fuse-tax probes (bench/results/fuse-tax/analysis/run-probes.sh)", "",
              "Daemon CPU = utime+stime of the daemon process (/proc/PID/stat, all threads) over "
              "the command; context switches from `perf stat -p` (threads present at start); requests = "

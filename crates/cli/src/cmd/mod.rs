@@ -8,6 +8,7 @@ pub mod format;
 pub mod inspect;
 pub mod mount;
 pub mod mount_helper;
+pub mod placement;
 pub mod rundir;
 pub mod stat;
 pub mod umount;

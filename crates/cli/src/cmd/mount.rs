@@ -257,6 +257,7 @@ pub fn run(args: &MountArgs) -> CliResult {
     if rundir::is_stale(&mountpoint) {
         cleanup_stale(&mountpoint)?;
     }
+    super::placement::check(&args.lower, &mountpoint)?;
     if args.foreground || args.daemon {
         return serve(args, &mountpoint);
     }
