@@ -133,7 +133,9 @@ pub enum DeviceCommand {
         mountpoint: PathBuf,
         #[command(flatten)]
         options: ServeOptions,
-        /// Size of the image if it has to be created (default 256M); must match otherwise.
+        /// Size of the image if it has to be created (default 256M); must match otherwise. With
+        /// --model flash it is the FTL's logical space; the chip adds the log blocks and one
+        /// spare block (e.g. 32M on k9f1208: 2048 + 64 + 1 blocks of 16 KiB).
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
         /// Make this file system on the device first.

@@ -160,9 +160,7 @@ pub struct ModelOverrides {
     /// Per-request overhead (HDD, flash) or latency (SSD, both directions) in us.
     #[arg(long)]
     pub overhead_us: Option<f64>,
-    /// flash: the NAND chip. k9f1208 = Samsung K9F1208U0B small-block SLC (512 B pages, 16 KiB
-    /// blocks; the default), k9f1g08 = Samsung K9F1G08U0A large-block SLC (2 KiB pages,
-    /// 128 KiB blocks).
+    /// flash: the NAND chip [default: k9f1208].
     #[arg(long, value_enum)]
     pub flash_preset: Option<NandPreset>,
     /// flash: log blocks of the log-block FTL [default: 64, as in the NVFAT paper]. Fewer log
