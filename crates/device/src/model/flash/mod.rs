@@ -335,6 +335,39 @@ mod tests {
         assert_eq!(act.flash_stats().unwrap().block_erases, 1);
     }
 
+    /// The worked example of docs/device.md ("The log-block FTL"), step by step: (lba, sectors,
+    /// service ns, energy fJ of the step, data block of LBN 0 afterwards).
+    #[test]
+    fn the_worked_example_of_the_docs() {
+        let mut f = round_flash();
+        let steps: &[(&[u64], u64, u128, u32)] = &[
+            (&[0, 1, 2, 3], 1_004_800, 4 * 12_434_400_000, 0),
+            (&[0, 1, 2, 3], 3_004_800, 4 * 12_434_400_000 + 99_000_000_000, 1),
+            (
+                &[3, 1, 3, 0],
+                5_904_800,
+                4 * 12_434_400_000 + 4 * 11_137_500_000 + 2 * 99_000_000_000,
+                3,
+            ),
+        ];
+        for (i, &(pages, ns, fj, data)) in steps.iter().enumerate() {
+            let e0 = f.energy_fj();
+            let total: u64 =
+                pages.iter().map(|&p| f.service(0, Op::Write, p * 4, 4).total_ns()).sum();
+            assert_eq!(total, ns, "step {}", i + 1);
+            assert_eq!(u128::from(f.energy_fj() - e0), fj, "step {}", i + 1);
+            assert_eq!(f.ftl().data_block(0), Some(data), "step {}", i + 1);
+        }
+        let t = f.totals();
+        assert_eq!((t.merges_switch, t.merges_full, t.copy_backs, t.block_erases), (1, 1, 4, 3));
+        // Step 3's full merge: offset 0 came from log page 3 and so on; all now in block 3.
+        for off in 0..4 {
+            assert_eq!(f.ftl().lookup(off), Some(ftl::Ppn { pbn: 3, page: off as u32 }));
+        }
+        // The partial merge of step 4 is `evicting_an_in_order_incomplete_log_is_a_partial_merge`
+        // in ftl.rs (one log block).
+    }
+
     #[test]
     fn a_request_spanning_pages_and_blocks_maps_to_every_page() {
         let mut f = round_flash();
