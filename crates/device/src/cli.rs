@@ -33,7 +33,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Options of the serving daemon (also accepted by `attach`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeOptions {
-    /// Device model: hdd-7200, hdd-15k, hdd-7200-500g, ssd, none.
+    /// Device model: hdd-7200, hdd-15k, hdd-7200-500g (seek + rotation + transfer), ssd
+    /// (latency + transfer), flash (a NAND chip behind a log-block FTL: page reads/programs,
+    /// merges, block erases, energy; see --flash-preset, --log-blocks and the `flash` object
+    /// of `device stat --json`), none (zero cost).
     #[arg(long, default_value = "hdd-7200")]
     pub model: Preset,
     /// sleep: complete requests in wall time as modeled; account: only accumulate busy time.
@@ -98,6 +101,8 @@ impl ServeOptions {
         opt("--heads", o.heads.map(|v| v.to_string()));
         opt("--capacity-sectors", o.capacity_sectors.map(|v| v.to_string()));
         opt("--overhead-us", o.overhead_us.map(|v| v.to_string()));
+        opt("--flash-preset", o.flash_preset.map(|v| v.name().to_string()));
+        opt("--log-blocks", o.log_blocks.map(|v| v.to_string()));
         a
     }
 }
@@ -128,7 +133,9 @@ pub enum DeviceCommand {
         mountpoint: PathBuf,
         #[command(flatten)]
         options: ServeOptions,
-        /// Size of the image if it has to be created (default 256M); must match otherwise.
+        /// Size of the image if it has to be created (default 256M); must match otherwise. With
+        /// --model flash it is the FTL's logical space; the chip adds the log blocks and one
+        /// spare block (e.g. 32M on k9f1208: 2048 + 64 + 1 blocks of 16 KiB).
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
         /// Make this file system on the device first.
@@ -263,6 +270,7 @@ pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::flash::nand::NandPreset;
     use clap::Parser;
 
     #[derive(Debug, Parser)]
@@ -290,6 +298,8 @@ mod tests {
             "t detach /mnt",
             "t serve img dir --model ssd --timing account --trace t.txt --foreground",
             "t arm-cut /mnt --after-flushes 2 --after-writes 10 --seed 3 --mode scatter",
+            "t attach img /mnt --model flash --size 32M --mkfs ext4",
+            "t attach img /mnt --model flash --flash-preset k9f1g08 --log-blocks 16 --size 32M",
         ];
         for l in lines {
             Top::try_parse_from(l.split_whitespace()).unwrap_or_else(|e| panic!("{l}: {e}"));
@@ -310,5 +320,24 @@ mod tests {
         let DeviceCommand::Serve { options: o2, .. } = again.cmd else { panic!() };
         assert_eq!(o2.overrides, options.overrides);
         assert_eq!((o2.model, o2.timing), (Preset::Hdd15k, Timing::Sleep));
+    }
+
+    #[test]
+    fn flash_options_round_trip_through_args() {
+        let top = Top::try_parse_from(
+            "t serve img dir --model flash --flash-preset k9f1g08 --log-blocks 16 --overhead-us 5"
+                .split_whitespace(),
+        )
+        .unwrap();
+        let DeviceCommand::Serve { options, .. } = top.cmd else { panic!() };
+        assert_eq!(options.overrides.flash_preset, Some(NandPreset::K9f1g08));
+        assert_eq!(options.overrides.log_blocks, Some(16));
+        let mut argv = vec!["t".to_string(), "serve".into(), "img".into(), "dir".into()];
+        argv.extend(options.to_args());
+        let again = Top::try_parse_from(argv).unwrap();
+        let DeviceCommand::Serve { options: o2, .. } = again.cmd else { panic!() };
+        assert_eq!(o2.overrides, options.overrides);
+        assert_eq!(o2.model, Preset::Flash);
+        assert!(Top::try_parse_from("t serve i d --flash-preset k9x".split_whitespace()).is_err());
     }
 }

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::cache::{CachedMedium, CutMode, CutReport, Medium};
+use crate::model::flash::FlashStats;
 use crate::model::{Actuator, Interval, Op, SECTOR_BYTES};
 use crate::trace::{Record, Trace, WriteHistogram};
 
@@ -154,6 +155,9 @@ pub struct Stats {
     pub armed: Option<ArmedCut>,
     pub cut: Option<CutReport>,
     pub trace_records: u64,
+    /// The flash model's NAND and FTL counters (`--model flash` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flash: Option<FlashStats>,
 }
 
 /// Settings of one engine.
@@ -314,13 +318,19 @@ impl Engine {
         self.traced(iv, 'F', 0, 0)
     }
 
-    /// A discard (FUSE fallocate punch-hole / zero-range).
+    /// A discard (FUSE fallocate punch-hole / zero-range). The model hears of the whole
+    /// sectors inside the range (a flash FTL trims them); it costs no modeled time.
     pub fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
         let len = len.min(self.size_bytes().saturating_sub(offset));
         if self.is_off() || len == 0 {
             return Ok(());
         }
         self.cache.discard(offset, len)?;
+        let first_whole = offset.div_ceil(SECTOR_BYTES);
+        let end_whole = (offset + len) / SECTOR_BYTES;
+        if end_whole > first_whole {
+            self.actuator.discard(first_whole, end_whole - first_whole);
+        }
         self.counters.discards += 1;
         self.counters.bytes_discarded += len;
         let (lba, sectors) = covering(offset, len);
@@ -381,6 +391,7 @@ impl Engine {
                 _ => None,
             },
             trace_records: self.trace.as_ref().map_or(0, |t| t.records),
+            flash: self.actuator.flash_stats(),
         }
     }
 
@@ -410,7 +421,7 @@ mod tests {
         let f =
             File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
         f.set_len(1 << 20).unwrap();
-        let act = Actuator::new(build_model(preset, &ModelOverrides::default()).unwrap());
+        let act = Actuator::new(build_model(preset, &ModelOverrides::default(), 1 << 20).unwrap());
         let cfg = EngineConfig {
             timing: Timing::Account,
             volatile_bytes_max: 1 << 20,
@@ -486,6 +497,40 @@ mod tests {
         let p = crate::model::presets::hdd_params(Preset::Hdd15k);
         assert_eq!(e.stats().busy_ns - b0, p.transfer_ns(128));
         assert_eq!(e.stats().seek_distance_sectors, 0);
+    }
+
+    #[test]
+    fn flash_counters_appear_in_stats_and_discards_trim_the_ftl() {
+        let d = tempfile::tempdir().unwrap();
+        let mut e = engine(d.path(), Preset::Flash);
+        assert!(engine(d.path(), Preset::Hdd15k).stats().flash.is_none());
+        // 1 MiB on the small-block chip: 64 logical blocks of 16 KiB (32 pages of 512 B).
+        e.write(None, 0, &[7u8; 16384]).unwrap();
+        e.write(None, 0, &[8u8; 16384]).unwrap(); // sequential overwrite: one switch merge
+        let v = serde_json::to_value(e.stats()).unwrap();
+        let f = &v["flash"];
+        for (key, want) in [
+            ("page_programs", 64),
+            ("page_reads", 0),
+            ("block_erases", 1),
+            ("merges_switch", 1),
+            ("merges_partial", 0),
+            ("merges_full", 0),
+        ] {
+            assert_eq!(f[key].as_u64(), Some(want), "{key}: {f}");
+        }
+        assert!(f["energy_uj"].as_f64().unwrap() > 0.0);
+        // A discard of bytes 100..400 holds no whole sector: the FTL trims nothing (the
+        // cache still zeroes the bytes); a discard of the first 1024 bytes trims pages 0, 1.
+        e.discard(100, 300).unwrap();
+        assert_eq!(e.read(None, 0, 512).unwrap().0[..100], [8u8; 100]);
+        let reads = |e: &Engine| e.stats().flash.unwrap().page_reads;
+        assert_eq!(reads(&e), 1);
+        e.discard(0, 1024).unwrap();
+        e.read(None, 0, 1024).unwrap();
+        assert_eq!(reads(&e), 1, "trimmed pages cost no NAND read");
+        e.read(None, 1024, 512).unwrap();
+        assert_eq!(reads(&e), 2);
     }
 
     #[test]

@@ -394,7 +394,7 @@ pub fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
             cfg.image.display()
         )));
     }
-    let model = build_model(cfg.model, &cfg.overrides).map_err(DeviceError::Invalid)?;
+    let model = build_model(cfg.model, &cfg.overrides, size).map_err(DeviceError::Invalid)?;
     let engine_cfg = EngineConfig {
         timing: cfg.timing,
         volatile_bytes_max: cfg.volatile_bytes_max,

@@ -13,6 +13,7 @@
 //!    `max(arrival_ns, busy_until_ns)` and the actuator is busy until `start + service`.
 //! 3. `busy_ns` is the sum of all service times; it never exceeds `busy_until_ns`.
 
+pub mod flash;
 pub mod hdd;
 pub mod presets;
 pub mod ssd;
@@ -23,7 +24,8 @@ use serde::Serialize;
 pub const SECTOR_BYTES: u64 = 512;
 
 /// The direction of a media request. Flushes and discards cost nothing on the media model
-/// (writes are charged when they arrive, see `docs/device.md`), so they never reach a model.
+/// (writes are charged when they arrive, see `docs/device.md`), so they are not requests of a
+/// model; a discard only informs a model with a mapping layer ([`DiskModel::discard`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Op {
     Read,
@@ -52,11 +54,13 @@ pub struct Service {
     pub transfer_ns: u64,
     /// |lba - head position| for a request that does not continue the previous one; 0 otherwise.
     pub seek_distance_sectors: u64,
+    /// Flash: merge work of the FTL (copy-backs and erases) this request forced.
+    pub merge_ns: u64,
 }
 
 impl Service {
     pub fn total_ns(&self) -> u64 {
-        self.overhead_ns + self.seek_ns + self.rotation_ns + self.transfer_ns
+        self.overhead_ns + self.seek_ns + self.rotation_ns + self.transfer_ns + self.merge_ns
     }
 }
 
@@ -66,6 +70,13 @@ pub trait DiskModel: Send + std::fmt::Debug {
     /// Service of a request of `sectors` sectors at `lba` that starts at `start_ns`.
     /// Precondition: `sectors > 0`.
     fn service(&mut self, start_ns: u64, op: Op, lba: u64, sectors: u64) -> Service;
+    /// A discard (TRIM) of sectors `[lba, lba + sectors)`. It takes no time on any model; a
+    /// model with a mapping layer (flash) forgets the discarded data. Default: nothing.
+    fn discard(&mut self, _lba: u64, _sectors: u64) {}
+    /// The flash model's counters; `None` for every other model.
+    fn flash_stats(&self) -> Option<flash::FlashStats> {
+        None
+    }
     /// The preset or model name, for stats.
     fn name(&self) -> &str;
 }
@@ -115,6 +126,13 @@ impl Actuator {
         Interval { arrival_ns, start_ns, end_ns, service }
     }
 
+    /// Passes a discard of whole sectors to the model; no time passes.
+    pub fn discard(&mut self, lba: u64, sectors: u64) {
+        if sectors > 0 {
+            self.model.discard(lba, sectors);
+        }
+    }
+
     pub fn busy_ns(&self) -> u64 {
         self.busy_ns
     }
@@ -129,6 +147,9 @@ impl Actuator {
     }
     pub fn model_name(&self) -> &str {
         self.model.name()
+    }
+    pub fn flash_stats(&self) -> Option<flash::FlashStats> {
+        self.model.flash_stats()
     }
 }
 

@@ -12,6 +12,10 @@
 //!   recalled; verify against the datasheet), 4 heads: assumption.
 //! - `ssd`: a 2009-era SATA MLC SSD (Intel X25-M class): read 65 us / 250 MB/s, write
 //!   85 us / 70 MB/s — assumption.
+//! - `flash`: a NAND chip behind a log-block FTL (`model/flash/`); the chip is chosen by
+//!   `--flash-preset` (`k9f1208` small-block, the default, or `k9f1g08` large-block; sources in
+//!   `flash/nand.rs` and `docs/device.md`), the log blocks by `--log-blocks` (default 64, the
+//!   NVFAT paper's setting); the size of the flash follows the device (`--size`).
 //! - `none`: zero cost.
 //!
 //! Capacities are the IDEMA LBA counts for the nominal size (decimal GB).
@@ -20,6 +24,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::DiskModel;
+use super::flash::nand::NandPreset;
+use super::flash::{Flash, LOG_BLOCKS_DEFAULT};
 use super::hdd::{Hdd, HddParams};
 use super::ssd::{NoCost, Ssd, SsdParams};
 
@@ -30,12 +36,19 @@ pub enum Preset {
     Hdd15k,
     Hdd7200_500g,
     Ssd,
+    Flash,
     None,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 5] =
-        [Preset::Hdd7200, Preset::Hdd15k, Preset::Hdd7200_500g, Preset::Ssd, Preset::None];
+    pub const ALL: [Preset; 6] = [
+        Preset::Hdd7200,
+        Preset::Hdd15k,
+        Preset::Hdd7200_500g,
+        Preset::Ssd,
+        Preset::Flash,
+        Preset::None,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +56,7 @@ impl Preset {
             Preset::Hdd15k => "hdd-15k",
             Preset::Hdd7200_500g => "hdd-7200-500g",
             Preset::Ssd => "ssd",
+            Preset::Flash => "flash",
             Preset::None => "none",
         }
     }
@@ -103,7 +117,7 @@ pub fn hdd_params(p: Preset) -> HddParams {
             media_rate_bytes_per_s: 113_000_000,
             overhead_ns: 0,
         },
-        Preset::Ssd | Preset::None => panic!("{p} is not an HDD preset"),
+        Preset::Ssd | Preset::Flash | Preset::None => panic!("{p} is not an HDD preset"),
     }
 }
 
@@ -143,9 +157,16 @@ pub struct ModelOverrides {
     /// HDD: capacity spanned by a full stroke, in 512-byte sectors.
     #[arg(long)]
     pub capacity_sectors: Option<u64>,
-    /// Per-request overhead (HDD) or latency (SSD, both directions) in us.
+    /// Per-request overhead (HDD, flash) or latency (SSD, both directions) in us.
     #[arg(long)]
     pub overhead_us: Option<f64>,
+    /// flash: the NAND chip [default: k9f1208].
+    #[arg(long, value_enum)]
+    pub flash_preset: Option<NandPreset>,
+    /// flash: log blocks of the log-block FTL [default: 64, as in the NVFAT paper]. Fewer log
+    /// blocks force more merges on scattered overwrites.
+    #[arg(long)]
+    pub log_blocks: Option<u32>,
 }
 
 #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
@@ -156,8 +177,16 @@ fn scaled(v: f64, unit: f64, what: &str) -> Result<u64, String> {
     Ok((v * unit).round() as u64)
 }
 
-/// Builds the model for a preset with overrides applied.
-pub fn build_model(p: Preset, o: &ModelOverrides) -> Result<Box<dyn DiskModel>, String> {
+/// Builds the model for a preset with overrides applied, for a device of `device_bytes` (the
+/// flash model sizes its FTL by it; the others ignore it).
+pub fn build_model(
+    p: Preset,
+    o: &ModelOverrides,
+    device_bytes: u64,
+) -> Result<Box<dyn DiskModel>, String> {
+    if p != Preset::Flash && (o.flash_preset.is_some() || o.log_blocks.is_some()) {
+        return Err(format!("--flash-preset and --log-blocks need --model flash, not {p}"));
+    }
     if p.is_hdd() {
         let mut h = hdd_params(p);
         if let Some(v) = o.rpm {
@@ -197,6 +226,11 @@ pub fn build_model(p: Preset, o: &ModelOverrides) -> Result<Box<dyn DiskModel>, 
             s.write_latency_ns = s.read_latency_ns;
         }
         Ok(Box::new(Ssd::new(p.name(), s)))
+    } else if p == Preset::Flash {
+        let nand = o.flash_preset.unwrap_or_default().params();
+        let overhead_ns = o.overhead_us.map_or(Ok(0), |v| scaled(v, 1e3, "--overhead-us"))?;
+        let log_blocks = o.log_blocks.unwrap_or(LOG_BLOCKS_DEFAULT);
+        Ok(Box::new(Flash::new(p.name(), nand, log_blocks, device_bytes, overhead_ns)?))
     } else {
         Ok(Box::new(NoCost))
     }
@@ -211,8 +245,9 @@ mod tests {
     fn every_preset_parses_and_builds() {
         for p in Preset::ALL {
             assert_eq!(p.name().parse::<Preset>(), Ok(p));
-            let mut m = build_model(p, &ModelOverrides::default()).unwrap();
+            let mut m = build_model(p, &ModelOverrides::default(), 1 << 20).unwrap();
             let _ = m.service(0, Op::Read, 0, 8);
+            assert_eq!(m.flash_stats().is_some(), p == Preset::Flash);
         }
         assert!("hdd-9000".parse::<Preset>().is_err());
     }
@@ -227,11 +262,34 @@ mod tests {
 
     #[test]
     fn overrides_apply_and_are_validated() {
+        let size = 1 << 20;
         let o = ModelOverrides { full_stroke_ms: Some(30.0), ..ModelOverrides::default() };
-        assert!(build_model(Preset::Hdd7200, &o).is_ok());
+        assert!(build_model(Preset::Hdd7200, &o, size).is_ok());
         let bad = ModelOverrides { full_stroke_ms: Some(1.0), ..ModelOverrides::default() };
-        assert!(build_model(Preset::Hdd7200, &bad).is_err());
+        assert!(build_model(Preset::Hdd7200, &bad, size).is_err());
         let neg = ModelOverrides { rpm: Some(0), ..ModelOverrides::default() };
-        assert!(build_model(Preset::Hdd15k, &neg).is_err());
+        assert!(build_model(Preset::Hdd15k, &neg, size).is_err());
+    }
+
+    #[test]
+    fn flash_options_select_the_chip_and_the_log_blocks() {
+        let size = 32 << 20;
+        let o = ModelOverrides {
+            flash_preset: Some(NandPreset::K9f1g08),
+            log_blocks: Some(8),
+            ..ModelOverrides::default()
+        };
+        let st = build_model(Preset::Flash, &o, size).unwrap().flash_stats().unwrap();
+        assert_eq!((st.nand, st.page_bytes, st.log_blocks), (NandPreset::K9f1g08, 2048, 8));
+        assert_eq!(st.logical_blocks, 256);
+        let st = build_model(Preset::Flash, &ModelOverrides::default(), size)
+            .unwrap()
+            .flash_stats()
+            .unwrap();
+        assert_eq!((st.nand, st.page_bytes, st.log_blocks), (NandPreset::K9f1208, 512, 64));
+        // Flash options on another model, and impossible values, are refused.
+        assert!(build_model(Preset::Ssd, &o, size).is_err());
+        let zero = ModelOverrides { log_blocks: Some(0), ..ModelOverrides::default() };
+        assert!(build_model(Preset::Flash, &zero, size).is_err());
     }
 }
