@@ -72,7 +72,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::DemoChild(args) => cmd::demo::run_child(args),
-        Command::Mount(args) => cmd::mount::run(args),
+        // The daemon is started with exactly the words given here (`mount ...`).
+        Command::Mount(args) => cmd::mount::run(args, &words[1..]),
         Command::Umount(args) => cmd::umount::run(args),
         Command::Stat(args) => cmd::stat::run(args),
         Command::Flush(args) => cmd::flush::run(args),

@@ -9,112 +9,19 @@
 
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nvstack");
-/// How long a detach may keep failing because the kernel file system is still busy.
-const DETACH_DEADLINE: Duration = Duration::from_secs(20);
+mod common;
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    for tool in ["losetup", "mkfs.ext4", "e2fsck", "mount"] {
-        let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-            .iter()
-            .any(|d| Path::new(d).join(tool).exists());
-        if !found {
-            return Some(format!("{tool} not installed"));
-        }
-    }
-    None
-}
+use common::device::Attached;
 
-macro_rules! require_env {
-    () => {
-        if let Some(why) = skip_reason() {
-            // CI runs as root with every tool installed: a skip there would hide a regression.
-            assert!(std::env::var_os("CI").is_none(), "cannot run in CI: {why}");
-            eprintln!("SKIP {}: {why}", module_path!());
-            return;
-        }
-    };
-}
-
-fn dev(args: &[&str]) -> std::process::Output {
-    Command::new(BIN).arg("device").args(args).output().expect("run nvstack")
-}
-
-fn dev_ok(args: &[&str]) -> String {
-    let out = dev(args);
-    assert!(
-        out.status.success(),
-        "device {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// An attached device; Drop detaches (or, if that fails, cuts, which never refuses).
-struct Attached {
-    mp: PathBuf,
-    live: bool,
-}
-
-impl Attached {
-    fn new(image: &Path, mp: &Path, extra: &[&str]) -> Attached {
-        fs::create_dir_all(mp).unwrap();
-        let mut args = vec!["attach", image.to_str().unwrap(), mp.to_str().unwrap()];
-        args.extend(["--model", "flash", "--timing", "account", "--size", "32M"]);
-        args.extend(["--mkfs", "ext4"]);
-        args.extend(extra);
-        dev_ok(&args);
-        Attached { mp: mp.to_path_buf(), live: true }
-    }
-
-    fn stat(&self) -> serde_json::Value {
-        serde_json::from_str(&dev_ok(&["stat", self.mp.to_str().unwrap(), "--json"])).unwrap()
-    }
-
-    /// Detaches, retrying while the kernel file system is busy (an unmount right after the
-    /// last close can see EBUSY for a moment), at most until [`DETACH_DEADLINE`].
-    fn detach(mut self) {
-        let mp = self.mp.to_str().unwrap().to_string();
-        let start = Instant::now();
-        loop {
-            let out = dev(&["detach", &mp]);
-            if out.status.success() {
-                break;
-            }
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            let busy = err.contains("busy") || err.contains("EBUSY");
-            assert!(busy && start.elapsed() < DETACH_DEADLINE, "detach {mp} failed: {err}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        self.live = false;
-        // Detached: the daemon no longer answers for the mount point, nothing is mounted.
-        assert!(!dev(&["stat", &mp, "--json"]).status.success(), "still attached");
-        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-        assert!(!info.lines().any(|l| l.split(' ').nth(4) == Some(mp.as_str())), "{mp} mounted");
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        if self.live {
-            let mp = self.mp.to_str().unwrap();
-            if !dev(&["detach", mp]).status.success() {
-                let _ = dev(&["cut", mp]);
-            }
-        }
-    }
+/// The attach arguments of these scenarios; `extra` picks the chip and the log blocks.
+fn attach(image: &Path, mp: &Path, extra: &[&str]) -> Attached {
+    let mut args = vec!["--model", "flash", "--timing", "account", "--size", "32M"];
+    args.extend(["--mkfs", "ext4"]);
+    args.extend(extra);
+    Attached::new(image, mp, &args)
 }
 
 /// Files written with fsync, then rewritten in place (overwrites reach the FTL's log blocks;
@@ -182,7 +89,7 @@ fn flash_cycle(name: &str, extra: &[&str], log_blocks: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let image = tmp.path().join(format!("{name}.img"));
     let mp = tmp.path().join("mnt");
-    let a = Attached::new(&image, &mp, extra);
+    let a = attach(&image, &mp, extra);
     workload(&mp);
     let s = a.stat();
     check_flash_stats(&s, log_blocks);
@@ -204,12 +111,12 @@ fn flash_cycle(name: &str, extra: &[&str], log_blocks: u64) {
 
 #[test]
 fn ext4_on_flash_programs_merges_and_erases() {
-    require_env!();
+    require_device_env!();
     flash_cycle("flash-k9f1208", &[], 64);
 }
 
 #[test]
 fn ext4_on_large_block_flash_with_few_log_blocks_evicts_and_merges() {
-    require_env!();
+    require_device_env!();
     flash_cycle("flash-k9f1g08", &["--flash-preset", "k9f1g08", "--log-blocks", "4"], 4);
 }

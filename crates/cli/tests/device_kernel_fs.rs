@@ -8,114 +8,18 @@
 
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_nvstack");
+mod common;
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    for tool in ["losetup", "mkfs.ext4", "mkfs.ext2", "e2fsck", "mount"] {
-        let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-            .iter()
-            .any(|d| Path::new(d).join(tool).exists());
-        if !found {
-            return Some(format!("{tool} not installed"));
-        }
-    }
-    None
-}
+use common::device::{Attached, dev_ok};
 
-macro_rules! require_env {
-    () => {
-        if let Some(why) = skip_reason() {
-            // CI runs as root with every tool installed: a skip there would hide a regression.
-            assert!(std::env::var_os("CI").is_none(), "cannot run in CI: {why}");
-            eprintln!("SKIP {}: {why}", module_path!());
-            return;
-        }
-    };
-}
-
-fn dev(args: &[&str]) -> std::process::Output {
-    Command::new(BIN).arg("device").args(args).output().expect("run nvstack")
-}
-
-fn dev_ok(args: &[&str]) -> String {
-    let out = dev(args);
-    assert!(
-        out.status.success(),
-        "device {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `device detach MP`, repeated while it fails because the kernel file system is busy, for at
-/// most 30 s: detach refuses a busy mount and changes nothing then, and right after the last
-/// close a mount can be busy for a moment on a loaded machine (TESTING-NOTES.md).
-fn detach_retrying(mp: &Path) -> std::process::Output {
-    let start = std::time::Instant::now();
-    loop {
-        let out = dev(&["detach", mp.to_str().unwrap()]);
-        let busy = String::from_utf8_lossy(&out.stderr).contains("busy");
-        if out.status.success() || !busy || start.elapsed() > std::time::Duration::from_secs(30) {
-            return out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
-/// An attached device; Drop detaches (or, if that fails, cuts, which never refuses).
-struct Attached {
-    mp: PathBuf,
-    live: bool,
-}
-
-impl Attached {
-    fn new(image: &Path, mp: &Path, extra: &[&str]) -> Attached {
-        fs::create_dir_all(mp).unwrap();
-        let mut args = vec!["attach", image.to_str().unwrap(), mp.to_str().unwrap()];
-        args.extend(["--model", "hdd-7200", "--timing", "account", "--size", "32M"]);
-        args.extend(extra);
-        dev_ok(&args);
-        Attached { mp: mp.to_path_buf(), live: true }
-    }
-    fn detach(mut self) {
-        self.live = false;
-        let out = detach_retrying(&self.mp);
-        assert!(
-            out.status.success(),
-            "device detach failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    fn cut(mut self, seed: u64) -> String {
-        self.live = false;
-        dev_ok(&["cut", self.mp.to_str().unwrap(), "--seed", &seed.to_string()])
-    }
-    fn stat(&self) -> serde_json::Value {
-        serde_json::from_str(&dev_ok(&["stat", self.mp.to_str().unwrap(), "--json"])).unwrap()
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        if self.live {
-            let mp = self.mp.to_str().unwrap();
-            if !detach_retrying(&self.mp).status.success() {
-                let _ = dev(&["cut", mp]);
-            }
-        }
-    }
+/// The attach arguments of these scenarios; `extra` adds mkfs and mount options.
+fn attach(image: &Path, mp: &Path, extra: &[&str]) -> Attached {
+    let mut args = vec!["--model", "hdd-7200", "--timing", "account", "--size", "32M"];
+    args.extend(extra);
+    Attached::new(image, mp, &args)
 }
 
 /// A small metadata-heavy workload with fsync flush points. Errors after a power cut are
@@ -167,7 +71,7 @@ fn clean_cycle(name: &str, mkfs: &str, mount_options: Option<&str>) {
     if let Some(o) = mount_options {
         extra.extend(["--mount-options", o]);
     }
-    let a = Attached::new(&image, &mp, &extra);
+    let a = attach(&image, &mp, &extra);
     workload(&mp, 3);
     let s = a.stat();
     for key in ["requests", "bytes_written", "bytes_read", "busy_ms", "seek_distance_sectors"] {
@@ -180,7 +84,7 @@ fn clean_cycle(name: &str, mkfs: &str, mount_options: Option<&str>) {
     let (code, text) = e2fsck(&["-fn"], &image);
     assert_eq!(code, 0, "{name}: e2fsck after a clean detach:\n{text}");
     // Data survives a clean detach: attach again without mkfs and read it back.
-    let a = Attached::new(&image, &mp, &[]);
+    let a = attach(&image, &mp, &[]);
     verify(&mp, 3);
     a.detach();
     eprintln!("{name}: clean, e2fsck exit 0, data verified; stat {s}");
@@ -188,19 +92,19 @@ fn clean_cycle(name: &str, mkfs: &str, mount_options: Option<&str>) {
 
 #[test]
 fn ext2_attach_workload_detach_is_fsck_clean() {
-    require_env!();
+    require_device_env!();
     clean_cycle("ext2", "ext2", None);
 }
 
 #[test]
 fn ext4_ordered_attach_workload_detach_is_fsck_clean() {
-    require_env!();
+    require_device_env!();
     clean_cycle("ext4-ordered", "ext4", Some("data=ordered"));
 }
 
 #[test]
 fn ext4_journal_attach_workload_detach_is_fsck_clean() {
-    require_env!();
+    require_device_env!();
     clean_cycle("ext4-journal", "ext4", Some("data=journal"));
 }
 
@@ -226,7 +130,7 @@ fn crash_once(
     if let Some(o) = mount_options {
         extra.extend(["--mount-options", o]);
     }
-    let a = Attached::new(&image, &mp, &extra);
+    let a = attach(&image, &mp, &extra);
     let flushes = mix(seed) % 6;
     let writes = mix(seed ^ 0xff) % 60;
     dev_ok(&[
@@ -257,7 +161,7 @@ const SEEDS: [u64; 6] = [1, 2, 3, 4, 5, 6];
 
 #[test]
 fn power_cut_ext4_recovers_clean_at_every_seed() {
-    require_env!();
+    require_device_env!();
     for opts in [Some("data=ordered"), Some("data=journal")] {
         for seed in SEEDS {
             let (seed, f, w, report, code, text) = crash_once("ext4", opts, seed);
@@ -274,7 +178,7 @@ fn power_cut_ext4_recovers_clean_at_every_seed() {
 
 #[test]
 fn power_cut_ext2_needs_repair_in_some_seed() {
-    require_env!();
+    require_device_env!();
     let mut needs_repair = 0;
     for seed in SEEDS {
         let (seed, f, w, report, code, _text) = crash_once("ext2", None, seed);

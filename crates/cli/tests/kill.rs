@@ -1,4 +1,4 @@
-//! Process-level crash tests (level 2 of STYLE 12): the real daemon is SIGKILLed at random
+//! Process-level crash tests (level 2 of the three crash-test levels, docs/design.md section 9): the real daemon is SIGKILLed at random
 //! moments and at persistence steps (failpoints: `NVSTACK_FAILPOINT=<step>:<n>`) while
 //! - applications create, write, rename over temp and lower files, unlink, and temp files are
 //!   transformed (`transform.<step>`): no hidden transform file may remain, a rename over an

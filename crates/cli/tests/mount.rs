@@ -368,6 +368,11 @@ fn inspect_lists_temp_files_and_check_finds_a_damaged_temp_record() {
     let out = nvstack(&["check", "--nvram", nv.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("2 temp file(s) in NVRAM"), "{}", text(&out));
+    // The root's pending times (P3: a directory holding temp files keeps its record), in the
+    // frame after the first temp file's record.
+    assert_eq!(v["dir_times"]["directories"], 1, "{}", v["dir_times"]);
+    assert_eq!(v["dir_times"]["records"][0]["frame"], 1, "{}", v["dir_times"]);
+    assert!(text(&out).contains("1 directory(ies) with pending times"), "{}", text(&out));
     // One flipped bit in the first record (frame 0: allocation is lowest first): check and
     // mount both refuse the region with the frame named, exit code 4.
     let frames = v["layout"]["frames_offset"].as_u64().unwrap();
@@ -380,6 +385,17 @@ fn inspect_lists_temp_files_and_check_finds_a_damaged_temp_record() {
     let out = f.mount_with(&[]);
     assert!(!out.status.success());
     assert!(text(&out).contains("frame 0"), "{}", text(&out));
+    // The same for the directory-times record.
+    image[(frames + 240) as usize] ^= 0x10;
+    image[(frames + 4096 + 20) as usize] ^= 0x01;
+    std::fs::write(&nv, &image).unwrap();
+    let out = nvstack(&["check", "--nvram", nv.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("frame 1") && text(&out).contains("directory-times"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -640,4 +656,86 @@ fn a_mount_point_reached_through_a_bind_mount_of_the_lower_directory_is_refused(
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("is inside the lower directory") && said.contains("bind is"), "{said}");
     assert!(unbound && !is_mounted(&mp), "nothing left mounted");
+}
+
+/// Every option of `nvstack mount`, at a value other than its default: (flag, value given or
+/// None for a switch, the value `stat --json` must report under `mount.options`).
+fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        ("size", Some("32M"), json!(32 << 20)),
+        ("undo-slots", Some("3"), json!(3)),
+        ("undo-slot-size", Some("512K"), json!(512 << 10)),
+        ("consistency", Some("none"), json!("none")),
+        ("threads", Some("3"), json!(3)),
+        ("attr-timeout", Some("5"), json!(5.0)),
+        ("entry-timeout", Some("7"), json!(7.0)),
+        ("max-write", Some("128K"), json!(128 << 10)),
+        ("tempfiles", Some("off"), json!("off")),
+        ("tempfile-max-size", Some("256K"), json!(256 << 10)),
+        ("tempfile-share", Some("50"), json!(50)),
+        ("tempfile-writeback-batch", Some("64"), json!(64)),
+        ("xattrs", Some("off"), json!("off")),
+        ("keep-tempfiles", None, json!(true)),
+        ("cache", Some("off"), json!("off")),
+        ("writeback", Some("file"), json!("file")),
+        ("zone-blocks", Some("512"), json!(512)),
+        ("dirty-high", Some("70"), json!(70)),
+        ("dirty-low", Some("40"), json!(40)),
+        ("writeback-batch", Some("32"), json!(32)),
+        ("max-dirty-age", Some("60"), json!(60)),
+        ("keep-dirty", None, json!(true)),
+    ]
+}
+
+#[test]
+fn the_daemon_gets_every_option_as_given_and_stat_reports_them() {
+    if skip() {
+        return;
+    }
+    // Every option `nvstack mount --help` lists is in the table (a new option without a row
+    // fails here, so it cannot be dropped on the way to the daemon unnoticed).
+    let help = text(&nvstack(&["mount", "--help"]));
+    let table = every_option();
+    let not_options = ["help", "version", "nvram", "foreground"];
+    for word in help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+        let Some(flag) = word.strip_prefix("--") else { continue };
+        if flag.is_empty() || not_options.contains(&flag) {
+            continue;
+        }
+        assert!(table.iter().any(|(f, _, _)| *f == flag), "--{flag} has no row in every_option()");
+    }
+    let f = Fixture::new();
+    let (lower, mnt, nvram) = (f.lower(), f.mnt(), f.nvram());
+    let mut args = vec![
+        "mount".to_string(),
+        lower.display().to_string(),
+        mnt.display().to_string(),
+        "--nvram".to_string(),
+        nvram.display().to_string(),
+    ];
+    for (flag, value, _) in &table {
+        args.push(format!("--{flag}"));
+        if let Some(value) = value {
+            args.push((*value).to_string());
+        }
+    }
+    // Daemon mode (no --foreground): the options must survive the re-exec.
+    let out = Command::new(BIN).args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stat = nvstack(&["stat", mnt.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&stat.stdout).expect("stat json");
+    f.umount();
+    let options = &v["mount"]["options"];
+    for (flag, _, want) in &table {
+        let key = flag.replace('-', "_");
+        assert_eq!(&options[&key], want, "--{flag}: mount.options.{key} = {}", options[&key]);
+    }
+    // And the engine runs with them.
+    assert_eq!(v["nvram"]["consistency"], "none");
+    assert_eq!(v["nvram"]["undo_slots"], 3);
+    assert_eq!(v["tempfiles"]["enabled"], false);
+    assert_eq!(v["cache"]["enabled"], false);
+    assert_eq!(v["writeback"]["policy"], "file");
+    assert_eq!(v["writeback"]["zone_blocks"], 512);
 }

@@ -1,4 +1,4 @@
-//! Crash images of the temp-file store and the page cache (level 1 of STYLE 12): a seeded
+//! Crash images of the temp-file store and the page cache (level 1 of the three crash-test levels, docs/design.md section 9): a seeded
 //! workload (create, write, truncate, rename within and across directories and over temp and
 //! lower files, unlink, transform by flush and by size; writes and truncates of lower files
 //! land in the page cache, written back by pressure rounds under each of the four policies
@@ -395,4 +395,122 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
     );
     assert!(points > 500, "too few crash points: {points}");
     assert!(written > 0, "the workload never wrote back a page");
+}
+
+/// The directories' mtimes as the mount shows them.
+fn dir_mtimes(engine: &Engine<MemLower>) -> Result<Vec<(i64, u32)>, String> {
+    let d = engine.lookup(engine.root_id(), OsStr::new("d")).map_err(|e| e.to_string())?;
+    let times = [engine.root_id(), d.node_id]
+        .into_iter()
+        .map(|id| engine.getattr(id).map(|a| a.mtime).map_err(|e| e.to_string()))
+        .collect();
+    engine.forget(d.node_id, 1);
+    times
+}
+
+/// Pending directory times (overlay/times.rs): a workload of temp-file creates, unlinks and
+/// renames within and across two directories, whose mtimes live in NVRAM records. At every
+/// fence, an engine recovered from each crash image must show each directory's mtime as it
+/// was before the operation or as it is after it (the recovered values are kept and compared
+/// once the operation has finished and its "after" is known). ctime is not compared: settling
+/// at mount writes the mtime to the lower directory, which sets its ctime to that moment.
+#[test]
+fn every_crash_point_of_a_temp_namespace_change_keeps_the_directory_mtime() {
+    type Seen = Arc<Mutex<(bool, Vec<Result<Vec<(i64, u32)>, String>>)>>;
+    let seeds: Vec<u64> = match std::env::var("NVSTACK_SEED") {
+        Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
+        Err(_) => (1..=4).collect(),
+    };
+    let (mut points, mut changed) = (0usize, 0usize);
+    for seed in seeds {
+        let lower = MemLower::default();
+        lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap();
+        lower.sync_all();
+        let region = Arc::new(SimRegion::new(params().region_size));
+        Pool::format(&*region, params()).unwrap();
+        let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
+        let engine = Engine::new(lower.clone(), pool, config(seed)).unwrap();
+        let dirs =
+            [engine.root_id(), engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id];
+        let seen: Seen = Arc::new(Mutex::new((false, Vec::new())));
+        let hook_seen = Arc::clone(&seen);
+        let hook_lower = lower.clone();
+        region.set_fence_hook(Some(Box::new(move |point| {
+            let mut s = hook_seen.lock().unwrap();
+            if s.0 {
+                return;
+            }
+            for mode in [CrashMode::DropAll, CrashMode::KeepAll] {
+                let image = point.image(mode);
+                let crashed = hook_lower.crash();
+                let got = engine::sync::isolated(|| {
+                    let (pool, _) =
+                        Pool::open(Arc::new(SimRegion::from_image(image)), Consistency::Undo)
+                            .map_err(|e| e.to_string())?;
+                    let e = Engine::new(crashed, pool, config(seed)).map_err(|e| e.to_string())?;
+                    dir_mtimes(&e)
+                });
+                s.1.push(got);
+            }
+        })));
+        let mut rng = Rng::new(seed);
+        for i in 0..150 {
+            seen.lock().unwrap().0 = true;
+            let before = dir_mtimes(&engine).unwrap();
+            seen.lock().unwrap().0 = false;
+            let dir = rng.below(2) as usize;
+            let name = OsStr::new(NAMES[rng.below(3) as usize]);
+            let label = match rng.below(3) {
+                0 => {
+                    if let Ok((e, fh)) = engine.create(&ROOT, dirs[dir], name, 0o644, libc::O_RDWR)
+                    {
+                        engine.release(fh).unwrap();
+                        engine.forget(e.node_id, 1);
+                    }
+                    "create"
+                }
+                1 => {
+                    let _ = engine.unlink(dirs[dir], name);
+                    "unlink"
+                }
+                _ => {
+                    let to = OsStr::new(NAMES[rng.below(3) as usize]);
+                    let _ = engine.rename(dirs[dir], name, dirs[rng.below(2) as usize], to, 0);
+                    "rename"
+                }
+            };
+            lower.sync_all();
+            let mut s = seen.lock().unwrap();
+            s.0 = true;
+            let recovered = std::mem::take(&mut s.1);
+            drop(s);
+            let after = dir_mtimes(&engine).unwrap();
+            // Durable at completion: the image of everything persisted at the last fence (the
+            // commit) shows the change.
+            if after != before {
+                changed += 1;
+                let last = recovered.last().expect("a change persists");
+                assert_eq!(
+                    last.as_ref().ok(),
+                    Some(&after),
+                    "seed {seed} op {i} {label}: not durable"
+                );
+            }
+            for got in recovered {
+                points += 1;
+                let got = got.unwrap_or_else(|e| panic!("seed {seed} op {i} {label}: {e}"));
+                assert!(
+                    got == before || got == after,
+                    "seed {seed} op {i} {label}: recovered mtimes {got:?}, before {before:?}, after {after:?}"
+                );
+            }
+        }
+        region.set_fence_hook(None);
+        assert!(engine.stats().tempfiles.created > 10, "seed {seed}: the workload made temp files");
+    }
+    eprintln!(
+        "directory times: {points} crash images recovered and compared, {changed} operations changed a directory's mtime"
+    );
+    assert!(points > 200, "too few crash images: {points}");
+    assert!(changed > 50, "too few changes: {changed}");
 }

@@ -312,7 +312,7 @@ impl Region for MmapRegion {
                         )
                     };
                     // An msync failure means the durability promise is broken: this is an IO
-                    // error that may have lost data, so stop rather than continue (STYLE 8).
+                    // error that may have lost data, so stop rather than continue.
                     assert!(rc == 0, "msync failed: {}", std::io::Error::last_os_error());
                 }
             }

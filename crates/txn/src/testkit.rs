@@ -444,7 +444,7 @@ fn check_crash_point(s: &mut SweepState, point: &CrashPoint<'_>) -> Result<(), S
     Ok(())
 }
 
-/// The crash-image sweep (level 1 of STYLE 12): runs `transactions` transactions of the seeded
+/// The crash-image sweep (level 1 of the three crash-test levels, docs/design.md section 9): runs `transactions` transactions of the seeded
 /// workload on a simulated region; at every fence takes four crash images (drop all, keep all,
 /// two torn), recovers each in a fresh pool and requires the logical state to equal, byte for
 /// byte, the state after the last committed transaction - or, while the transaction is inside

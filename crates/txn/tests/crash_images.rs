@@ -1,4 +1,4 @@
-//! Crash-image tests of the undo-log transactions (level 1 of STYLE 12): the sweep itself is
+//! Crash-image tests of the undo-log transactions (level 1 of the three crash-test levels, docs/design.md section 9): the sweep itself is
 //! `txn::testkit::crash_sweep` (also run by `nvstack demo`); see its docs for what is checked.
 //!
 //! Replay one seed: `NVSTACK_SEED=7 cargo test -p nvstack-txn --test crash_images -- --nocapture`.

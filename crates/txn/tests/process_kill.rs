@@ -1,4 +1,4 @@
-//! Process-level crash test (level 2 of STYLE 12): a child process runs the seeded workload on a
+//! Process-level crash test (level 2 of the three crash-test levels, docs/design.md section 9): a child process runs the seeded workload on a
 //! real region file in /dev/shm and is killed with SIGKILL at a random moment; reopening the
 //! region must recover it to exactly the state after the child's last committed transaction.
 //! The committed-transaction counter in the root area says how many committed; the test replays

@@ -43,6 +43,13 @@ pub fn run(args: &CheckArgs) -> CliResult {
             return Err(e.into());
         }
     };
+    let dir_times = match engine::overlay::times::scan(&pool) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED: {e}");
+            return Err(e.into());
+        }
+    };
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
     let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
     if report.transactions_rolled_back == 0 {
@@ -74,6 +81,12 @@ pub fn run(args: &CheckArgs) -> CliResult {
         println!(
             "{path}: {} cached file(s) with {pages} dirty page(s) in NVRAM (written back later)",
             cached.len()
+        );
+    }
+    if !dir_times.is_empty() {
+        println!(
+            "{path}: {} directory(ies) with pending times (settled at the next mount)",
+            dir_times.len()
         );
     }
     Ok(())

@@ -25,11 +25,13 @@ pub fn run(args: &InspectArgs) -> CliResult {
     let report = txn::inspect(&region)?;
     let temps = temp_files(&args.nvram);
     let cached = cached_files(&args.nvram);
+    let dir_times = dir_times(&args.nvram);
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
         value["in_use"] = serde_json::Value::Bool(in_use);
         value["tempfiles"] = temps_json(&temps);
         value["cache"] = cached_json(&cached);
+        value["dir_times"] = dir_times_json(&dir_times);
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
@@ -73,6 +75,9 @@ pub fn run(args: &InspectArgs) -> CliResult {
         let what = match *kind {
             engine::tempfs::record::KIND_OBJECT => "temp-file records",
             engine::tempfs::record::KIND_DATA => "temp-file data pages",
+            engine::overlay::times::KIND_DIR_TIMES => "pending directory times",
+            engine::cache::record::KIND_RECORD => "cached-file records",
+            engine::cache::record::KIND_PAGE => "cached dirty pages",
             _ => "",
         };
         println!("  kind {kind:<#12x} {n:<10} {what}");
@@ -92,6 +97,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     println!("root area   {} bytes used", report.root_area_bytes_used);
     print_temps(&temps);
     print_cached(&cached);
+    print_dir_times(&dir_times);
     Ok(())
 }
 
@@ -193,6 +199,46 @@ fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
             println!("page cache  {} file(s) with {pages} dirty page(s) in NVRAM", list.len());
         }
         Err(e) => println!("page cache  unreadable: {e}"),
+    }
+}
+
+/// Pending directory times as the next mount will see them.
+fn dir_times(path: &std::path::Path) -> CliResult<Vec<engine::overlay::times::Found>> {
+    let (pool, _) = super::dry_open(path)?;
+    Ok(engine::overlay::times::scan(&pool)?)
+}
+
+fn dir_times_json(found: &CliResult<Vec<engine::overlay::times::Found>>) -> serde_json::Value {
+    match found {
+        Ok(list) => serde_json::json!({
+            "directories": list.len(),
+            "records": list
+                .iter()
+                .take(MAX_LISTED)
+                .map(|t| serde_json::json!({
+                    "frame": t.frame.0,
+                    "mtime": [t.times.mtime.0, t.times.mtime.1],
+                    "ctime": [t.times.ctime.0, t.times.ctime.1],
+                    "handle": t.times.handle.iter().fold(String::new(), |mut h, b| {
+                        use std::fmt::Write;
+                        let _ = write!(h, "{b:02x}");
+                        h
+                    }),
+                }))
+                .collect::<Vec<_>>(),
+        }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
+fn print_dir_times(found: &CliResult<Vec<engine::overlay::times::Found>>) {
+    match found {
+        Ok(list) if list.is_empty() => {}
+        Ok(list) => println!(
+            "dir times   {} directory(ies) with pending mtime/ctime (settled at mount, flush, unmount)",
+            list.len()
+        ),
+        Err(e) => println!("dir times   unreadable: {e}"),
     }
 }
 

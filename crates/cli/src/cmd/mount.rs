@@ -31,7 +31,8 @@ use super::rundir;
 use crate::error::{CliError, CliResult};
 use crate::size::{human, parse_size};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ConsistencyArg {
     /// Every completed operation is atomic and durable (per-operation undo log in NVRAM).
     Undo,
@@ -39,7 +40,10 @@ pub enum ConsistencyArg {
     None,
 }
 
-#[derive(Clone, Debug, clap::Args)]
+/// Every option of `nvstack mount`. The daemon gets the words the user typed, not a copy of
+/// these fields (`start_daemon`), and `nvstack stat --json` reports them as the mount runs
+/// with them (`mount.options`, `effective_options`).
+#[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[allow(clippy::struct_excessive_bools)] // command-line switches
 pub struct MountArgs {
     /// The directory to stack on (any file system). It belongs to nvstack while mounted.
@@ -145,10 +149,12 @@ pub struct MountArgs {
     pub keep_dirty: bool,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub daemon: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum WritebackArg {
     File,
     Recency,
@@ -167,7 +173,8 @@ impl WritebackArg {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OnOff {
     On,
     Off,
@@ -251,7 +258,9 @@ fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
     })
 }
 
-pub fn run(args: &MountArgs) -> CliResult {
+/// `words`: the command line after the binary's name (`mount LOWER MOUNTPOINT ...`), passed to
+/// the daemon unchanged.
+pub fn run(args: &MountArgs, words: &[String]) -> CliResult {
     let mountpoint = rundir::canonical_mountpoint(&args.mountpoint)
         .map_err(|e| CliError::Usage(format!("mount point {}: {e}", args.mountpoint.display())))?;
     if rundir::is_stale(&mountpoint) {
@@ -261,7 +270,7 @@ pub fn run(args: &MountArgs) -> CliResult {
     if args.foreground || args.daemon {
         return serve(args, &mountpoint);
     }
-    start_daemon(args, &mountpoint)
+    start_daemon(words)
 }
 
 /// A mount point whose daemon died: detach it so that it can be mounted again.
@@ -287,44 +296,15 @@ fn cleanup_stale(mountpoint: &Path) -> CliResult {
     Ok(())
 }
 
-fn start_daemon(args: &MountArgs, mountpoint: &Path) -> CliResult {
+/// Starts this command again as the daemon, with exactly the words it was given plus
+/// `--daemon` (no hand-made copy of the options that a new option could miss), in a new
+/// session, and waits until it reports "ready" or fails. Relative paths mean the same to the
+/// daemon: it starts in this working directory.
+fn start_daemon(words: &[String]) -> CliResult {
     let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
     let mut command = Command::new(exe);
     command
-        .arg("mount")
-        .arg(&args.lower)
-        .arg(mountpoint)
-        .arg("--nvram")
-        .arg(&args.nvram)
-        .args(["--size", &args.size.to_string()])
-        .args(["--undo-slot-size", &args.undo_slot_size.to_string()])
-        .args(
-            args.undo_slots
-                .map(|n| vec!["--undo-slots".to_string(), n.to_string()])
-                .unwrap_or_default(),
-        )
-        .args([
-            "--consistency",
-            if args.consistency == ConsistencyArg::Undo { "undo" } else { "none" },
-        ])
-        .args(["--threads", &threads(args).to_string()])
-        .args(["--attr-timeout", &args.attr_timeout.to_string()])
-        .args(["--entry-timeout", &args.entry_timeout.to_string()])
-        .args(["--max-write", &args.max_write.to_string()])
-        .args(["--tempfiles", if args.tempfiles == OnOff::On { "on" } else { "off" }])
-        .args(["--tempfile-max-size", &args.tempfile_max_size.to_string()])
-        .args(["--tempfile-share", &args.tempfile_share.to_string()])
-        .args(["--tempfile-writeback-batch", &args.tempfile_writeback_batch.to_string()])
-        .args(["--xattrs", if args.xattrs == OnOff::On { "on" } else { "off" }])
-        .args(if args.keep_tempfiles { &["--keep-tempfiles"][..] } else { &[][..] })
-        .args(["--cache", if args.cache == OnOff::On { "on" } else { "off" }])
-        .args(["--writeback", args.writeback.name()])
-        .args(["--zone-blocks", &args.zone_blocks.to_string()])
-        .args(["--dirty-high", &args.dirty_high.to_string()])
-        .args(["--dirty-low", &args.dirty_low.to_string()])
-        .args(["--writeback-batch", &args.writeback_batch.to_string()])
-        .args(["--max-dirty-age", &args.max_dirty_age.to_string()])
-        .args(if args.keep_dirty { &["--keep-dirty"][..] } else { &[][..] })
+        .args(words)
         .arg("--daemon")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -480,12 +460,16 @@ fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     };
 
     let stat_engine = Arc::clone(&engine);
-    let mp_text = mountpoint.display().to_string();
-    let lower_text = lower_dir.display().to_string();
-    let nvram_text = args.nvram.display().to_string();
+    let mount_info = serde_json::json!({
+        "mountpoint": mountpoint.display().to_string(),
+        "lower": lower_dir.display().to_string(),
+        "nvram": args.nvram.display().to_string(),
+        "pid": std::process::id(),
+        "options": effective_options(args, engine.pool().layout()),
+    });
     let control_thread = std::thread::spawn(move || {
         let handle = move |request: &str, out: &mut dyn Write| {
-            control(&stat_engine, [&mp_text, &lower_text, &nvram_text], request, out);
+            control(&stat_engine, &mount_info, request, out);
         };
         super::control::serve(&listener, owner, &handle);
     });
@@ -569,19 +553,29 @@ fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<En
     })
 }
 
+/// The options the mount runs with, for `stat --json` (`mount.options`): every option of
+/// `nvstack mount` as given, with the ones decided at mount filled in - the worker threads,
+/// and the region's size and undo slots (an existing region keeps its own).
+fn effective_options(args: &MountArgs, layout: &nvram::Layout) -> serde_json::Value {
+    let mut options = serde_json::to_value(args).expect("options serialise");
+    options["threads"] = threads(args).into();
+    options["size"] = layout.region_size.into();
+    options["undo_slots"] = layout.undo_slots.into();
+    options["undo_slot_size"] = layout.undo_slot_size.into();
+    options
+}
+
 /// Answers one control request (see `control.rs`): `stat` and `flush`.
 fn control(
     engine: &Engine<PosixLower>,
-    [mp, lower, nvram]: [&str; 3],
+    mount_info: &serde_json::Value,
     request: &str,
     out: &mut dyn Write,
 ) {
     match request {
         "stat" => {
             let mut value = serde_json::to_value(engine.stats()).expect("stats serialise");
-            value["mount"] = serde_json::json!({
-                "mountpoint": mp, "lower": lower, "nvram": nvram, "pid": std::process::id(),
-            });
+            value["mount"] = mount_info.clone();
             let _ = out.write_all(serde_json::to_string_pretty(&value).expect("json").as_bytes());
         }
         "flush" => {

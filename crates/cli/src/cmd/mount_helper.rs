@@ -79,7 +79,7 @@ pub fn run(args: &[String]) -> CliResult {
     let translated = translate(args)?;
     let cli = HelperCli::try_parse_from(&translated).map_err(|e| CliError::Usage(e.to_string()))?;
     let HelperCommand::Mount(args) = cli.command;
-    mount::run(&args)
+    mount::run(&args, &translated)
 }
 
 /// `nvstack install-mount-helper`: links DIR/mount.fuse.nvstack to this binary.

@@ -1,6 +1,11 @@
-//! Shared by the mount tests.
+//! Shared by the integration tests of this crate; each test crate uses a part of it.
+
+#![allow(dead_code, reason = "every test crate compiles all of it and uses a part")]
 
 use std::path::Path;
+
+#[allow(dead_code, reason = "only the tests that attach a modeled device use it")]
+pub mod device;
 
 /// Removes the run directory (`/run/nvstack/mounts/<xxh3 of the canonical mount point>`, see
 /// `cmd/rundir.rs`) a test mount left: its daemon log, and after a kill its socket and pid
@@ -24,6 +29,7 @@ pub fn run_dir(mountpoint: &Path) -> Option<std::path::PathBuf> {
 
 /// True (and the test returns early) when not root or without /dev/fuse; under CI that is an
 /// error: CI must run `what`.
+#[allow(dead_code, reason = "the device tests check their environment with `device`")]
 pub fn skip(what: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;

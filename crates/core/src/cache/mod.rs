@@ -1,17 +1,21 @@
 //! The NVRAM page cache for lower files (thesis 3.1.2; design.md section 11): writes to lower
 //! regular files land in NVRAM as *dirty pages* inside the operation's transaction, reads see
-//! them, and write-back (`flusher.rs`, policies in `writeback/`) moves them to the lower file
-//! late, the inactive ones of the zone with the longest runs first (`relo`).
+//! them, and write-back moves them to the lower file late, the inactive ones of the zone with
+//! the longest runs first (`relo`).
 //!
-//! This module holds the persistent record format (`record.rs`) and the volatile mirror: one
-//! [`CachedFile`] per lower file that has a record, with its pages' recency state and where
-//! each page is recorded in the zone information tables.
+//! Files: `record.rs` (the persistent cached-file record), `state.rs` (the volatile mirror:
+//! one `CachedFile` per lower file with a record, its pages' recency state, the zone-table
+//! bookkeeping), `ops.rs` (write, read, attributes, truncate, seek through the cache, and
+//! coherence with operations on the lower file), `writeback.rs` (rounds and batches),
+//! `policy/` (the zone information tables and the four policies), `recovery.rs` (the records
+//! found again at mount), `counters.rs`.
 //!
-//! Locks and their order: the file map, then a file's state, then the zone tables. The state
-//! lock of a file is held across the lower read of `read` and `fetch` (so that a write-back
-//! cannot free a page between the lower read and the overlay) but never across a write-back's
-//! lower writes: a write-back copies the pages it takes and later frees only those whose
-//! `version` did not change meanwhile (a page rewritten during write-back stays dirty).
+//! Locks (ranks in `sync.rs`): a file's state (`CachedFile`) is held across the lower reads of
+//! `read` and of a write's fetches (so that a write-back cannot free a page between the lower
+//! read and the overlay) but never across a write-back's lower writes: a write-back copies the
+//! pages it takes and later frees only those whose `version` did not change meanwhile (a page
+//! rewritten during write-back stays dirty). The file map (`CacheFiles`) and the zone tables
+//! (`ZoneTables`) are short locks taken after a file's state, never held across a lower call.
 
 pub mod counters;
 mod ops;

@@ -371,7 +371,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// The record's size and times over the lower attributes of a cached file.
-    pub(crate) fn overlay_attr(&self, key: (u64, u64), mut attr: Attr) -> Attr {
+    pub(crate) fn cached_attr(&self, key: (u64, u64), attr: &mut Attr) {
         if let Some(cf) = self.cached(key) {
             let st = cf.lock();
             if !st.gone {
@@ -382,7 +382,6 @@ impl<L: LowerFs> Engine<L> {
                 attr.blocks += st.unmapped * (PAGE / 512);
             }
         }
-        attr
     }
 
     /// Truncate of a cached file (one transaction; the lower file is cut by the next
@@ -485,7 +484,7 @@ impl<L: LowerFs> Engine<L> {
                 st.rec = rec;
             }
         }
-        Ok(Some(self.overlay_attr(cf.key, attr)))
+        Ok(Some(self.shown_attr(cf.key, attr)))
     }
 
     /// Frees the record and pages of a deleted file without writing them (the kernel forgot

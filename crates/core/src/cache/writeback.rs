@@ -1,5 +1,5 @@
 //! Write-back of dirty pages to the lower file system (thesis 3.1.2, Figure 3.7 (c);
-//! design.md section 11), and the page cache's part of the engine's start.
+//! design.md section 11).
 //!
 //! A *round* runs when dirty pages pass the high watermark (until the low one), when a write
 //! finds no free frame, on `nvstack flush`, at unmount, for pages older than
@@ -21,7 +21,7 @@
 //!
 //! Crash safety: step 2 never changes the content a record defines (it rewrites bytes that
 //! dirty pages cover, and cuts only beyond V), so a crash before step 3 leaves the file as it
-//! was and the batch is written again later (same bytes at the same offsets); each step-4
+//! was and the batch is written again later (same bytes at the same offsets); each step-3
 //! commit is one transaction.
 
 use std::collections::BTreeMap;
@@ -49,7 +49,7 @@ struct Block([u8; PAGE as usize]);
 type Batch<L> = Vec<(Arc<Cached<L>>, Vec<u64>)>;
 
 /// One file's share of a batch.
-struct Job<L: LowerFs> {
+struct BatchFile<L: LowerFs> {
     cf: Arc<Cached<L>>,
     size: u64,
     valid: u64,
@@ -353,7 +353,7 @@ impl<L: LowerFs> Engine<L> {
     /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
     fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
         let mut seen = std::collections::HashSet::new();
-        let mut written: Vec<Vec<Job<L>>> = Vec::new();
+        let mut written: Vec<Vec<BatchFile<L>>> = Vec::new();
         for batch in batches {
             let mut jobs = self.snapshot(batch, &mut seen);
             if jobs.is_empty() {
@@ -387,9 +387,9 @@ impl<L: LowerFs> Engine<L> {
         &self,
         mut batch: Batch<L>,
         seen: &mut std::collections::HashSet<u64>,
-    ) -> Vec<Job<L>> {
+    ) -> Vec<BatchFile<L>> {
         batch.sort_by_key(|(cf, _)| cf.object.0);
-        let mut jobs: Vec<Job<L>> = Vec::new();
+        let mut jobs: Vec<BatchFile<L>> = Vec::new();
         for (cf, mut indices) in batch {
             indices.sort_unstable();
             indices.dedup();
@@ -397,7 +397,7 @@ impl<L: LowerFs> Engine<L> {
             if st.gone {
                 continue;
             }
-            let mut job = Job {
+            let mut job = BatchFile {
                 cf: Arc::clone(&cf),
                 size: st.rec.size,
                 valid: st.rec.valid,
@@ -428,7 +428,7 @@ impl<L: LowerFs> Engine<L> {
         jobs
     }
 
-    fn write_lower(&self, history: &mut History, jobs: &[Job<L>]) -> FsResult<()> {
+    fn write_lower(&self, history: &mut History, jobs: &[BatchFile<L>]) -> FsResult<()> {
         // Cut what lies beyond `valid` first: those bytes are zero to the application.
         for job in jobs.iter().filter(|job| job.cut) {
             let io = self.cache_io(&job.cf)?;
@@ -483,7 +483,7 @@ impl<L: LowerFs> Engine<L> {
     fn write_run(
         &self,
         history: &mut History,
-        job: &Job<L>,
+        job: &BatchFile<L>,
         p: usize,
         run: usize,
         loc: Loc,
@@ -531,7 +531,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Step 3: one transaction over every file of the batch, all locked in object order.
-    fn commit_batch(&self, jobs: &[Job<L>]) -> FsResult<u64> {
+    fn commit_batch(&self, jobs: &[BatchFile<L>]) -> FsResult<u64> {
         // Jobs are in record-frame order (`snapshot`), the order several file locks are taken.
         let mut states: Vec<_> = jobs.iter().map(|j| j.cf.lock()).collect();
         let plans = self.atomically(|tx| {

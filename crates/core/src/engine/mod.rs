@@ -187,7 +187,7 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
         let key = self.lower.key(&node);
         let node_id = self.inodes.remember(Obj::Lower(Arc::new(node)), Identity::lower(key));
-        Entry { node_id, attr: self.overlay_attr(key, attr) }
+        Entry { node_id, attr: self.shown_attr(key, attr) }
     }
 
     /// Registers a temp file with the kernel (one lookup). Called with the file's state
@@ -195,6 +195,17 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn temp_entry(&self, f: &Arc<TempFile>, st: &TempState) -> Entry {
         let node_id = self.inodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
         Entry { node_id, attr: self.temp_attr(f, st) }
+    }
+
+    /// A lower object's attributes as the mount shows them: a cached file's size and times
+    /// from its record, a directory's times with its pending ones.
+    pub(crate) fn shown_attr(&self, key: (u64, u64), mut attr: Attr) -> Attr {
+        match attr.kind() {
+            lower::FileKind::Regular => self.cached_attr(key, &mut attr),
+            lower::FileKind::Directory => self.dir_times_over(key, &mut attr),
+            _ => {}
+        }
+        attr
     }
 
     pub(crate) fn temp_attr(&self, f: &TempFile, st: &TempState) -> Attr {

@@ -48,6 +48,8 @@ pub enum StartError {
          {error}"
     )]
     DropDeleted { object: u64, error: FsError },
+    #[error("settling pending directory times: {0}")]
+    Settle(FsError),
     #[error("NVRAM: {0}")]
     Nvram(#[from] TxError),
     #[error("{0}")]
@@ -92,6 +94,7 @@ impl<L: LowerFs> Engine<L> {
             pool,
         };
         engine.rebuild_tempfiles()?;
+        engine.rebuild_dir_times()?;
         engine.rebuild_cache()?;
         if !engine.temp.config.enabled {
             engine.transform_all(Trigger::Unmount, &mut |_, _| {});
@@ -109,6 +112,9 @@ impl<L: LowerFs> Engine<L> {
     pub fn shutdown(self) {
         if self.temp.config.transform_on_unmount {
             self.transform_all(Trigger::Unmount, &mut |_, _| {});
+        }
+        if let Err(e) = self.settle_dir_times() {
+            eprintln!("nvstack: settling pending directory times at unmount failed: {e}");
         }
         if self.cache.config().writeback_on_unmount
             && let (_, Some(e)) = self.flush_cache(Reason::Unmount, &mut |_, _| {})

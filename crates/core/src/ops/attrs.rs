@@ -17,7 +17,7 @@ impl<L: LowerFs> Engine<L> {
             loop {
                 match self.obj(node_id)? {
                     Obj::Lower(n) => {
-                        return Ok(self.overlay_attr(self.lower.key(&n), self.lower.getattr(&n)?));
+                        return Ok(self.shown_attr(self.lower.key(&n), self.lower.getattr(&n)?));
                     }
                     Obj::Temp(f) => {
                         let st = f.lock();
@@ -71,7 +71,12 @@ impl<L: LowerFs> Engine<L> {
                     return self
                         .with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?));
                 }
-                return Ok(self.lower.setattr(&node, file, set)?);
+                let attr = self.lower.setattr(&node, file, set)?;
+                if set.mtime.is_some() && attr.kind() == lower::FileKind::Directory {
+                    // Explicit times: pending ones (temp-file changes) follow them.
+                    self.follow_dir_times(tx, key, &attr)?;
+                }
+                return Ok(self.shown_attr(key, attr));
             }
         })
     }

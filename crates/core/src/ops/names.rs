@@ -118,7 +118,9 @@ impl<L: LowerFs> Engine<L> {
                 return Err(answer(libc::ENOENT));
             }
             Ok(self.lower.unlink(&p, name)?)
-        })
+        })?;
+        self.settle_if_many();
+        Ok(())
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
@@ -153,7 +155,9 @@ impl<L: LowerFs> Engine<L> {
             let p = self.dir(parent)?;
             let np = self.dir(newparent)?;
             self.rename_merged(tx, &p, name, &np, newname, flags)
-        })
+        })?;
+        self.settle_if_many();
+        Ok(())
     }
 
     /// Fails with EEXIST when `name` is a temp file in `parent` (the lower file system does

@@ -1,4 +1,4 @@
-//! The overlay: what NVRAM adds to the namespace of the lower directories (DESIGN section 4).
+//! The overlay: what NVRAM adds to the namespace of the lower directories (design.md section 10, "The overlay").
 //!
 //! Directories always live in the lower file system. The overlay holds, per lower directory
 //! (by its volatile key, and pinned by its node), the names that exist only in NVRAM: temp
@@ -28,6 +28,10 @@ use crate::error::{FsResult, answer};
 use crate::handles::Handle;
 use crate::inodes::TEMP_BASE;
 use crate::tempfs::{self, TempFile};
+pub use times::DirTimes;
+
+pub(crate) mod pending;
+pub mod times;
 
 /// The volatile identity of a lower directory: its (device, inode) key.
 pub type DirKey = (u64, u64);
@@ -48,6 +52,9 @@ pub struct Dir<N> {
     pub node: Arc<N>,
     pub handle: Vec<u8>,
     pub names: BTreeMap<OsString, Arc<TempFile>>,
+    /// The directory's pending times (`times.rs`) and the frame of their record. P3: every
+    /// directory holding temp files has one.
+    pub times: Option<(txn::FrameId, DirTimes)>,
 }
 
 /// See the module docs.
@@ -76,14 +83,30 @@ impl<N> Overlay<N> {
         self.dirs.get(&dir).is_some_and(|d| !d.names.is_empty())
     }
 
-    /// Removes a name; drops the directory's entry (and its pin) when it was the last.
+    /// Removes a name; drops the directory's entry (and its pin) when it was the last and no
+    /// times are pending.
     pub fn remove_name(&mut self, dir: DirKey, name: &OsStr) -> Option<Arc<TempFile>> {
         let d = self.dirs.get_mut(&dir)?;
         let f = d.names.remove(name);
-        if d.names.is_empty() {
+        if d.names.is_empty() && d.times.is_none() {
             self.dirs.remove(&dir);
         }
         f
+    }
+
+    /// The directory's entry, made (pinning `node`) if it has none.
+    pub fn dir_entry(&mut self, dir: DirKey, node: &Arc<N>, handle: &[u8]) -> &mut Dir<N> {
+        self.dirs.entry(dir).or_insert_with(|| Dir {
+            node: Arc::clone(node),
+            handle: handle.to_vec(),
+            names: BTreeMap::new(),
+            times: None,
+        })
+    }
+
+    /// Directories with pending times and no temp files (those whose record a settle frees).
+    pub fn times_only(&self) -> usize {
+        self.dirs.values().filter(|d| d.names.is_empty() && d.times.is_some()).count()
     }
 
     pub fn insert_name(
@@ -94,15 +117,7 @@ impl<N> Overlay<N> {
         name: &OsStr,
         f: Arc<TempFile>,
     ) {
-        self.dirs
-            .entry(dir)
-            .or_insert_with(|| Dir {
-                node: Arc::clone(node),
-                handle: handle.to_vec(),
-                names: BTreeMap::new(),
-            })
-            .names
-            .insert(name.to_os_string(), f);
+        self.dir_entry(dir, node, handle).names.insert(name.to_os_string(), f);
     }
 }
 

@@ -1,17 +1,22 @@
 //! TempFFS: new files live only in NVRAM and are *transformed* into the lower file system late
-//! (thesis 3.1.1; DESIGN sections 4 and 5).
+//! (thesis 3.1.1; design.md section 10).
 //!
 //! A temp file is an object frame (its record: attributes, the lower directory and the name)
-//! plus one data frame per resident page (`record.rs`, `data.rs`). The *overlay* is the
-//! volatile index of named temp files by (lower directory, name), rebuilt from the records at
-//! mount; the engine consults it before the lower directory on lookup and merges it into
-//! readdir. `transform.rs` (engine side) moves a temp file into the lower file system.
+//! plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
+//! index of named temp files by (lower directory, name), rebuilt from the records at mount;
+//! the engine consults it before the lower directory on lookup and merges it into readdir.
 //!
-//! Locks and their order: the index mutex, then a temp file's state mutex. Namespace changes
-//! (create, unlink, rename) hold both; data changes hold the file's only. A file being
-//! transformed is marked `Transforming`: writers, truncates and namespace changes of that file
-//! wait on its condition variable until the transform ends (readers do not: the data is
-//! stable). A transform therefore holds no lock during its lower IO.
+//! Files: `record.rs` and `data.rs` (formats), `ops.rs` (operations on temp files),
+//! `rename.rs` (rename over the merged namespace), `transform.rs` (the transform protocol and
+//! the triggers), `recovery.rs` (the overlay rebuilt at mount).
+//!
+//! Locks (ranks in `sync.rs`): a temp file's state, then the overlay. Namespace changes hold
+//! both while they commit and mirror (O5: a temp file's name changes only with its lock and the
+//! overlay held); data changes hold the file's only; lower calls (the unlink of a shadowed
+//! file) happen under the file's lock, never under the overlay. A file being transformed is
+//! marked `Transforming`: writers, truncates and namespace changes of that file wait on its
+//! condition variable until the transform ends (readers do not: the data is stable). A
+//! transform therefore holds no lock during its lower IO.
 
 pub mod data;
 mod ops;

@@ -108,20 +108,24 @@ impl<L: LowerFs> Engine<L> {
             dir: handle.clone(),
             name: name.to_os_string(),
         };
-        let tx = otx.tx();
-        let frame = match tx
-            .alloc_frame(txn::FrameTag { kind: tempfs::record::KIND_OBJECT, ..Default::default() })
-        {
-            Ok(frame) => frame,
+        // The record, and the directory's pending times (P3), in one transaction.
+        let attempt = (|| {
+            let tx = otx.tx();
+            let tag = txn::FrameTag { kind: tempfs::record::KIND_OBJECT, ..Default::default() };
+            let frame = tx.alloc_frame(tag)?;
+            data::put_record(tx, frame, &rec)?;
+            Ok((frame, self.tx_dir_times(tx, &idx, key, &handle, now)?))
+        })();
+        let (frame, times) = match attempt {
+            Ok(done) => otx.end(Ok(done))?,
             // A full NVRAM: the file goes to the lower file system (never an error there).
             Err(txn::TxError::NoFrames) => {
-                otx.end(Ok(()))?;
+                let _ = otx.end::<()>(Err(FsError::Nvram(txn::TxError::NoFrames)));
                 return Ok(None);
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return otx.end(Err(e.into())),
         };
-        let r = data::put_record(tx, frame, &rec).map_err(FsError::from);
-        otx.end(r)?;
+        Self::apply_dir_times(&mut idx, key, dir, times);
         idx.next_serial += 1;
         let f = Arc::new(TempFile::new(
             frame,
@@ -165,8 +169,7 @@ impl<L: LowerFs> Engine<L> {
     /// The lower side of a temp-file create, before any lock: `None` when the directory has a
     /// default ACL or no handle short enough (create in the lower file system instead), EEXIST
     /// when the lower directory has the name; else the directory's handle and attributes,
-    /// with space for the new file reserved (and its mtime and ctime set, as the lower file
-    /// system would set them).
+    /// with space for the new file reserved.
     fn temp_create_checks(
         &self,
         dir: &L::Node,
@@ -189,7 +192,6 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None);
         }
         self.reserve(1)?;
-        self.touch_dir(dir)?;
         Ok(Some((handle, dir_attr)))
     }
 
@@ -420,7 +422,7 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn temp_unlink(
         &self,
         otx: &mut OpTx<'_>,
-        dir: &L::Node,
+        dir: &Arc<L::Node>,
         name: &OsStr,
     ) -> FsResult<bool> {
         let key = self.lower.key(dir);
@@ -431,11 +433,17 @@ impl<L: LowerFs> Engine<L> {
                 continue; // renamed, transformed or unlinked meanwhile: look again
             }
             // Lower calls under this file's lock only (O1: the shadowed file goes first).
-            self.touch_dir(dir)?;
             self.unlink_shadowed(dir, &st.rec)?;
-            let r = self.tx_unname(otx.tx(), &f, &st);
-            let unnamed = otx.end(r)?;
+            let now = self.lower.now();
             let mut idx = self.overlay.lock();
+            let handle = st.rec.dir.clone();
+            let r = (|| -> FsResult<_> {
+                let tx = otx.tx();
+                let unnamed = self.tx_unname(tx, &f, &st)?;
+                Ok((unnamed, self.tx_dir_times(tx, &idx, key, &handle, now)?))
+            })();
+            let (unnamed, times) = otx.end(r)?;
+            Self::apply_dir_times(&mut idx, key, dir, times);
             self.apply_unname(&mut st, unnamed);
             idx.remove_name(key, name);
             if st.fate == Fate::Freed {
@@ -502,15 +510,6 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         self.relieve_pressure(false);
-    }
-
-    /// A name was added to or removed from a lower directory through the overlay: its mtime
-    /// and ctime change as if the lower file system had done it (POSIX; the kernel drops its
-    /// cached attributes of the directory and asks again).
-    pub(crate) fn touch_dir(&self, dir: &L::Node) -> FsResult<()> {
-        let set = SetAttr { mtime: Some(lower::TimeSet::Now), ..SetAttr::default() };
-        self.lower.setattr(dir, None, &set)?;
-        Ok(())
     }
 }
 

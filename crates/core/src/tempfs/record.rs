@@ -15,7 +15,7 @@
 //!
 //! ```text
 //!   0   8  magic "NVSTMP01"
-//!   8   4  state: 1 = live, 2 = transforming (DESIGN 5 step 1 done, step 4 not)
+//!   8   4  state: 1 = live, 2 = transforming (transform step 1 done, step 4 not: design.md section 10)
 //!  12   4  flags: bit 0 = SHADOWS (a lower entry with the same name exists and is hidden)
 //!  16   4  mode (S_IFREG | permission bits)
 //!  20   4  uid

@@ -12,11 +12,13 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use lower::{FileKind, LowerFs};
+use txn::{Tx, TxError};
 
 use crate::engine::Engine;
 use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult, answer};
-use crate::overlay::DirKey;
+use crate::overlay::pending::Written;
+use crate::overlay::{DirKey, Overlay};
 use crate::stats::Counters;
 use crate::tempfs::{self, Fate, State, TempFile, data};
 
@@ -66,15 +68,32 @@ impl<L: LowerFs> Engine<L> {
                     self.transform(&d, tempfs::Trigger::LowerRename)?; // O2
                     None
                 }
-                (Some(s), None) => {
-                    self.rename_temp_to_free(otx, &s, (p, k1, name), (np, k2, newname), flags)?
+                (Some(s), dst) => {
+                    let renamed = match &dst {
+                        None => self.rename_temp_to_free(
+                            otx,
+                            &s,
+                            (p, k1, name),
+                            (np, k2, newname),
+                            flags,
+                        ),
+                        Some(d) => self.rename_temp_onto_temp(
+                            otx,
+                            (&s, p, k1, name),
+                            (d, np, k2, newname),
+                            flags,
+                        ),
+                    };
+                    match renamed {
+                        // No frame for the target directory's pending times: the file
+                        // leaves NVRAM and the lower file system renames it.
+                        Err(FsError::Nvram(TxError::NoFrames)) => {
+                            self.transform(&s, tempfs::Trigger::NvramFull)?;
+                            None
+                        }
+                        other => other?,
+                    }
                 }
-                (Some(s), Some(d)) => self.rename_temp_onto_temp(
-                    otx,
-                    (&s, p, k1, name),
-                    (&d, np, k2, newname),
-                    flags,
-                )?,
             };
             if let Some(()) = done {
                 return Ok(());
@@ -152,18 +171,24 @@ impl<L: LowerFs> Engine<L> {
         }
         // Lower calls under the file's own lock (O1: the shadowed file goes first).
         self.unlink_shadowed(p, &st.rec)?;
-        self.touch_dirs(p, k1, np, k2)?;
         let mut idx = self.overlay.lock();
         if idx.get(k2, newname).is_some() {
             return Ok(None); // a temp file took the target meanwhile
         }
+        let now = self.lower.now();
         let mut rec = st.rec.clone();
         rec.dir.clone_from(&handle);
         rec.name = newname.to_os_string();
         rec.set_shadows(target.is_some());
-        rec.ctime = self.lower.now();
-        let r = data::put_record(otx.tx(), s.frame, &rec).map_err(FsError::from);
-        otx.end(r)?;
+        rec.ctime = now;
+        let old_handle = st.rec.dir.clone();
+        let r = (|| -> FsResult<_> {
+            let tx = otx.tx();
+            data::put_record(tx, s.frame, &rec)?;
+            Ok(self.tx_renamed_dirs(tx, &idx, (k1, &old_handle), (k2, &handle), now)?)
+        })();
+        let times = otx.end(r)?;
+        Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
         st.rec = rec;
         st.dir = k2;
         idx.remove_name(k1, name);
@@ -203,7 +228,6 @@ impl<L: LowerFs> Engine<L> {
         if !ss.is_named(k1, name) || !ds.is_named(k2, newname) {
             return Ok(None);
         }
-        self.touch_dirs(p, k1, np, k2)?;
         let now = self.lower.now();
         if flags & EXCHANGE != 0 {
             let mut rs = ss.rec.clone();
@@ -216,13 +240,14 @@ impl<L: LowerFs> Engine<L> {
             rs.ctime = now;
             rd.ctime = now;
             let mut idx = self.overlay.lock();
-            let r = (|| {
+            let r = (|| -> FsResult<_> {
                 let tx = otx.tx();
                 data::put_record(tx, s.frame, &rs)?;
-                data::put_record(tx, d.frame, &rd)
-            })()
-            .map_err(FsError::from);
-            otx.end(r)?;
+                data::put_record(tx, d.frame, &rd)?;
+                Ok(self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?)
+            })();
+            let times = otx.end(r)?;
+            Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
             ss.rec = rs;
             ds.rec = rd;
             (ss.dir, ds.dir) = (k2, k1);
@@ -241,13 +266,14 @@ impl<L: LowerFs> Engine<L> {
         rs.set_shadows(inherited);
         rs.ctime = now;
         let mut idx = self.overlay.lock();
-        let r = (|| {
+        let r = (|| -> FsResult<_> {
             let tx = otx.tx();
             let unnamed = self.tx_unname(tx, d, &ds)?;
-            data::put_record(tx, s.frame, &rs).map_err(FsError::from)?;
-            Ok(unnamed)
+            data::put_record(tx, s.frame, &rs)?;
+            Ok((unnamed, self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?))
         })();
-        let unnamed = otx.end(r)?;
+        let (unnamed, times) = otx.end(r)?;
+        Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
         self.apply_unname(&mut ds, unnamed);
         ss.rec = rs;
         ss.dir = k2;
@@ -262,11 +288,29 @@ impl<L: LowerFs> Engine<L> {
         Ok(Some(()))
     }
 
-    fn touch_dirs(&self, p: &L::Node, k1: DirKey, np: &L::Node, k2: DirKey) -> FsResult<()> {
-        self.touch_dir(p)?;
-        if k1 != k2 {
-            self.touch_dir(np)?;
+    /// The pending times of both directories of a rename (one when they are the same).
+    fn tx_renamed_dirs(
+        &self,
+        tx: &mut Tx<'_>,
+        idx: &Overlay<L::Node>,
+        (k1, h1): (DirKey, &[u8]),
+        (k2, h2): (DirKey, &[u8]),
+        now: (i64, u32),
+    ) -> Result<(Written, Option<Written>), TxError> {
+        let first = self.tx_dir_times(tx, idx, k1, h1, now)?;
+        let second = if k1 == k2 { None } else { Some(self.tx_dir_times(tx, idx, k2, h2, now)?) };
+        Ok((first, second))
+    }
+
+    fn apply_renamed_dirs(
+        idx: &mut Overlay<L::Node>,
+        (k1, p): (DirKey, &Arc<L::Node>),
+        (k2, np): (DirKey, &Arc<L::Node>),
+        (first, second): (Written, Option<Written>),
+    ) {
+        Self::apply_dir_times(idx, k1, p, first);
+        if let Some(second) = second {
+            Self::apply_dir_times(idx, k2, np, second);
         }
-        Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! The transform: a temp file becomes a lower file (DESIGN section 5), and the engine's start,
-//! which rebuilds the overlay from the region and finishes interrupted transforms.
+//! The transform: a temp file becomes a lower file (design.md section 10), alone or in groups,
+//! and its triggers (size, NVRAM pressure, flush, unmount). Recovery of interrupted transforms
+//! is in `recovery.rs`.
 //!
 //! Protocol (each numbered step is a persistence point; failpoint names in brackets):
 //! 1. One transaction marks the record `Transforming` [transform.marked]. From now on the
@@ -50,7 +51,7 @@ enum Sync {
 }
 
 /// One file's transform in progress.
-struct Job<L: LowerFs> {
+struct TransformJob<L: LowerFs> {
     f: Arc<TempFile>,
     rec: Record,
     pages: std::collections::BTreeMap<u64, txn::FrameId>,
@@ -100,7 +101,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// What steps 2-4 need, read once: the state is frozen while Transforming.
-    fn prepare(&self, f: &Arc<TempFile>) -> FsResult<Job<L>> {
+    fn prepare(&self, f: &Arc<TempFile>) -> FsResult<TransformJob<L>> {
         let (rec, pages, key) = {
             let st = f.lock();
             (st.rec.clone(), st.pages.clone(), st.dir)
@@ -110,11 +111,11 @@ impl<L: LowerFs> Engine<L> {
             Arc::clone(&idx.dirs.get(&key).ok_or(answer(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
-        Ok(Job { f: Arc::clone(f), rec, pages, key, dir, hidden, span: None, written: 0 })
+        Ok(TransformJob { f: Arc::clone(f), rec, pages, key, dir, hidden, span: None, written: 0 })
     }
 
     /// Step 2; the hidden file is removed again when it fails.
-    fn copy_step(&self, job: &mut Job<L>, sync: Sync) -> FsResult<()> {
+    fn copy_step(&self, job: &mut TransformJob<L>, sync: Sync) -> FsResult<()> {
         match self.copy_out(&job.dir, &job.hidden, &job.rec, &job.pages, sync == Sync::PerFile) {
             Ok((span, written)) => {
                 (job.span, job.written) = (span, written);
@@ -131,7 +132,7 @@ impl<L: LowerFs> Engine<L> {
     /// Step 3 (the directory fsync only with `Sync::PerFile`; a batch syncs the file system
     /// once). No lock: the name is the overlay's until step 4 removes it, so a lookup (overlay
     /// first, then the lower directory) finds the file in one of the two at every instant.
-    fn rename_step(&self, job: &Job<L>, sync: Sync) -> FsResult<L::Node> {
+    fn rename_step(&self, job: &TransformJob<L>, sync: Sync) -> FsResult<L::Node> {
         let renamed = self
             .lower
             .rename(&job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
@@ -155,7 +156,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Step 4: one transaction frees the record and the data frames; the index forgets the
     /// name; the node id now names the lower file.
-    fn free_step(&self, job: &Job<L>, node: L::Node, trigger: Trigger) -> FsResult<()> {
+    fn free_step(&self, job: &TransformJob<L>, node: L::Node, trigger: Trigger) -> FsResult<()> {
         let f = &job.f;
         let mut st = f.lock();
         // On failure the lower file is complete; the record stays Transforming and is
@@ -445,9 +446,13 @@ impl<L: LowerFs> Engine<L> {
         self.temp.relieving.store(false, Ordering::Release);
     }
 
-    /// `nvstack flush`: transforms every temp file.
+    /// `nvstack flush`: transforms every temp file, then settles pending directory times.
     pub fn flush_tempfiles(&self, progress: &mut dyn FnMut(u64, u64)) -> (u64, Option<FsError>) {
-        self.transform_all(Trigger::Flush, progress)
+        let (done, error) = self.transform_all(Trigger::Flush, progress);
+        match self.settle_dir_times() {
+            Ok(_) => (done, error),
+            Err(e) => (done, error.or(Some(e))),
+        }
     }
 
     /// The temp file behind a node id, if it is one and still in NVRAM (tests, tools).
