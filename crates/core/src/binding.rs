@@ -2,19 +2,10 @@
 //!
 //! A region's NVRAM state (later: temp files, dirty pages) only makes sense over the lower
 //! directory it was made for, so the first mount records that directory and every later mount
-//! checks it. Format (at the start of the root area; changed only in a transaction):
-//!
-//! ```text
-//!  0   8  magic "NVSBIND1"
-//!  8   8  lower file system id (statfs f_fsid)
-//! 16   8  lower directory device
-//! 24   8  lower directory inode
-//! 32   4  path length (bytes, at most PATH_MAX_BYTES)
-//! 36   4  zero
-//! 40   8  XXH3-64 of bytes 0..40 and the path
-//! 48  ..  the canonical path of the lower directory
-//! ```
-//! All zero = unbound (a freshly formatted region). Matching rule: the inode must match, and
+//! checks it. Format (at the start of the root area; changed only in a transaction): the
+//! header [`LAYOUT`] (magic "NVSBIND1", lower file system id (statfs f_fsid), device and inode of
+//! the lower directory, path length (at most `PATH_MAX_BYTES`), XXH3-64 of the header's first
+//! 40 bytes and the path), then the canonical path of the lower directory. All zero = unbound (a freshly formatted region). Matching rule: the inode must match, and
 //! either the file system id or the path (device numbers and fs ids can change across reboots
 //! for some file systems; the path can change if the directory was moved).
 
@@ -25,6 +16,19 @@ use txn::Pool;
 pub const MAGIC: [u8; 8] = *b"NVSBIND1";
 pub const HEADER: usize = 48;
 pub const PATH_MAX_BYTES: usize = 2048;
+
+/// The header's byte table (docs/design.md section 2, "Root area"); the path follows.
+pub const LAYOUT: &[nvram::layout::Field] = &[
+    (0, 8, "magic"),
+    (8, 8, "lower file system id"),
+    (16, 8, "lower directory device"),
+    (24, 8, "lower directory inode"),
+    (32, 4, "path length"),
+    (36, 4, "zero"),
+    (40, 8, "xxh3-64"),
+];
+
+const _: () = assert!(nvram::layout::contiguous(LAYOUT, HEADER));
 
 /// The lower directory a region belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -80,6 +80,51 @@ mod sb {
     pub const CHECKSUM: usize = 4088;
 }
 
+/// One field of an on-media byte table: (offset, size, name). Every persistent structure's
+/// table is such a constant next to the code that encodes it; docs/design.md shows the same
+/// tables and a test (`crates/core/tests/design_tables.rs`) keeps the two equal.
+pub type Field = (usize, usize, &'static str);
+
+/// True when the fields follow each other without gap or overlap and end at `size` (checked
+/// at compile time for every table: `const _: () = assert!(contiguous(...))`).
+pub const fn contiguous(fields: &[Field], size: usize) -> bool {
+    let mut at = 0;
+    let mut i = 0;
+    while i < fields.len() {
+        if fields[i].0 != at {
+            return false;
+        }
+        at += fields[i].1;
+        i += 1;
+    }
+    at == size
+}
+
+/// The superblock's byte table.
+pub const SUPERBLOCK_LAYOUT: &[Field] = &[
+    (sb::MAGIC, 8, "magic"),
+    (sb::VERSION, 4, "format_version"),
+    (sb::INCOMPAT, 4, "incompat_features"),
+    (sb::UUID, 16, "uuid"),
+    (sb::REGION_SIZE, 8, "region_size"),
+    (sb::PAGE_SIZE, 4, "page_size"),
+    (sb::FRAME_SIZE, 4, "frame_size"),
+    (sb::UNDO_OFFSET, 8, "undo_offset"),
+    (sb::UNDO_SLOTS, 4, "undo_slots"),
+    (sb::UNDO_SLOT_SIZE, 4, "undo_slot_size"),
+    (sb::DESC_OFFSET, 8, "desc_offset"),
+    (sb::DESC_BYTES, 8, "desc_bytes"),
+    (sb::NR_FRAMES, 8, "nr_frames"),
+    (sb::FRAMES_OFFSET, 8, "frames_offset"),
+    (sb::ROOT_OFFSET, 8, "root_offset"),
+    (sb::ROOT_SIZE, 8, "root_size"),
+    (sb::STATE_OFFSET, 8, "state_offset"),
+    (sb::STATE_OFFSET + 8, sb::CHECKSUM - sb::STATE_OFFSET - 8, "zero"),
+    (sb::CHECKSUM, 8, "checksum"),
+];
+
+const _: () = assert!(contiguous(SUPERBLOCK_LAYOUT, PAGE_SIZE as usize), "superblock table");
+
 /// What `format` is asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FormatParams {

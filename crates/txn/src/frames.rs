@@ -42,6 +42,12 @@ pub struct FrameTag {
 
 const STATE_ALLOCATED: u32 = 1;
 
+/// A frame descriptor's byte table (docs/design.md section 4).
+pub const DESCRIPTOR_LAYOUT: &[nvram::layout::Field] =
+    &[(0, 4, "state"), (4, 4, "kind"), (8, 8, "owner"), (16, 8, "index"), (24, 8, "checksum")];
+
+const _: () = assert!(nvram::layout::contiguous(DESCRIPTOR_LAYOUT, DESCRIPTOR_SIZE as usize));
+
 /// Encodes the descriptor of an allocated frame.
 pub fn encode_allocated(tag: FrameTag) -> [u8; DESCRIPTOR_SIZE as usize] {
     let mut d = [0u8; DESCRIPTOR_SIZE as usize];

@@ -49,6 +49,26 @@ pub const TAIL_OFFSET: u64 = 32;
 pub const RECORD_HEADER_SIZE: u64 = 32;
 pub const KIND_SNAPSHOT: u32 = 1;
 
+/// The slot header's byte table (docs/design.md section 3).
+pub const SLOT_HEADER_LAYOUT: &[nvram::layout::Field] = &[
+    (0, 8, "magic"),
+    (8, 4, "slot index"),
+    (12, 4, "zero"),
+    (16, 8, "slot size"),
+    (24, 8, "checksum"),
+    (TAIL_OFFSET as usize, 8, "tail word"),
+    (40, 24, "zero"),
+];
+
+/// A record's fixed part (its payload of `len` bytes and the padding to 8 follow).
+pub const RECORD_HEADER_LAYOUT: &[nvram::layout::Field] =
+    &[(0, 4, "kind"), (4, 4, "len"), (8, 8, "target"), (16, 8, "index"), (24, 8, "checksum")];
+
+const _: () = {
+    assert!(nvram::layout::contiguous(SLOT_HEADER_LAYOUT, SLOT_HEADER_SIZE as usize));
+    assert!(nvram::layout::contiguous(RECORD_HEADER_LAYOUT, RECORD_HEADER_SIZE as usize));
+};
+
 /// A decoded, verified record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {

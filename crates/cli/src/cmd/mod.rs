@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod control;
+pub mod daemon;
 pub mod demo;
 pub mod flush;
 pub mod format;

@@ -1,31 +1,18 @@
-//! `nvstack mount LOWER MOUNTPOINT --nvram PATH`: recover (or format) the region, bind it to the
-//! lower directory, and serve the FUSE file system until unmounted.
-//!
-//! Mount states: starting (region opened = recovered, binding checked) -> mounted (FUSE session
-//! up, "ready" reported, control socket listening) -> unmounting (the kernel ended the session:
-//! `nvstack umount`, `umount`, or SIGTERM/SIGINT to the daemon) -> stopped (engine shut down:
-//! the region is marked clean). A killed daemon skips the last step; the next mount recovers.
+//! `nvstack mount LOWER MOUNTPOINT --nvram PATH`: the options, the engine configuration they
+//! make, and the start of the daemon (`daemon.rs`: recover, bind, serve until unmounted).
 //!
 //! Without `--foreground` the command starts itself again as the daemon (in a new session),
 //! waits until the daemon reports "ready" or fails, and returns; the daemon's output then goes
 //! to `/run/nvstack/mounts/<id>/daemon.log`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use engine::binding::{self, Binding};
-use engine::{Engine, EngineConfig};
-use fusefs::{FuseFs, Timeouts};
-use lower::LowerFs;
-use lower::posix::PosixLower;
-use nvram::{FormatParams, MmapOptions, MmapRegion, Region};
-use txn::{Consistency, Pool};
+use engine::EngineConfig;
+use txn::Pool;
 
 use super::rundir;
 use crate::error::{CliError, CliResult};
@@ -205,7 +192,7 @@ fn failpoints() -> Option<Arc<dyn engine::Failpoints>> {
     Some(Arc::new(EnvFailpoint { point: point.to_string(), remaining: n.into() }))
 }
 
-fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
+pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
     // A transform frees every frame of a file in one transaction (64 bytes of undo log per
     // frame); refuse a maximum the undo log cannot take.
     let layout = pool.layout();
@@ -268,7 +255,7 @@ pub fn run(args: &MountArgs, words: &[String]) -> CliResult {
     }
     super::placement::check(&args.lower, &mountpoint)?;
     if args.foreground || args.daemon {
-        return serve(args, &mountpoint);
+        return super::daemon::serve(args, &mountpoint);
     }
     start_daemon(words)
 }
@@ -329,307 +316,9 @@ fn start_daemon(words: &[String]) -> CliResult {
     Err(CliError::Other(format!("mount failed: {}", stderr.trim().trim_start_matches("nvstack: "))))
 }
 
-fn threads(args: &MountArgs) -> u32 {
+/// FUSE worker threads: as given, or 4 (one per CPU when there are more).
+pub(super) fn threads(args: &MountArgs) -> u32 {
     args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(4, |n| n.get() as u32).clamp(4, 64)
     })
-}
-
-/// Every inode the kernel knows holds one O_PATH descriptor (and every open file one more), so
-/// the soft limit on open files (often 1024) would cap the number of live files: raise it to
-/// the hard limit, as libfuse's passthrough_hp does.
-fn raise_open_file_limit() {
-    // SAFETY: getrlimit/setrlimit on a struct we own.
-    unsafe {
-        let mut limit: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) == 0
-            && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit);
-        }
-    }
-}
-
-fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
-    let consistency = match args.consistency {
-        ConsistencyArg::Undo => Consistency::Undo,
-        ConsistencyArg::None => Consistency::None,
-    };
-    let mut note = String::new();
-    if !args.nvram.exists() {
-        // Small regions would be mostly undo log with 16 slots: a quarter of the region at most.
-        let slots = args.undo_slots.unwrap_or_else(|| {
-            u32::try_from(args.size / 4 / args.undo_slot_size.max(1)).unwrap_or(16).clamp(2, 16)
-        });
-        let params = FormatParams {
-            region_size: args.size,
-            undo_slots: slots,
-            undo_slot_size: args.undo_slot_size,
-        };
-        let layout = super::format::format(&args.nvram, params, false)?;
-        note = format!(
-            "formatted a new region {} ({})",
-            args.nvram.display(),
-            human(layout.region_size)
-        );
-    }
-    let region: Arc<dyn Region> = Arc::new(MmapRegion::open(&args.nvram, MmapOptions::default())?);
-    let (pool, report) = Pool::open(region, consistency)?;
-    if note.is_empty() {
-        note = if report.transactions_rolled_back > 0 {
-            format!(
-                "recovered {}: rolled back {} unfinished operation(s)",
-                args.nvram.display(),
-                report.transactions_rolled_back
-            )
-        } else if report.was_clean {
-            format!("opened {} (clean)", args.nvram.display())
-        } else {
-            format!(
-                "recovered {} (not shut down cleanly; nothing to roll back)",
-                args.nvram.display()
-            )
-        };
-    }
-    Ok((pool, note))
-}
-
-fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
-    // New objects get exactly the mode the kernel computed (it applied the caller's umask).
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(0) };
-    raise_open_file_limit();
-    let lower_dir = std::fs::canonicalize(&args.lower)
-        .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", args.lower.display())))?;
-    if !lower_dir.is_dir() {
-        return Err(CliError::Usage(format!("{} is not a directory", lower_dir.display())));
-    }
-    if rundir::is_mounted(mountpoint) {
-        return Err(CliError::Usage(format!("{} is already a mount point", mountpoint.display())));
-    }
-    let lower = PosixLower::open(&lower_dir)
-        .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", lower_dir.display())))?;
-    let (pool, note) = open_region(args)?;
-    let root_attr = lower.getattr(lower.root()).map_err(|e| CliError::Other(e.to_string()))?;
-    let statfs = lower.statfs(lower.root()).map_err(|e| CliError::Other(e.to_string()))?;
-    let ours = Binding {
-        fsid: statfs.fsid,
-        dev: root_attr.dev,
-        ino: root_attr.ino,
-        path: lower_dir.to_string_lossy().into_owned(),
-    };
-    binding::bind_or_check(&pool, &ours).map_err(|e| CliError::Other(e.to_string()))?;
-
-    let (run_dir, socket_path, listener) = prepare_run_dir(mountpoint)?;
-
-    let engine = match start_engine(args, lower, pool) {
-        Ok(engine) => Arc::new(engine),
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&run_dir);
-            return Err(e);
-        }
-    };
-    let timeouts = Timeouts {
-        entry: Duration::from_secs_f64(args.entry_timeout.max(0.0)),
-        attr: Duration::from_secs_f64(args.attr_timeout.max(0.0)),
-    };
-    let fs = FuseFs::new(Arc::clone(&engine), timeouts, args.max_write.min(16 << 20) as u32);
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName(lower_dir.to_string_lossy().into_owned()),
-        fuser::MountOption::Subtype("nvstack".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::Suid,
-        fuser::MountOption::Dev,
-    ];
-    // SAFETY: getuid has no preconditions.
-    let owner = unsafe { libc::getuid() };
-    config.acl = if owner == 0 { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
-    config.n_threads = Some(threads(args) as usize);
-    config.clone_fd = true;
-    let session = match fuser::Session::new(fs, mountpoint, &config) {
-        Ok(session) => session,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&run_dir);
-            if let Ok(engine) = Arc::try_unwrap(engine) {
-                engine.shutdown();
-            }
-            return Err(CliError::Other(format!("cannot mount on {}: {e}", mountpoint.display())));
-        }
-    };
-
-    let stat_engine = Arc::clone(&engine);
-    let mount_info = serde_json::json!({
-        "mountpoint": mountpoint.display().to_string(),
-        "lower": lower_dir.display().to_string(),
-        "nvram": args.nvram.display().to_string(),
-        "pid": std::process::id(),
-        "options": effective_options(args, engine.pool().layout()),
-    });
-    let control_thread = std::thread::spawn(move || {
-        let handle = move |request: &str, out: &mut dyn Write| {
-            control(&stat_engine, &mount_info, request, out);
-        };
-        super::control::serve(&listener, owner, &handle);
-    });
-    install_signal_handler(mountpoint.to_path_buf());
-    let aging = start_aging(args, &engine);
-
-    eprintln!("nvstack: {note}; mounted {} on {}", lower_dir.display(), mountpoint.display());
-    if args.daemon {
-        println!("ready");
-        let _ = std::io::stdout().flush();
-        redirect_output(&rundir::log_file(&run_dir));
-    }
-    let result = session.run();
-    // The session ended: the kernel unmounted us. Stop the control thread (it holds the
-    // engine), then close the engine, which marks the region clean.
-    let _ = super::control::request(&socket_path, "quit");
-    control_thread.join().ok();
-    if let Some((stop, thread)) = aging {
-        stop.store(true, Ordering::Relaxed);
-        thread.join().ok();
-    }
-    let engine = Arc::try_unwrap(engine).ok();
-    let _ = std::fs::remove_file(&socket_path);
-    let _ = std::fs::remove_file(rundir::pid_file(&run_dir));
-    match engine {
-        Some(engine) => engine.shutdown(),
-        None => eprintln!("nvstack: engine still referenced at exit; region left for recovery"),
-    }
-    eprintln!("nvstack: unmounted {}", mountpoint.display());
-    result.map_err(|e| CliError::Other(format!("FUSE session: {e}")))
-}
-
-/// The mount's run directory (owner only), its control socket and pid file.
-fn prepare_run_dir(
-    mountpoint: &Path,
-) -> CliResult<(PathBuf, PathBuf, std::os::unix::net::UnixListener)> {
-    let run_dir = rundir::dir_for(mountpoint);
-    std::fs::create_dir_all(&run_dir)
-        .map_err(|e| CliError::Other(format!("{}: {e}", run_dir.display())))?;
-    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let socket_path = rundir::socket(&run_dir);
-    let _ = std::fs::remove_file(&socket_path);
-    let listener = std::os::unix::net::UnixListener::bind(&socket_path)
-        .map_err(|e| CliError::Other(format!("control socket {}: {e}", socket_path.display())))?;
-    std::fs::write(rundir::pid_file(&run_dir), std::process::id().to_string())
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    Ok((run_dir, socket_path, listener))
-}
-
-/// The clock of --max-dirty-age (the engine is deterministic; time enters here): about twice a
-/// second, pages dirty for longer are written back. Stopped by setting the flag.
-fn start_aging(
-    args: &MountArgs,
-    engine: &Arc<Engine<PosixLower>>,
-) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
-    if args.max_dirty_age == 0 {
-        return None;
-    }
-    let engine = Arc::clone(engine);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || {
-        while !flag.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(500));
-            if let Err(e) = engine.writeback_aged() {
-                eprintln!("nvstack: write-back of old pages failed: {e}");
-            }
-        }
-    });
-    Some((stop, thread))
-}
-
-/// The engine over the recovered region: rebuilds the temp-file overlay and finishes
-/// interrupted transforms.
-fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<Engine<PosixLower>> {
-    let config = engine_config(args, &pool)?;
-    Engine::new(lower, pool, config).map_err(|e| match e {
-        engine::StartError::Region(e) => CliError::Region(e),
-        e => CliError::Other(format!("cannot start over {}: {e}", args.nvram.display())),
-    })
-}
-
-/// The options the mount runs with, for `stat --json` (`mount.options`): every option of
-/// `nvstack mount` as given, with the ones decided at mount filled in - the worker threads,
-/// and the region's size and undo slots (an existing region keeps its own).
-fn effective_options(args: &MountArgs, layout: &nvram::Layout) -> serde_json::Value {
-    let mut options = serde_json::to_value(args).expect("options serialise");
-    options["threads"] = threads(args).into();
-    options["size"] = layout.region_size.into();
-    options["undo_slots"] = layout.undo_slots.into();
-    options["undo_slot_size"] = layout.undo_slot_size.into();
-    options
-}
-
-/// Answers one control request (see `control.rs`): `stat` and `flush`.
-fn control(
-    engine: &Engine<PosixLower>,
-    mount_info: &serde_json::Value,
-    request: &str,
-    out: &mut dyn Write,
-) {
-    match request {
-        "stat" => {
-            let mut value = serde_json::to_value(engine.stats()).expect("stats serialise");
-            value["mount"] = mount_info.clone();
-            let _ = out.write_all(serde_json::to_string_pretty(&value).expect("json").as_bytes());
-        }
-        "flush" => {
-            let (transformed, mut error) = engine.flush_tempfiles(&mut |done, total| {
-                let _ = writeln!(out, "progress {done} {total}");
-            });
-            let mut written = 0;
-            if error.is_none() {
-                let _ = writeln!(out, "phase writeback");
-                (written, error) = engine.flush_cache(engine::Reason::Flush, &mut |done, total| {
-                    let _ = writeln!(out, "progress {done} {total}");
-                });
-            }
-            let reply = serde_json::json!({
-                "transformed": transformed,
-                "pages_written": written,
-                "error": error.map(|e| e.to_string()),
-            });
-            let _ = writeln!(out, "{reply}");
-        }
-        other => {
-            let _ = write!(out, "{{\"error\":\"unknown request {other:?}\"}}");
-        }
-    }
-}
-
-/// SIGTERM / SIGINT / SIGHUP: unmount, which ends the session and shuts down cleanly.
-fn install_signal_handler(mountpoint: PathBuf) {
-    // SAFETY: block the signals in this thread (inherited by threads spawned later), then wait
-    // for them synchronously in a dedicated thread.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        libc::sigemptyset(&raw mut set);
-        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-            libc::sigaddset(&raw mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
-    }
-    std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: sigwait on the blocked set.
-        unsafe { libc::sigwait(&raw const set, &raw mut sig) };
-        eprintln!("nvstack: signal {sig}: unmounting {}", mountpoint.display());
-        let _ = super::umount::unmount_path(&mountpoint);
-    });
-}
-
-fn redirect_output(log: &Path) {
-    use std::os::fd::AsRawFd;
-    if let Ok(file) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
-        // SAFETY: dup2 of a descriptor we own onto stdout/stderr.
-        unsafe {
-            libc::dup2(file.as_raw_fd(), 1);
-            libc::dup2(file.as_raw_fd(), 2);
-        }
-    }
 }

@@ -9,21 +9,12 @@
 //! | 0x5043_0002 [`KIND_PAGE`] | one 4 KiB dirty page | record frame number | page number |
 //!
 //! Record (little endian, at offset 0 of the record frame; the rest of the frame is unused):
-//!
-//! ```text
-//!   0   8  magic "NVSPCF01"
-//!   8   4  handle length (1..=132)
-//!  12   4  zero
-//!  16   8  size: the file's logical size
-//!  24   8  valid: lower bytes at or beyond this offset are logically zero (a truncate
-//!          below the lower size is applied to the lower file by the next write-back)
-//!  32  16  mtime: seconds (i64), nanoseconds (u32), 4 zero bytes
-//!  48  16  ctime
-//!  64   8  serial: order in which files became dirty (the `file` policy's list)
-//!  72 132  handle of the lower file (`LowerFs::handle`)
-//! 204   4  zero
-//! 208   8  XXH3-64 of bytes 0..208
-//! ```
+//! the byte table is [`LAYOUT`] (design.md section 11.1 shows it; a test keeps the two equal).
+//! `size` is the file's logical size; lower bytes at or beyond `valid` are logically zero (a
+//! truncate below the lower size is applied to the lower file by the next write-back); times
+//! are seconds (i64), nanoseconds (u32) and 4 zero bytes; `serial` orders the files by when
+//! they became dirty (the `file` policy's list); the handle (1..=132 bytes) is the lower
+//! file's (`LowerFs::file_handle`); the checksum is XXH3-64 of the bytes before it.
 //!
 //! The file's content is defined by the record, its dirty pages and the lower file:
 //! byte `i < size` is the dirty page's byte if page `i / 4096` is dirty, else the lower
@@ -44,6 +35,26 @@ const MAGIC: &[u8; 8] = b"NVSPCF01";
 pub const MAX_HANDLE: usize = lower::MAX_DIR_HANDLE;
 const HANDLE_OFF: usize = 72;
 const SUM_OFF: usize = 208;
+
+/// The record's byte table.
+pub const LAYOUT: &[nvram::layout::Field] = &[
+    (0, 8, "magic"),
+    (8, 4, "handle length"),
+    (12, 4, "zero"),
+    (16, 8, "size"),
+    (24, 8, "valid"),
+    (32, 16, "mtime"),
+    (48, 16, "ctime"),
+    (64, 8, "serial"),
+    (HANDLE_OFF, MAX_HANDLE, "file handle"),
+    (HANDLE_OFF + MAX_HANDLE, 4, "zero"),
+    (SUM_OFF, 8, "xxh3-64"),
+];
+
+const _: () = {
+    assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "cached-file record table");
+    assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
+};
 
 /// The decoded record (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]

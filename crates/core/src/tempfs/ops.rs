@@ -62,7 +62,8 @@ impl<L: LowerFs> Engine<L> {
     /// The lower calls (ACL, attributes, the name's absence, the directory's handle, space)
     /// come first, without a lock; the overlay is held only for the name check, the record's
     /// transaction and the insertion. (The name cannot appear in the lower directory
-    /// meanwhile: the kernel serializes namespace changes of one directory, assumption A6.)
+    /// meanwhile: the kernel serializes namespace changes of one directory, assumption K1 of design.md
+    /// section 8.)
     pub(crate) fn temp_create(
         &self,
         otx: &mut OpTx<'_>,
@@ -143,27 +144,39 @@ impl<L: LowerFs> Engine<L> {
         drop(idx);
         Counters::add(&self.temp.counters.created, 1);
         Counters::add(&self.temp.counters.files_resident, 1);
+        self.open_created(otx, &f, key, name, flags).map(Some)
+    }
+
+    /// The kernel's lookup and open handle of a temp file just created (its `opens` is 1).
+    fn open_created(
+        &self,
+        otx: &mut OpTx<'_>,
+        f: &Arc<TempFile>,
+        key: DirKey,
+        name: &OsStr,
+        flags: i32,
+    ) -> FsResult<(Entry, u64)> {
         let st = f.lock();
-        let entry = self.temp_entry(&f, &st);
+        let entry = self.temp_entry(f, &st);
         drop(st);
         let open =
-            Open::Temp { file: Arc::clone(&f), flags: reopen_flags(flags), lower: OnceLock::new() };
+            Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
         let Some(fh) = self.handles.insert(entry.node_id, open) else {
             // Too many open files: take the new file back (as a failed open(O_CREAT) would
             // leave it, it may stay; removing it is kinder and is what we do).
             self.inodes.forget(entry.node_id, 1);
             let mut st = f.lock();
             st.opens = 0;
-            let r = self.tx_unname(otx.tx(), &f, &st);
+            let r = self.tx_unname(otx.tx(), f, &st);
             if let Ok(u) = otx.end(r) {
                 let mut idx = self.overlay.lock();
                 self.apply_unname(&mut st, u);
                 idx.remove_name(key, name);
-                idx.temps.remove(&serial);
+                idx.temps.remove(&f.serial);
             }
             return Err(answer(libc::EMFILE));
         };
-        Ok(Some((entry, fh)))
+        Ok((entry, fh))
     }
 
     /// The lower side of a temp-file create, before any lock: `None` when the directory has a

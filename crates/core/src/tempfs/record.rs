@@ -12,27 +12,14 @@
 //! region - the demo, test workloads - are never read as temp files.)
 //!
 //! Record (little endian, at offset 0 of the object frame; the rest of the frame is unused):
-//!
-//! ```text
-//!   0   8  magic "NVSTMP01"
-//!   8   4  state: 1 = live, 2 = transforming (transform step 1 done, step 4 not: design.md section 10)
-//!  12   4  flags: bit 0 = SHADOWS (a lower entry with the same name exists and is hidden)
-//!  16   4  mode (S_IFREG | permission bits)
-//!  20   4  uid
-//!  24   4  gid
-//!  28   4  nlink: 1 = named, 0 = unlinked but still open (freed at last close or at mount)
-//!  32   8  size in bytes
-//!  40  16  atime: seconds (i64), nanoseconds (u32), 4 zero bytes
-//!  56  16  mtime
-//!  72  16  ctime
-//!  88   8  serial: creation number, unique in the region; names the hidden transform file
-//!  96   2  dir handle length (<= 132)
-//!  98   2  name length (<= 255; 0 when unlinked)
-//! 100 132  dir handle: the lower directory holding the name (`LowerFs::dir_handle`)
-//! 232 255  name
-//! 487   1  zero
-//! 488   8  XXH3-64 of bytes 0..488
-//! ```
+//! the byte table is [`LAYOUT`] (design.md section 10 shows it; a test keeps the two equal).
+//! `state` is 1 = live, 2 = transforming (transform step 1 done, step 4 not); `flags` bit 0 is
+//! SHADOWS (a lower entry with the same name exists and is hidden); `nlink` is 1 = named, 0 =
+//! unlinked but still open (freed at last close or at mount); times are seconds (i64),
+//! nanoseconds (u32) and 4 zero bytes; `serial` is the creation number, unique in the region,
+//! which names the hidden transform file; the dir handle (at most 132 bytes) names the lower
+//! directory holding the name (`LowerFs::dir_handle`); the name has at most 255 bytes (none
+//! when unlinked); the checksum is XXH3-64 of the bytes before it.
 //!
 //! Invariants: T1 every record in an allocated object frame verifies (magic, checksum,
 //! state, lengths) - anything else is damage, reported with the frame named; T2 a data frame's
@@ -57,6 +44,33 @@ pub const MAX_NAME: usize = 255;
 const HANDLE_OFF: usize = 100;
 const NAME_OFF: usize = 232;
 const SUM_OFF: usize = 488;
+
+/// The record's byte table.
+pub const LAYOUT: &[nvram::layout::Field] = &[
+    (0, 8, "magic"),
+    (8, 4, "state"),
+    (12, 4, "flags"),
+    (16, 4, "mode"),
+    (20, 4, "uid"),
+    (24, 4, "gid"),
+    (28, 4, "nlink"),
+    (32, 8, "size"),
+    (40, 16, "atime"),
+    (56, 16, "mtime"),
+    (72, 16, "ctime"),
+    (88, 8, "serial"),
+    (96, 2, "directory handle length"),
+    (98, 2, "name length"),
+    (HANDLE_OFF, MAX_HANDLE, "directory handle"),
+    (NAME_OFF, MAX_NAME, "name"),
+    (NAME_OFF + MAX_NAME, 1, "zero"),
+    (SUM_OFF, 8, "xxh3-64"),
+];
+
+const _: () = {
+    assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "temp-file record table");
+    assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
+};
 
 pub const FLAG_SHADOWS: u32 = 1;
 
