@@ -15,6 +15,8 @@
 //! - `cache/`: the NVRAM page cache - cached-file record, volatile state, operations through
 //!   the cache, write-back, the four policies and zone tables (`policy/`), recovery.
 //! - `overlay/`: what NVRAM adds to the lower namespace (temp-file names), merged listings.
+//! - `journal/`: every namespace and attribute change of a lower object, applied through the
+//!   facade and accounted for (durability).
 //! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
 //!   short lock or an undo slot).
 //! - `sync.rs`: the ranked locks and the one lock order, checked in debug builds.
@@ -28,6 +30,7 @@ pub mod engine;
 pub mod error;
 pub mod handles;
 pub mod inodes;
+pub mod journal;
 pub mod lowerfs;
 mod ops;
 pub mod overlay;

@@ -164,6 +164,7 @@ pub struct Stats {
     pub tempfiles: crate::tempfs::TempStats,
     pub cache: crate::cache::counters::CacheStats,
     pub writeback: crate::cache::counters::WritebackStats,
+    pub fsync: crate::engine::durability::FsyncStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -235,6 +236,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         };
         stats.tempfiles = self.temp.stats();
         (stats.cache, stats.writeback) = self.cache.stats();
+        stats.fsync = self.fsync_stats();
         stats
     }
 }

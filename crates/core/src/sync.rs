@@ -25,6 +25,7 @@
 //! | `Inodes` | the inode table | no |
 //! | `Inode` | one inode's node and key | no |
 //! | `Handles` | the handle table | no |
+//! | `Unsynced` | lower objects changed and not yet synced (`engine/durability.rs`) | no |
 //!
 //! *Short* ranks (the global ones and the undo slot) are never held across a call into the
 //! lower file system: every lower call asserts that with [`assert_may_block`]. A cold read on
@@ -48,6 +49,7 @@ pub enum Rank {
     Inodes,
     Inode,
     Handles,
+    Unsynced,
 }
 
 impl Rank {

@@ -470,7 +470,7 @@ impl<L: LowerFs> Engine<L> {
         let attr = if rest == SetAttr::default() {
             self.lower.getattr(node)?
         } else {
-            self.lower.setattr(node, file, &rest)?
+            self.ns_setattr(otx, node, file, &rest)?
         };
         if set.mtime.is_some() {
             let mut st = cf.lock();

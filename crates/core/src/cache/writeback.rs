@@ -369,7 +369,7 @@ impl<L: LowerFs> Engine<L> {
         if written.iter().flatten().all(|job| Arc::ptr_eq(&job.cf, &first.cf)) {
             self.lower.fsync(self.cache_io(&first.cf)?, false)?;
         } else {
-            self.lower.syncfs()?;
+            self.syncfs_lower()?;
         }
         inc(&self.cache.counters.syncs);
         self.fail("writeback.written");

@@ -13,6 +13,7 @@
 //! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
 //! order: `sync.rs`.
 
+pub mod durability;
 pub mod optx;
 pub mod space;
 pub mod start;
@@ -119,6 +120,8 @@ pub struct Engine<L: LowerFs> {
     pub(crate) counters: Counters,
     /// Lower-FS space reserved for data that lives only in NVRAM.
     pub(crate) space: Space,
+    /// What the lower file system has not made durable yet (fsync answers from it).
+    pub(crate) durability: durability::Durability,
     /// The temp-file store's knobs, counters and LRU clock.
     pub(crate) temp: TempStore,
     /// What NVRAM adds to the lower namespace (rank `Overlay`).

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use lower::LowerFs;
 use txn::{Pool, TxError};
 
+use super::durability::Durability;
 use super::space::Space;
 use super::{Engine, EngineConfig, Obj};
 use crate::cache::{PageCache, Reason};
@@ -83,6 +84,7 @@ impl<L: LowerFs> Engine<L> {
             handles: HandleTable::new(config.max_handles),
             counters: Counters::default(),
             space: Space::default(),
+            durability: Durability::default(),
             temp: TempStore::new(config.temp),
             overlay: Mutex::new(Rank::Overlay, Overlay::default()),
             cache: PageCache::new(config.cache, policy),
@@ -104,6 +106,8 @@ impl<L: LowerFs> Engine<L> {
         {
             return Err(StartError::Flush(e));
         }
+        // D1 (durability.rs): what reached the lower file system before this start is durable.
+        engine.syncfs_lower().map_err(StartError::Settle)?;
         Ok(engine)
     }
 

@@ -6,6 +6,7 @@ use std::ffi::OsStr;
 
 use lower::{Attr, LowerFs, SetAttr};
 
+use crate::engine::optx::OpTx;
 use crate::engine::{Engine, Obj, Open, suidgid_bits};
 use crate::error::{FsResult, answer};
 use crate::stats::Op;
@@ -57,7 +58,7 @@ impl<L: LowerFs> Engine<L> {
                     _ => None,
                 };
                 if set.size.is_some() && set.mode.is_none() && unprivileged {
-                    self.kill_suidgid(&node)?;
+                    self.kill_suidgid(tx, &node)?;
                 }
                 let key = self.lower.key(&node);
                 if let Some(cf) = self.cached(key) {
@@ -68,10 +69,12 @@ impl<L: LowerFs> Engine<L> {
                 }
                 if set.size.is_some() {
                     // Changes the lower file's data: no record may start meanwhile.
-                    return self
-                        .with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?));
+                    let attr =
+                        self.with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?))?;
+                    self.unsynced(key);
+                    return Ok(attr);
                 }
-                let attr = self.lower.setattr(&node, file, set)?;
+                let attr = self.ns_setattr(tx, &node, file, set)?;
                 if set.mtime.is_some() && attr.kind() == lower::FileKind::Directory {
                     // Explicit times: pending ones (temp-file changes) follow them.
                     self.follow_dir_times(tx, key, &attr)?;
@@ -86,7 +89,7 @@ impl<L: LowerFs> Engine<L> {
     /// the lower file system as root, whose writes keep those bits, so for writes and
     /// truncates by unprivileged callers the engine removes them itself (FUSE
     /// handle_killpriv_v2; it also spares a security.capability query per write).
-    pub(crate) fn kill_suidgid(&self, node: &L::Node) -> FsResult<()> {
+    pub(crate) fn kill_suidgid(&self, otx: &mut OpTx<'_>, node: &L::Node) -> FsResult<()> {
         let attr = self.lower.getattr(node)?;
         if attr.kind() != lower::FileKind::Regular {
             return Ok(());
@@ -94,7 +97,7 @@ impl<L: LowerFs> Engine<L> {
         let kill = suidgid_bits(attr.mode);
         if kill != 0 {
             let set = SetAttr { mode: Some(attr.mode & !kill & 0o7777), ..SetAttr::default() };
-            self.lower.setattr(node, None, &set)?;
+            self.ns_setattr(otx, node, None, &set)?;
         }
         Ok(())
     }
@@ -126,7 +129,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         self.xattrs_off(Op::Setxattr)?;
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
-        self.op(Op::Setxattr, |_| Ok(self.lower.setxattr(&node, name, value, flags)?))
+        self.op(Op::Setxattr, |otx| self.ns_setxattr(otx, &node, name, value, flags))
     }
 
     pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
@@ -155,6 +158,6 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
-        self.op(Op::Removexattr, |_| Ok(self.lower.removexattr(&node, name)?))
+        self.op(Op::Removexattr, |otx| self.ns_removexattr(otx, &node, name))
     }
 }

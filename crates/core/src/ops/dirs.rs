@@ -4,9 +4,9 @@
 use lower::{DirEntry, LowerFs, StatFs};
 
 use crate::engine::{Engine, Entry, Obj, Open, stale};
-use crate::error::FsResult;
+use crate::error::{FsResult, answer};
 use crate::inodes::ROOT_ID;
-use crate::stats::Op;
+use crate::stats::{Counters, Op};
 use crate::sync::{Mutex, Rank};
 use crate::tempfs::Fate;
 
@@ -95,10 +95,22 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Releasedir, |_| self.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
     }
 
+    /// fsync of a directory: its temp-file entries and pending times are in NVRAM already; the
+    /// lower directory is synced only when it changed in the lower file system directly
+    /// (`engine/durability.rs`).
     pub fn fsyncdir(&self, fh: u64, datasync: bool) -> FsResult<()> {
         self.op(Op::Fsyncdir, |_| {
+            let c = &self.durability.counters;
+            Counters::add(&c.calls, 1);
+            Counters::add(&c.dir_calls, 1);
             let h = self.handle(fh)?;
-            Ok(self.lower.fsyncdir(self.lower_file(&h)?, datasync)?)
+            let Open::Dir { file, key, .. } = &h.file else {
+                return Err(answer(libc::ENOTDIR));
+            };
+            let waited =
+                self.sync_if_unsynced(*key, || Ok(self.lower.fsyncdir(file, datasync)?))?;
+            Counters::add(&c.waited_on_lower, u64::from(waited));
+            Ok(())
         })
     }
 

@@ -47,7 +47,7 @@ impl<L: LowerFs> Engine<L> {
             }
             self.check_new_name(&p, name)?;
             let (node, attr, file) =
-                self.lower.create(creds, &p, name, mode, flags & !libc::O_DIRECT)?;
+                self.ns_create(tx, creds, &p, name, mode, flags & !libc::O_DIRECT)?;
             let key = self.lower.key(&node);
             let entry = self.entry(node, attr);
             let direct = flags & libc::O_DIRECT != 0;
@@ -74,16 +74,34 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Flush, |_| self.handle(fh).map(drop))
     }
 
-    /// A temp file is durable once a write returns (undo mode): fsync has nothing to do.
+    /// fsync and fdatasync (O_SYNC and O_DSYNC writes arrive as these too). Whatever of the
+    /// file lives in NVRAM is durable already: a temp file, a cached file's dirty pages and
+    /// record. The lower file system is asked only for changes made in it directly
+    /// (`engine/durability.rs`), and always for devices and FIFOs.
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         self.op(Op::Fsync, |_| {
+            let c = &self.durability.counters;
+            Counters::add(&c.calls, 1);
             let h = self.handle(fh)?;
             if let Open::Temp { file, .. } = &h.file
                 && file.lock().fate == Fate::Resident
             {
+                Counters::add(&c.temp_calls, 1);
                 return Ok(());
             }
-            Ok(self.lower.fsync(self.lower_file(&h)?, datasync)?)
+            Counters::add(&c.file_calls, 1);
+            let file = self.lower_file(&h)?;
+            let waited = match self.via(&h)? {
+                Via::Cache(key) | Via::Direct(key) => {
+                    self.sync_if_unsynced(key, || Ok(self.lower.fsync(file, datasync)?))?
+                }
+                Via::Plain => {
+                    self.lower.fsync(file, datasync)?;
+                    true
+                }
+            };
+            Counters::add(&c.waited_on_lower, u64::from(waited));
+            Ok(())
         })
     }
 
@@ -97,8 +115,13 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Fallocate, |_| {
             let file = self.lower_file(&h)?;
             match self.via(&h)? {
-                Via::Cache(key) | Via::Direct(key) => self
-                    .with_clean_lower(key, || Ok(self.lower.fallocate(file, mode, offset, len)?)),
+                Via::Cache(key) | Via::Direct(key) => {
+                    self.with_clean_lower(key, || {
+                        Ok(self.lower.fallocate(file, mode, offset, len)?)
+                    })?;
+                    self.unsynced(key);
+                    Ok(())
+                }
                 Via::Plain => Ok(self.lower.fallocate(file, mode, offset, len)?),
             }
         })
@@ -160,7 +183,11 @@ impl<L: LowerFs> Engine<L> {
                 )?)
             };
             let n = match via_out {
-                Via::Cache(key) | Via::Direct(key) => self.with_clean_lower(key, copy)?,
+                Via::Cache(key) | Via::Direct(key) => {
+                    let n = self.with_clean_lower(key, copy)?;
+                    self.unsynced(key);
+                    n
+                }
                 Via::Plain => copy()?,
             };
             Counters::add(&self.counters.app_bytes_written, n);

@@ -145,7 +145,7 @@ impl<L: LowerFs> Engine<L> {
                 return Err(stale(h.node_id));
             };
             if kill_suidgid {
-                self.kill_suidgid(&node)?;
+                self.kill_suidgid(otx, &node)?;
             }
             if let Via::Cache(key) = via
                 && self.cache.config().enabled
@@ -162,7 +162,10 @@ impl<L: LowerFs> Engine<L> {
         let file = self.lower_file(&h)?;
         let n = match via {
             Via::Cache(key) | Via::Direct(key) => {
-                self.with_clean_lower(key, || Ok(self.lower.write(file, offset, data)?))?
+                let n =
+                    self.with_clean_lower(key, || Ok(self.lower.write(file, offset, data)?))?;
+                self.unsynced(key); // written through: only as durable as the lower makes it
+                n
             }
             Via::Plain => self.lower.write(file, offset, data)?,
         };

@@ -44,19 +44,19 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         rdev: u64,
     ) -> FsResult<Entry> {
-        self.op(Op::Mknod, |_| {
+        self.op(Op::Mknod, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.lower.mknod(creds, &p, name, mode, rdev)?;
+            let (node, attr) = self.ns_mknod(otx, creds, &p, name, mode, rdev)?;
             Ok(self.entry(node, attr))
         })
     }
 
     pub fn mkdir(&self, creds: &Creds, parent: u64, name: &OsStr, mode: u32) -> FsResult<Entry> {
-        self.op(Op::Mkdir, |_| {
+        self.op(Op::Mkdir, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.lower.mkdir(creds, &p, name, mode)?;
+            let (node, attr) = self.ns_mkdir(otx, creds, &p, name, mode)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -68,10 +68,10 @@ impl<L: LowerFs> Engine<L> {
         name: &OsStr,
         target: &OsStr,
     ) -> FsResult<Entry> {
-        self.op(Op::Symlink, |_| {
+        self.op(Op::Symlink, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.lower.symlink(creds, &p, name, target)?;
+            let (node, attr) = self.ns_symlink(otx, creds, &p, name, target)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -79,10 +79,10 @@ impl<L: LowerFs> Engine<L> {
     /// A hard link to a temp file transforms it first (links are the lower file system's).
     pub fn link(&self, node_id: u64, newparent: u64, newname: &OsStr) -> FsResult<Entry> {
         let node = self.lower_object(node_id, tempfs::Trigger::Link)?;
-        self.op(Op::Link, |_| {
+        self.op(Op::Link, |otx| {
             let p = self.dir(newparent)?;
             self.check_new_name(&p, newname)?;
-            let attr = self.lower.link(&node, &p, newname)?;
+            let attr = self.ns_link(otx, &node, &p, newname)?;
             // The kernel counts this reply as a lookup of the same node.
             let (node, _) = self.lower.lookup(&p, newname)?;
             Ok(self.entry(node, attr))
@@ -117,14 +117,14 @@ impl<L: LowerFs> Engine<L> {
             if tempfs::is_hidden(name) {
                 return Err(answer(libc::ENOENT));
             }
-            Ok(self.lower.unlink(&p, name)?)
+            self.ns_unlink(tx, &p, name)
         })?;
         self.settle_if_many();
         Ok(())
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
-        self.op(Op::Rmdir, |_| {
+        self.op(Op::Rmdir, |otx| {
             let p = self.dir(parent)?;
             let key = self.lower.key(&p);
             if self.overlay.lock().get(key, name).is_some() {
@@ -139,7 +139,7 @@ impl<L: LowerFs> Engine<L> {
             {
                 return Err(answer(libc::ENOTEMPTY));
             }
-            Ok(self.lower.rmdir(&p, name)?)
+            self.ns_rmdir(otx, &p, name)
         })
     }
 

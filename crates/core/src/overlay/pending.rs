@@ -136,7 +136,7 @@ impl<L: LowerFs> Engine<L> {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.lower.syncfs()?;
+        self.syncfs_lower()?;
         let mut idx = self.overlay.lock();
         let done: Vec<(DirKey, FrameId)> = pending
             .into_iter()

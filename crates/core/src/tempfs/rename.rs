@@ -55,7 +55,7 @@ impl<L: LowerFs> Engine<L> {
                 (idx.get(k1, name).cloned(), idx.get(k2, newname).cloned())
             };
             let done = match (src, dst) {
-                (None, None) => Some(self.rename_lower(p, name, np, newname, flags)?),
+                (None, None) => Some(self.rename_lower(otx, p, name, np, newname, flags)?),
                 (None, Some(d)) => {
                     // A lower object onto a temp name.
                     let (_, src_attr) = self.lower.lookup(p, name)?;
@@ -104,6 +104,7 @@ impl<L: LowerFs> Engine<L> {
     /// rename of two lower names (neither is a temp file).
     fn rename_lower(
         &self,
+        otx: &mut OpTx<'_>,
         p: &L::Node,
         name: &OsStr,
         np: &L::Node,
@@ -121,7 +122,7 @@ impl<L: LowerFs> Engine<L> {
                 return Err(answer(libc::ENOTEMPTY));
             }
         }
-        Ok(self.lower.rename(p, name, np, newname, flags)?)
+        self.ns_rename(otx, (p, name), (np, newname), flags)
     }
 
     /// rename of a temp file onto a name that is not a temp file (free, or a lower object).

@@ -246,13 +246,13 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             let mut renamed = Vec::new();
-            if let Err(e) = self.lower.syncfs() {
+            if let Err(e) = self.syncfs_lower() {
                 for job in &copied {
                     let _ = self.lower.unlink(&job.dir, &job.hidden);
                     self.back_to_live(&job.f);
                     job.f.notify();
                 }
-                first_error.get_or_insert(e.into());
+                first_error.get_or_insert(e);
                 copied.clear();
             }
             for job in copied {
@@ -266,14 +266,14 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             if !renamed.is_empty() {
-                if let Err(e) = self.lower.syncfs() {
+                if let Err(e) = self.syncfs_lower() {
                     // Renamed but maybe not durable: keep them transforming (a later attempt
                     // or the next mount finishes them) - but let waiters see them as live.
                     for (job, _) in &renamed {
                         self.back_to_live(&job.f);
                         job.f.notify();
                     }
-                    first_error.get_or_insert(e.into());
+                    first_error.get_or_insert(e);
                     renamed.clear();
                 } else {
                     self.fail("transform.renamed");

@@ -1,0 +1,180 @@
+//! Durability calls at NVRAM speed (engine/durability.rs): fsync, fdatasync and fsync of a
+//! directory wait for the lower file system only when something they cover went to it
+//! directly. Each scenario acknowledges a durability call, then crashes both the region (only
+//! what was persisted survives) and the lower file system (only what it was asked to make
+//! durable survives), recovers, and finds what was acknowledged; the counters say whether the
+//! call waited for the lower file system.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use engine::{CacheConfig, Engine, EngineConfig, TempConfig};
+use lower::{Creds, LowerFs, MemLower};
+use nvram::{CrashMode, FormatParams, SimRegion};
+use txn::{Consistency, Pool};
+
+const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
+
+fn name(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+fn params() -> FormatParams {
+    FormatParams {
+        region_size: 12288 + 4 * 65536 + 4096 + 256 * 4096,
+        undo_slots: 4,
+        undo_slot_size: 65536,
+    }
+}
+
+fn start(lower: &MemLower, region: &Arc<SimRegion>, config: EngineConfig) -> Engine<MemLower> {
+    let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
+    Engine::new(lower.clone(), pool, config).unwrap()
+}
+
+fn fresh(config: &EngineConfig) -> (MemLower, Arc<SimRegion>, Engine<MemLower>) {
+    let lower = MemLower::default();
+    let region = Arc::new(SimRegion::new(params().region_size));
+    Pool::format(&*region, params()).unwrap();
+    let engine = start(&lower, &region, config.clone());
+    (lower, region, engine)
+}
+
+/// A power cut now: the region keeps what was persisted, the lower file system what it was
+/// asked to make durable. An engine recovered over both.
+fn crash(lower: &MemLower, region: &SimRegion, config: EngineConfig) -> Engine<MemLower> {
+    let image = region.crash_image(CrashMode::DropAll);
+    start(&lower.crash(), &Arc::new(SimRegion::from_image(image)), config)
+}
+
+fn read(e: &Engine<MemLower>, dir: u64, n: &str) -> Vec<u8> {
+    let entry = e.lookup(dir, name(n)).unwrap();
+    let fh = e.open(entry.node_id, libc::O_RDONLY).unwrap();
+    let mut out = Vec::new();
+    e.read(fh, 0, 1 << 20, |d| out.extend_from_slice(d)).unwrap();
+    e.release(fh).unwrap();
+    out
+}
+
+fn waited(e: &Engine<MemLower>) -> u64 {
+    e.stats().fsync.waited_on_lower
+}
+
+fn temp_and_cache() -> EngineConfig {
+    EngineConfig::default()
+}
+
+fn write_through() -> EngineConfig {
+    EngineConfig {
+        temp: TempConfig { enabled: false, ..TempConfig::default() },
+        cache: CacheConfig { enabled: false, ..CacheConfig::default() },
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn fsync_of_a_cached_file_waits_for_nothing_and_survives_a_power_cut() {
+    let config = temp_and_cache();
+    let (lower, region, e) = fresh(&config);
+    // An existing lower file, durable.
+    let (_, _, f) = lower.create(&ROOT, lower.root(), name("db"), 0o644, libc::O_RDWR).unwrap();
+    lower.write(&f, 0, &[1u8; 8192]).unwrap();
+    lower.sync_all();
+    let root = e.root_id();
+    let entry = e.lookup(root, name("db")).unwrap();
+    let fh = e.open(entry.node_id, libc::O_RDWR).unwrap();
+    e.write(fh, 100, b"committed row", false).unwrap();
+    e.fsync(fh, true).unwrap();
+    assert_eq!(waited(&e), 0, "the dirty page is in NVRAM: nothing to wait for");
+    assert_eq!(e.stats().fsync.calls, 1);
+    let after = crash(&lower, &region, config);
+    let content = read(&after, after.root_id(), "db");
+    assert_eq!(&content[100..113], b"committed row");
+    assert_eq!(content.len(), 8192);
+}
+
+#[test]
+fn the_mail_delivery_pattern_waits_for_nothing_and_survives_a_power_cut() {
+    let config = temp_and_cache();
+    let (lower, region, e) = fresh(&config);
+    lower.mkdir(&ROOT, lower.root(), name("tmp"), 0o755).unwrap();
+    lower.mkdir(&ROOT, lower.root(), name("new"), 0o755).unwrap();
+    lower.sync_all();
+    let root = e.root_id();
+    let tmp = e.lookup(root, name("tmp")).unwrap().node_id;
+    let new = e.lookup(root, name("new")).unwrap().node_id;
+    for i in 0..5 {
+        let msg = format!("message {i}");
+        let (_, fh) = e.create(&ROOT, tmp, name(&msg), 0o600, libc::O_WRONLY).unwrap();
+        e.write(fh, 0, msg.as_bytes(), false).unwrap();
+        e.fsync(fh, false).unwrap();
+        e.release(fh).unwrap();
+        e.rename(tmp, name(&msg), new, name(&msg), 0).unwrap();
+        let dh = e.opendir(new).unwrap();
+        e.fsyncdir(dh, false).unwrap();
+        e.releasedir(dh).unwrap();
+    }
+    assert_eq!(waited(&e), 0, "temp files and their names are in NVRAM");
+    assert_eq!(e.stats().fsync.calls, 10);
+    let after = crash(&lower, &region, config);
+    let new = after.lookup(after.root_id(), name("new")).unwrap().node_id;
+    for i in 0..5 {
+        let msg = format!("message {i}");
+        assert_eq!(read(&after, new, &msg), msg.as_bytes(), "{msg} delivered");
+    }
+}
+
+#[test]
+fn written_through_data_and_lower_namespace_changes_make_fsync_wait_once() {
+    let config = write_through();
+    let (lower, region, e) = fresh(&config);
+    let root = e.root_id();
+    let (entry, fh) = e.create(&ROOT, root, name("log"), 0o644, libc::O_RDWR).unwrap();
+    e.write(fh, 0, b"first", false).unwrap();
+    e.fsync(fh, false).unwrap();
+    assert_eq!(waited(&e), 1, "written through: the lower file system must sync");
+    e.fsync(fh, false).unwrap();
+    assert_eq!(waited(&e), 1, "nothing changed since: no second wait");
+    let d = e.mkdir(&ROOT, root, name("d"), 0o755).unwrap();
+    let dh = e.opendir(root).unwrap();
+    e.fsyncdir(dh, false).unwrap();
+    assert_eq!(waited(&e), 2, "a lower mkdir: the directory must sync");
+    e.fsyncdir(dh, false).unwrap();
+    assert_eq!(waited(&e), 2);
+    e.releasedir(dh).unwrap();
+    e.release(fh).unwrap();
+    e.forget(entry.node_id, 1);
+    e.forget(d.node_id, 1);
+    let after = crash(&lower, &region, config);
+    assert_eq!(read(&after, after.root_id(), "log"), b"first");
+    assert!(after.lookup(after.root_id(), name("d")).is_ok(), "the synced mkdir survives");
+}
+
+#[test]
+fn a_clean_file_after_start_needs_no_sync() {
+    let config = write_through();
+    let (lower, _region, e) = fresh(&config);
+    let (_, _, f) = lower.create(&ROOT, lower.root(), name("old"), 0o644, libc::O_RDWR).unwrap();
+    lower.write(&f, 0, b"before the mount").unwrap();
+    // Not synced by whoever wrote it; the engine's start syncs the lower file system (D1).
+    let e2 = {
+        drop(e);
+        let region = Arc::new(SimRegion::new(params().region_size));
+        Pool::format(&*region, params()).unwrap();
+        start(&lower, &region, config.clone())
+    };
+    let entry = e2.lookup(e2.root_id(), name("old")).unwrap();
+    let fh = e2.open(entry.node_id, libc::O_RDONLY).unwrap();
+    e2.fsync(fh, false).unwrap();
+    assert_eq!(waited(&e2), 0);
+    assert_eq!(read_lower_durable(&lower, "old"), b"before the mount", "start synced it");
+}
+
+fn read_lower_durable(lower: &MemLower, n: &str) -> Vec<u8> {
+    let crashed = lower.crash();
+    let (node, attr) = crashed.lookup(crashed.root(), name(n)).unwrap();
+    let f = crashed.open(&node, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0u8; attr.size as usize];
+    crashed.read(&f, 0, &mut buf).unwrap();
+    buf
+}
