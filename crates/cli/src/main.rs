@@ -47,8 +47,9 @@ enum Command {
     Umount(cmd::umount::UmountArgs),
     /// Counters of a running mount: requests, bytes, NVRAM use (`--json` for tools).
     Stat(cmd::stat::StatArgs),
-    /// Transform every temp file of a running mount into the lower directory and write back
-    /// every dirty page (progress bar).
+    /// Transform every temp file of a running mount into the lower directory, write back
+    /// every dirty page and checkpoint the metadata journal: the lower directory alone is then
+    /// complete and durable (progress bar).
     Flush(cmd::flush::FlushArgs),
     /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
     InstallMountHelper(cmd::mount_helper::InstallArgs),

@@ -223,3 +223,57 @@ fn the_demo_runs_and_recovers() {
     assert!(t.contains("message: \"transaction A: committed"), "{t}");
     assert!(t.contains("every one showed exactly the last committed state"), "{t}");
 }
+
+/// A region holding two metadata-journal records (as a daemon that died before its checkpoint
+/// leaves them), and the frame of the second.
+fn region_with_journal_records(dir: &Path) -> (PathBuf, u64) {
+    use engine::journal::record::{KIND_REDO, Op, Redo};
+    let path = dir.join("region");
+    assert!(format(&path).status.success());
+    let region: Arc<dyn Region> =
+        Arc::new(MmapRegion::open(&path, MmapOptions::default()).unwrap());
+    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let mut offset = 0;
+    for (seq, op, name) in [(7, Op::Mkdir, "spool"), (8, Op::Create, "message")] {
+        let mut redo = Redo::new(op);
+        redo.seq = seq;
+        redo.dir1 = vec![1; 12];
+        redo.object = vec![seq as u8; 12];
+        redo.name1 = name.into();
+        let mut tx = pool.begin();
+        let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 }).unwrap();
+        offset = pool.frame_offset(frame);
+        tx.write(offset, &redo.encode());
+        tx.commit();
+    }
+    drop(pool);
+    (path, offset)
+}
+
+#[test]
+fn check_and_inspect_list_journal_records_and_refuse_a_damaged_one_naming_its_frame() {
+    let dir = shm();
+    let (path, offset) = region_with_journal_records(dir.path());
+    let out = check(&path);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("2 metadata-journal record(s), sequence 7 to 8"), "{}", text(&out));
+    let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = text(&out);
+    assert!(listed.contains("mkdir") && listed.contains("spool"), "{listed}");
+    assert!(listed.contains("create") && listed.contains("message"), "{listed}");
+
+    // A flipped bit in the second record's name: refused, the frame named, never replayed.
+    let layout = layout_of(&path);
+    let frame = (offset - layout.frames_offset) / PAGE_SIZE;
+    flip_byte(&path, offset + 630);
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("DAMAGED") && text(&out).contains(&format!("frame {frame}")),
+        "{}",
+        text(&out)
+    );
+    let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+    assert!(text(&out).contains(&format!("frame {frame}")), "{}", text(&out));
+}

@@ -4,7 +4,10 @@
 //!   transformed (`transform.<step>`): no hidden transform file may remain, a rename over an
 //!   existing file never leaves it empty or missing;
 //! - applications rewrite parts of existing lower files and truncate them while the page cache
-//!   writes dirty pages back under pressure and on flush (`writeback.<step>`).
+//!   writes dirty pages back under pressure and on flush (`writeback.<step>`);
+//! - with temp files off, the same namespace workload makes journaled changes of lower objects
+//!   while the metadata journal checkpoints (`checkpoint.<step>`), and the daemon that recovers
+//!   after a kill dies again while it replays the records (`replay.applied`) or checkpoints them.
 //!
 //! After `nvstack mount` recovers, every file must show its last completed state (or, for the
 //! operation the kill interrupted, its state before or after it), and after a clean unmount
@@ -67,10 +70,15 @@ impl Fixture {
     fn mnt(&self) -> PathBuf {
         self.dir.path().join("mnt")
     }
-    fn mount(&self, failpoint: Option<&str>) {
-        self.mount_with(failpoint, &["--size", "32M", "--tempfile-max-size", MAX_SIZE]);
-    }
     fn mount_with(&self, failpoint: Option<&str>, args: &[&str]) {
+        let out = self.mount_command(failpoint, args);
+        assert!(out.status.success(), "mount: {}", text(&out));
+    }
+    /// A mount whose daemon may die at its failpoint while it recovers: false then.
+    fn try_mount_with(&self, failpoint: Option<&str>, args: &[&str]) -> bool {
+        self.mount_command(failpoint, args).status.success()
+    }
+    fn mount_command(&self, failpoint: Option<&str>, args: &[&str]) -> Output {
         let mut c = Command::new(BIN);
         c.arg("mount")
             .arg(self.lower())
@@ -82,8 +90,7 @@ impl Fixture {
             Some(f) => c.env("NVSTACK_FAILPOINT", f),
             None => c.env_remove("NVSTACK_FAILPOINT"),
         };
-        let out = c.output().unwrap();
-        assert!(out.status.success(), "mount: {}", text(&out));
+        c.output().unwrap()
     }
     fn pid(&self) -> Option<i32> {
         let out = Command::new(BIN).args(["stat", "--json"]).arg(self.mnt()).output().ok()?;
@@ -302,28 +309,89 @@ fn wait_stale(f: &Fixture, pid: i32, seed: u64, round: usize) {
     }
 }
 
-const STEPS: [&str; 4] =
-    ["transform.marked", "transform.copied", "transform.renamed", "transform.freed"];
+/// Where a round's daemons die: `work` in the daemon the workload runs on (`None`: at a random
+/// moment), `recovery` in the daemon that recovers after that kill (`None`: it lives).
+#[derive(Clone, Copy, Debug)]
+struct Kill {
+    work: Option<&'static str>,
+    recovery: Option<&'static str>,
+}
 
-fn run_seed(seed: u64, rounds: usize) -> (usize, usize) {
+/// A kill test over the namespace workload of `step`: how to mount, and where to die.
+struct Scenario {
+    name: &'static str,
+    args: &'static [&'static str],
+    kills: &'static [Kill],
+}
+
+const fn at_work(point: &'static str) -> Kill {
+    Kill { work: Some(point), recovery: None }
+}
+
+const TEMPFS: Scenario = Scenario {
+    name: "tempfs",
+    args: &["--size", "32M", "--tempfile-max-size", MAX_SIZE],
+    kills: &[
+        at_work("transform.marked"),
+        at_work("transform.copied"),
+        at_work("transform.renamed"),
+        at_work("transform.freed"),
+    ],
+};
+
+/// Temp files off: every create, rename and unlink is a change of lower objects, journaled; a
+/// journal of 16 records (64 KiB) and no timed checkpoints, so that checkpoints run every few
+/// operations and a killed daemon leaves records. A daemon killed between a record's commit
+/// and the marker (`journal.committed`) leaves a record replay must judge by state: its
+/// successor dies replaying it.
+const JOURNAL: Scenario = Scenario {
+    name: "journal",
+    args: &[
+        "--size",
+        "32M",
+        "--tempfiles",
+        "off",
+        "--journal-size",
+        "64K",
+        "--checkpoint-interval",
+        "0",
+    ],
+    kills: &[
+        at_work("checkpoint.synced"),
+        Kill { work: Some("journal.committed"), recovery: Some("replay.applied") },
+        at_work("checkpoint.freed"),
+        Kill { work: None, recovery: Some("checkpoint.synced") },
+        at_work("journal.committed"),
+    ],
+};
+
+/// Kills of one seed: (all, at a failpoint, at a failpoint during recovery).
+fn run_seed(scenario: &Scenario, seed: u64, rounds: usize) -> (usize, usize, usize) {
     let f = Fixture::new();
+    let mount = |failpoint: Option<&str>| f.mount_with(failpoint, scenario.args);
+    let trace = std::env::var_os("NVSTACK_TRACE").is_some();
     let mut rng = Rng::new(seed);
     let mut model: BTreeMap<String, Allowed> = BTreeMap::new();
     // A lower file to rename over: created, transformed, and so a plain lower file.
-    f.mount(None);
+    mount(None);
     std::fs::write(f.mnt().join("victim"), b"the lower victim").unwrap();
     assert!(f.flush());
     model.insert("victim".into(), BTreeSet::from([Some(b"the lower victim".to_vec())]));
     f.umount();
-    let (mut kills, mut failpoint_kills) = (0, 0);
+    let (mut kills, mut failpoint_kills, mut recovery_kills) = (0, 0, 0);
     for round in 0..rounds {
-        // Every other round dies at a transform step (the n-th time it is reached), the
-        // others at a random moment.
-        let failpoint = (round % 2 == 0)
-            .then(|| format!("{}:{}", STEPS[(round / 2) % STEPS.len()], 1 + rng.below(3)));
-        f.mount(failpoint.as_deref());
+        // Every other round dies at a step (the n-th time it is reached), the others at a
+        // random moment.
+        let kill = (round % 2 == 0).then(|| scenario.kills[(round / 2) % scenario.kills.len()]);
+        let work = kill.and_then(|k| k.work).map(|p| format!("{p}:{}", 1 + rng.below(3)));
+        // Recovery checkpoints once and replays the few records a kill left: its first time.
+        let recovery = kill.and_then(|k| k.recovery).map(|p| format!("{p}:1"));
+        mount(work.as_deref());
         let pid = f.pid().expect("daemon pid");
-        let killer = (failpoint.is_none()).then(|| {
+        // A round whose recovery must die is killed by the loop below right after a change
+        // that may leave a record (not at a random moment, which may follow a flush).
+        let kill_after = 3 + rng.below(20) as usize;
+        let killer = (work.is_none() && recovery.is_none()).then(|| {
             let delay = Duration::from_millis(5 + rng.below(60));
             std::thread::spawn(move || {
                 std::thread::sleep(delay);
@@ -331,11 +399,15 @@ fn run_seed(seed: u64, rounds: usize) -> (usize, usize) {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             })
         });
-        let mut log = Vec::new();
-        for _ in 0..40 {
-            log.push(step(&f, &mut rng, &mut model));
-            if std::env::var_os("NVSTACK_TRACE").is_some() {
-                eprintln!("seed {seed} round {round}: {}", log.last().unwrap());
+        for i in 0..40 {
+            let done = step(&f, &mut rng, &mut model);
+            if trace {
+                eprintln!("{} seed {seed} round {round}: {done}", scenario.name);
+            }
+            let changed = done.starts_with("write ") || done.starts_with("unlink");
+            if work.is_none() && recovery.is_some() && i >= kill_after && changed {
+                // SAFETY: kill(2) of the daemon we started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             if !alive(pid) {
                 break;
@@ -345,37 +417,59 @@ fn run_seed(seed: u64, rounds: usize) -> (usize, usize) {
             k.join().unwrap();
         }
         let died = !alive(pid);
-        if std::env::var_os("NVSTACK_TRACE").is_some() {
-            eprintln!("seed {seed} round {round}: died {died} failpoint {failpoint:?}");
+        if died && work.is_some() {
+            failpoint_kills += 1;
         }
-        if died {
-            kills += 1;
-            failpoint_kills += usize::from(failpoint.is_some());
-        } else {
+        if !died {
             // The failpoint was never reached in this round: stop the daemon the hard way.
             // SAFETY: as above.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            kills += 1;
         }
+        kills += 1;
         wait_stale(&f, pid, seed, round);
-        f.mount(None);
+        if let Some(point) = &recovery {
+            // Recovery dies at its step (the mount fails) or never reaches it.
+            if f.try_mount_with(Some(point), scenario.args) {
+                verify(&f, &mut model, seed, round);
+                f.umount();
+            } else {
+                kills += 1;
+                failpoint_kills += 1;
+                recovery_kills += 1;
+            }
+        }
+        if trace {
+            eprintln!(
+                "{} seed {seed} round {round}: died {died} at {work:?}, recovery {recovery:?}",
+                scenario.name
+            );
+        }
+        mount(None);
         verify(&f, &mut model, seed, round);
         f.umount();
-        let _ = log;
     }
-    // A clean unmount transforms everything: the lower directory alone shows the files.
-    f.mount(None);
+    // A clean unmount transforms and checkpoints everything: the lower directory alone shows
+    // the files.
+    mount(None);
     f.umount();
     for name in NAMES {
         let got = std::fs::read(f.lower().join(name)).ok();
         assert_eq!(
             BTreeSet::from([got]),
             model[name],
-            "seed {seed}: after unmount the lower directory shows {name}"
+            "{} seed {seed}: after unmount the lower directory shows {name}",
+            scenario.name
         );
     }
     assert!(f.hidden().is_empty());
-    (kills, failpoint_kills)
+    (kills, failpoint_kills, recovery_kills)
+}
+
+fn seeds(default: std::ops::RangeInclusive<u64>) -> Vec<u64> {
+    match std::env::var("NVSTACK_SEED") {
+        Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
+        Err(_) => default.collect(),
+    }
 }
 
 #[test]
@@ -383,18 +477,35 @@ fn sigkill_during_temp_file_operations_and_transforms_loses_nothing_completed() 
     if skip() {
         return;
     }
-    let seeds: Vec<u64> = match std::env::var("NVSTACK_SEED") {
-        Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
-        Err(_) => (11..=15).collect(),
-    };
     let (mut kills, mut at_steps) = (0, 0);
-    for seed in seeds {
-        let (k, s) = run_seed(seed, 16);
+    for seed in seeds(11..=15) {
+        let (k, s, _) = run_seed(&TEMPFS, seed, 16);
         kills += k;
         at_steps += s;
     }
     eprintln!("tempfs kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
     assert!(at_steps >= 20, "too few kills at transform steps: {at_steps}");
+}
+
+#[test]
+fn sigkill_during_journaled_changes_checkpoints_and_replay_loses_nothing_completed() {
+    if skip() {
+        return;
+    }
+    let (mut kills, mut at_steps, mut in_recovery) = (0, 0, 0);
+    let runs = seeds(31..=34).len();
+    for seed in seeds(31..=34) {
+        let (k, s, r) = run_seed(&JOURNAL, seed, 16);
+        kills += k;
+        at_steps += s;
+        in_recovery += r;
+    }
+    eprintln!(
+        "journal kill test: {kills} SIGKILLs, {at_steps} at a checkpoint or replay step, \
+         {in_recovery} of them during recovery"
+    );
+    assert!(at_steps >= 3 * runs, "too few kills at checkpoint and replay steps: {at_steps}");
+    assert!(in_recovery >= runs, "too few kills during recovery: {in_recovery}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -685,6 +685,8 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("writeback-batch", Some("32"), json!(32)),
         ("max-dirty-age", Some("60"), json!(60)),
         ("keep-dirty", None, json!(true)),
+        ("journal-size", Some("4M"), json!(4 << 20)),
+        ("checkpoint-interval", Some("9"), json!(9)),
     ]
 }
 

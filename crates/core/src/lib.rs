@@ -42,5 +42,6 @@ pub use cache::{CacheConfig, Reason};
 pub use engine::start::StartError;
 pub use engine::{Engine, EngineConfig, Entry, Failpoints};
 pub use error::{FsError, FsResult};
+pub use journal::JournalConfig;
 pub use stats::{Op, Stats};
 pub use tempfs::{TempConfig, Trigger};

@@ -199,6 +199,11 @@ impl<L: LowerFs> Lower<L> {
         self.fs.find_file(handle, limit)
     }
 
+    pub fn find_object(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+        assert_may_block("lower find_object");
+        self.fs.find_object(handle, limit)
+    }
+
     // Data.
 
     pub fn open(&self, node: &L::Node, flags: i32) -> Result<L::File> {

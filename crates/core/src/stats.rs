@@ -165,6 +165,7 @@ pub struct Stats {
     pub cache: crate::cache::counters::CacheStats,
     pub writeback: crate::cache::counters::WritebackStats,
     pub fsync: crate::engine::durability::FsyncStats,
+    pub journal: crate::journal::JournalStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -237,6 +238,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         stats.tempfiles = self.temp.stats();
         (stats.cache, stats.writeback) = self.cache.stats();
         stats.fsync = self.fsync_stats();
+        stats.journal = self.journal.stats(0);
         stats
     }
 }

@@ -13,6 +13,7 @@
 //!
 //! | rank | what it guards | may be held across lower IO |
 //! |---|---|---|
+//! | `Checkpoint` | one metadata-journal checkpoint at a time | yes: its syncfs |
 //! | `Round` | one write-back round at a time, and its history | yes: it *is* the write-back |
 //! | `Stripe` | a stripe of lower files: no cached-file record starts while a file's data changes in the lower FS directly | yes (one file's) |
 //! | `Listing` | the merged listing of one open directory | yes (its readdir) |
@@ -20,6 +21,7 @@
 //! | `CachedFile` | one cached file's state; several in record-frame order | yes (its fetches and reads) |
 //! | `Overlay` | the overlay: named temp files by directory, pending directory times | no |
 //! | `CacheFiles` | the map of cached files | no |
+//! | `Journal` | the committed records of the metadata journal | no |
 //! | `UndoSlot` | an undo slot held by a running transaction (a token, not a lock) | no |
 //! | `ZoneTables` | the zone information tables | no |
 //! | `Inodes` | the inode table | no |
@@ -37,6 +39,7 @@ use std::fmt;
 /// A lock's place in the order (see the module docs). Smaller ranks are taken first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Rank {
+    Checkpoint,
     Round,
     Stripe,
     Listing,
@@ -44,6 +47,7 @@ pub enum Rank {
     CachedFile,
     Overlay,
     CacheFiles,
+    Journal,
     UndoSlot,
     ZoneTables,
     Inodes,
@@ -59,6 +63,7 @@ impl Rank {
     }
 
     /// Ranks of which a thread may hold several locks at once (in `lock_nth` order).
+    #[cfg_attr(not(debug_assertions), allow(dead_code, reason = "only the debug checker asks"))]
     fn is_multi(self) -> bool {
         matches!(self, Rank::TempFile | Rank::CachedFile)
     }

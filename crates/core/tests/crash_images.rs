@@ -143,6 +143,8 @@ struct Sweep {
     lower: Option<MemLower>,
     seed: u64,
     op: String,
+    /// The operation journaled a lower namespace change (its fork run did).
+    ordered: bool,
     points: u64,
     images: u64,
     failure: Option<String>,
@@ -169,7 +171,15 @@ fn check_point(s: &mut Sweep, point: &nvram::CrashPoint<'_>) -> Result<(), Strin
             .enumerate()
     {
         // The lower file system loses what was not fsynced (the Torn case: a seeded mix).
-        let crashed = if i == 2 { lower.crash_with(s.seed ^ s.points) } else { lower.crash() };
+        // The third image: a seeded per-object mix of the lower file system's pending state -
+        // per directory entry (as ext2 might leave it), or, for an operation that journaled a
+        // namespace change, with the namespace as of the last sync or as now (a journaling
+        // lower file system commits its namespace in order: assumption K2, design.md 8).
+        let crashed = match i {
+            2 if s.ordered => lower.crash_ordered(s.seed ^ s.points),
+            2 => lower.crash_with(s.seed ^ s.points),
+            _ => lower.crash(),
+        };
         // A second engine on this thread, in the middle of the first one's persist: its
         // locks are checked on their own.
         let (v, hidden) = engine::sync::isolated(|| recover(point.image(mode), &crashed, s.seed))
@@ -329,12 +339,14 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
         let fork_dirs =
             [fork.root_id(), fork.lookup(fork.root_id(), OsStr::new("d")).unwrap().node_id];
         let mut fork_rng = Rng(rng.0.clone());
+        let journaled = fork.stats().journal.records_total;
         let label = step(&fork, &mut fork_rng, &fork_dirs);
         let after = view(&fork)?;
         {
             let mut s = state.lock().unwrap();
             s.after = Some(after.clone());
             s.op.clone_from(&label);
+            s.ordered = fork.stats().journal.records_total > journaled;
         }
         step(&engine, &mut rng, &dirs);
         // Changes to lower objects (writes to transformed files, renames of them) are only as

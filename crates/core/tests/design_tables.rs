@@ -48,6 +48,7 @@ fn code_table(name: &str) -> Option<&'static [Field]> {
         "temp-file record" => engine::tempfs::record::LAYOUT,
         "directory-times record" => engine::overlay::times::LAYOUT,
         "cached-file record" => engine::cache::record::LAYOUT,
+        "redo record" => engine::journal::record::LAYOUT,
         _ => return None,
     })
 }
@@ -65,6 +66,7 @@ fn every_byte_table_in_the_design_document_is_the_codes() {
         "temp-file record",
         "directory-times record",
         "cached-file record",
+        "redo record",
     ] {
         assert!(names.contains(&expected), "docs/design.md has no table marked {expected:?}");
     }

@@ -15,11 +15,11 @@ fn pool() -> Pool {
     let params = txn::testkit::sweep_params();
     let region = Arc::new(nvram::SimRegion::new(params.region_size));
     Pool::format(&*region, params).unwrap();
-    Pool::open(region, Consistency::Undo).unwrap().0
+    Pool::open(region, Consistency::None).unwrap().0
 }
 
-/// Tempfiles and the page cache off: these tests are about passing through to the lower file
-/// system.
+/// Tempfiles and the page cache off, and `--consistency none` (no metadata journal): these
+/// tests are about passing through to the lower file system.
 fn passthrough() -> EngineConfig {
     EngineConfig {
         temp: engine::TempConfig { enabled: false, ..engine::TempConfig::default() },

@@ -155,6 +155,14 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
     fn find_file(&self, handle: &[u8], limit: usize) -> Result<Self::Node> {
         walk_for_handle(self, handle, limit, FileKind::Regular)
     }
+
+    /// The object of any kind whose [`LowerFs::file_handle`] is `handle`, if it still exists
+    /// with a name (ENOENT or ESTALE when not): the metadata journal's replay asks whether an
+    /// object it recorded was created. The default walks the tree (at most `limit`
+    /// directories).
+    fn find_object(&self, handle: &[u8], limit: usize) -> Result<Self::Node> {
+        walk_for_any(self, handle, limit)
+    }
 }
 
 /// Most bytes of a directory handle (MAX_HANDLE_SZ of the kernel is 128, plus 4 of type).
@@ -163,6 +171,44 @@ pub const MAX_DIR_HANDLE: usize = 132;
 /// Breadth-first search of the directory with `handle` (see [`LowerFs::find_dir`]).
 pub fn walk_for_dir<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) -> Result<L::Node> {
     walk_for_handle(fs, handle, limit, FileKind::Directory)
+}
+
+/// Breadth-first search from the root for an object of any kind whose file handle is `handle`.
+pub fn walk_for_any<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) -> Result<L::Node> {
+    let (root, _) = fs.lookup(fs.root(), OsStr::new("."))?;
+    if fs.file_handle(&root)? == handle {
+        return Ok(root);
+    }
+    let root_dev = fs.key(fs.root()).0;
+    let mut queue = std::collections::VecDeque::from([root]);
+    let mut visited = 0usize;
+    while let Some(dir) = queue.pop_front() {
+        visited += 1;
+        if visited > limit {
+            break;
+        }
+        let stream = fs.opendir(&dir)?;
+        let mut names = Vec::new();
+        fs.readdir(&stream, 0, &mut |e| {
+            if e.name != "." && e.name != ".." {
+                names.push(e.name);
+            }
+            true
+        })?;
+        for name in names {
+            let Ok((node, attr)) = fs.lookup(&dir, &name) else { continue };
+            if fs.key(&node).0 != root_dev {
+                continue;
+            }
+            if fs.file_handle(&node)? == handle {
+                return Ok(node);
+            }
+            if attr.kind() == FileKind::Directory {
+                queue.push_back(node);
+            }
+        }
+    }
+    Err(Errno(libc::ENOENT))
 }
 
 /// Breadth-first search from the root for the object of kind `want` with `handle`, visiting

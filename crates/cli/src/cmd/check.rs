@@ -43,6 +43,13 @@ pub fn run(args: &CheckArgs) -> CliResult {
             return Err(e.into());
         }
     };
+    let journal = match engine::journal::record::scan(&pool) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED: {e}");
+            return Err(e.into());
+        }
+    };
     let dir_times = match engine::overlay::times::scan(&pool) {
         Ok(found) => found,
         Err(e) => {
@@ -81,6 +88,15 @@ pub fn run(args: &CheckArgs) -> CliResult {
         println!(
             "{path}: {} cached file(s) with {pages} dirty page(s) in NVRAM (written back later)",
             cached.len()
+        );
+    }
+    if let (Some(first), Some(last)) = (journal.first(), journal.last()) {
+        println!(
+            "{path}: {} metadata-journal record(s), sequence {} to {} (replayed onto the lower \
+             directory at the next mount)",
+            journal.len(),
+            first.redo.seq,
+            last.redo.seq
         );
     }
     if !dir_times.is_empty() {

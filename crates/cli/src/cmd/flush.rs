@@ -1,5 +1,6 @@
 //! `nvstack flush MOUNTPOINT`: transform every temp file of a running mount into the lower
-//! directory and write back every dirty page of the page cache, with a progress bar (the
+//! directory, write back every dirty page of the page cache and checkpoint the metadata
+//! journal (the lower directory alone is then complete and durable), with a progress bar (the
 //! daemon streams `progress DONE TOTAL` lines, and `phase writeback` between the two).
 
 use std::io::{BufRead, BufReader, Write};
@@ -61,10 +62,12 @@ pub fn run(args: &FlushArgs) -> CliResult {
             )));
         }
         println!(
-            "flushed {}: {} temp file(s) transformed, {} dirty page(s) written back",
+            "flushed {}: {} temp file(s) transformed, {} dirty page(s) written back, {} journal \
+             record(s) checkpointed",
             mountpoint.display(),
             value["transformed"],
-            value["pages_written"]
+            value["pages_written"],
+            value["journal_records_checkpointed"]
         );
         return Ok(());
     }

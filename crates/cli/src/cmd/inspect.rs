@@ -26,12 +26,14 @@ pub fn run(args: &InspectArgs) -> CliResult {
     let temps = temp_files(&args.nvram);
     let cached = cached_files(&args.nvram);
     let dir_times = dir_times(&args.nvram);
+    let journal = journal_records(&args.nvram);
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
         value["in_use"] = serde_json::Value::Bool(in_use);
         value["tempfiles"] = temps_json(&temps);
         value["cache"] = cached_json(&cached);
         value["dir_times"] = dir_times_json(&dir_times);
+        value["journal"] = journal_json(&journal);
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
@@ -76,6 +78,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
             engine::tempfs::record::KIND_OBJECT => "temp-file records",
             engine::tempfs::record::KIND_DATA => "temp-file data pages",
             engine::overlay::times::KIND_DIR_TIMES => "pending directory times",
+            engine::journal::record::KIND_REDO => "metadata-journal records",
             engine::cache::record::KIND_RECORD => "cached-file records",
             engine::cache::record::KIND_PAGE => "cached dirty pages",
             _ => "",
@@ -98,6 +101,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     print_temps(&temps);
     print_cached(&cached);
     print_dir_times(&dir_times);
+    print_journal(&journal);
     Ok(())
 }
 
@@ -199,6 +203,61 @@ fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
             println!("page cache  {} file(s) with {pages} dirty page(s) in NVRAM", list.len());
         }
         Err(e) => println!("page cache  unreadable: {e}"),
+    }
+}
+
+/// The metadata journal's records as the next mount will see them (replayed, then freed).
+fn journal_records(path: &std::path::Path) -> CliResult<Vec<engine::journal::record::Found>> {
+    let (pool, _) = super::dry_open(path)?;
+    Ok(engine::journal::record::scan(&pool)?)
+}
+
+fn journal_json(found: &CliResult<Vec<engine::journal::record::Found>>) -> serde_json::Value {
+    let hex = |b: &[u8]| {
+        b.iter().fold(String::new(), |mut h, x| {
+            use std::fmt::Write;
+            let _ = write!(h, "{x:02x}");
+            h
+        })
+    };
+    match found {
+        Ok(list) => serde_json::json!({
+            "records": list.len(),
+            "list": list
+                .iter()
+                .take(MAX_LISTED)
+                .map(|f| serde_json::json!({
+                    "frame": f.frame.0,
+                    "seq": f.redo.seq,
+                    "op": format!("{:?}", f.redo.op()).to_lowercase(),
+                    "name1": f.redo.name1.to_string_lossy(),
+                    "name2": f.redo.name2.to_string_lossy(),
+                    "object": hex(&f.redo.object),
+                }))
+                .collect::<Vec<_>>(),
+        }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
+fn print_journal(found: &CliResult<Vec<engine::journal::record::Found>>) {
+    match found {
+        Ok(list) if list.is_empty() => {}
+        Ok(list) => {
+            println!("journal     {} record(s) (replayed at the next mount):", list.len());
+            for f in list.iter().take(MAX_LISTED) {
+                let r = &f.redo;
+                println!(
+                    "  {:>8}  frame {:<8} {:<11} {} {}",
+                    r.seq,
+                    f.frame.0,
+                    format!("{:?}", r.op()).to_lowercase(),
+                    r.name1.to_string_lossy(),
+                    r.name2.to_string_lossy()
+                );
+            }
+        }
+        Err(e) => println!("journal     unreadable: {e}"),
     }
 }
 

@@ -134,6 +134,19 @@ pub struct MountArgs {
     /// directory alone then lacks those writes until the next mount).
     #[arg(long)]
     pub keep_dirty: bool,
+    /// The metadata journal: namespace and attribute changes of lower files and directories
+    /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
+    /// durable by a record in NVRAM, so fsync of a directory, and a rename an application
+    /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
+    /// them durable there and frees the records when they take this much NVRAM (at most a
+    /// quarter of the region) ...
+    #[arg(long, value_parser = parse_size, default_value = "32M", value_name = "SIZE")]
+    pub journal_size: u64,
+    /// ... or when they are this many seconds old (0: only by size, at unmount, and when a
+    /// durability call must reach the lower file system anyway). Not used with
+    /// `--consistency none`, which has no journal.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    pub checkpoint_interval: u64,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
     #[serde(skip)]
@@ -238,6 +251,10 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             transform_on_unmount: !args.keep_tempfiles,
             max_frames: layout.nr_frames * args.tempfile_share / 100,
             writeback_batch: args.tempfile_writeback_batch,
+        },
+        journal: engine::JournalConfig {
+            size_max: args.journal_size,
+            interval_secs: args.checkpoint_interval,
         },
         failpoints: failpoints(),
         xattrs: args.xattrs == OnOff::On,

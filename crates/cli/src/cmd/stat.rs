@@ -26,6 +26,14 @@ pub fn run(args: &StatArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());
     }
+    print_overview(&value);
+    print_caches(&value);
+    print_durability(&value);
+    print_requests(&value);
+    Ok(())
+}
+
+fn print_overview(value: &serde_json::Value) {
     let m = &value["mount"];
     println!("{} on {} (nvram {}, pid {})", m["lower"], m["mountpoint"], m["nvram"], m["pid"]);
     let n = &value["nvram"];
@@ -45,6 +53,10 @@ pub fn run(args: &StatArgs) -> CliResult {
         value["lower"]["bytes_read"],
         value["lower"]["bytes_written"]
     );
+}
+
+/// The two NVRAM caches: temp files and the page cache (only when used).
+fn print_caches(value: &serde_json::Value) {
     let t = &value["tempfiles"];
     if t["enabled"].as_bool() == Some(true) || t["created"].as_u64().unwrap_or(0) > 0 {
         println!(
@@ -82,6 +94,39 @@ pub fn run(args: &StatArgs) -> CliResult {
             wb["syncs"]
         );
     }
+}
+
+/// What durability calls cost: fsync and the metadata journal.
+fn print_durability(value: &serde_json::Value) {
+    let fs = &value["fsync"];
+    println!(
+        "fsync: {} calls ({} files, {} directories, {} temp files), {} waited on the lower file \
+         system; {} lower syncfs",
+        fs["calls"],
+        fs["file_calls"],
+        fs["dir_calls"],
+        fs["temp_calls"],
+        fs["waited_on_lower"],
+        fs["lower_syncfs"]
+    );
+    let j = &value["journal"];
+    if j["enabled"].as_bool() == Some(true) {
+        println!(
+            "journal: {} records in NVRAM ({} B of {}), {} written, {} not journaled, {} \
+             checkpoints ({} ms), {} replayed at mount",
+            j["records"],
+            j["bytes"],
+            j["size_max"],
+            j["records_total"],
+            j["not_journaled"],
+            j["checkpoints"],
+            j["checkpoint_ms_total"],
+            j["replayed_at_mount"]
+        );
+    }
+}
+
+fn print_requests(value: &serde_json::Value) {
     if let Some(requests) = value["requests"].as_object() {
         let list: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("requests: {}", list.join(", "));
@@ -90,5 +135,4 @@ pub fn run(args: &StatArgs) -> CliResult {
         let list: Vec<String> = errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("errors returned: {}", list.join(", "));
     }
-    Ok(())
 }

@@ -118,6 +118,12 @@ impl<L: LowerFs> Engine<L> {
         if !self.is_unsynced(key) {
             return Ok(false);
         }
+        if !self.journal.is_empty() {
+            // The object may have been created by a journaled change not yet durable in the
+            // lower file system: a checkpoint syncs it all (and frees the records).
+            self.checkpoint(crate::journal::checkpoint::Why::Sync)?;
+            return Ok(true);
+        }
         let d = &self.durability;
         let started = d.epoch.fetch_add(1, Ordering::SeqCst);
         sync()?;

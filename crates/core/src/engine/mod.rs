@@ -57,6 +57,8 @@ pub struct EngineConfig {
     pub xattrs: bool,
     /// The NVRAM page cache and its write-back.
     pub cache: CacheConfig,
+    /// The metadata journal's checkpoints.
+    pub journal: crate::journal::JournalConfig,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +70,7 @@ impl Default for EngineConfig {
             failpoints: None,
             xattrs: true,
             cache: CacheConfig::default(),
+            journal: crate::journal::JournalConfig::default(),
         }
     }
 }
@@ -122,6 +125,8 @@ pub struct Engine<L: LowerFs> {
     pub(crate) space: Space,
     /// What the lower file system has not made durable yet (fsync answers from it).
     pub(crate) durability: durability::Durability,
+    /// The metadata journal: lower namespace and attribute changes durable in NVRAM.
+    pub(crate) journal: crate::journal::Journal,
     /// The temp-file store's knobs, counters and LRU clock.
     pub(crate) temp: TempStore,
     /// What NVRAM adds to the lower namespace (rank `Overlay`).

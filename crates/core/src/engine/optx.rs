@@ -49,6 +49,11 @@ impl<'p> OpTx<'p> {
             .0
     }
 
+    /// True while a transaction is running (begun and not ended).
+    pub fn is_running(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// Commits (on `Ok`) or rolls back (on `Err`) now, and passes the result on.
     pub fn end<T>(&mut self, result: FsResult<T>) -> FsResult<T> {
         if let Some((tx, held)) = self.tx.take() {
@@ -76,6 +81,7 @@ impl<L: LowerFs> Engine<L> {
         let result = f(&mut otx);
         let result = otx.end(result);
         self.counters.request(op, result.is_ok());
+        self.checkpoint_if_full();
         result
     }
 

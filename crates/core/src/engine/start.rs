@@ -18,6 +18,7 @@ use crate::cache::{PageCache, Reason};
 use crate::error::FsError;
 use crate::handles::HandleTable;
 use crate::inodes::{Identity, InodeTable};
+use crate::journal::Journal;
 use crate::lowerfs::Lower;
 use crate::overlay::Overlay;
 use crate::stats::Counters;
@@ -51,6 +52,11 @@ pub enum StartError {
     DropDeleted { object: u64, error: FsError },
     #[error("settling pending directory times: {0}")]
     Settle(FsError),
+    #[error(
+        "replaying metadata-journal record {seq} (frame {frame}) onto the lower file system: \
+         {error} (the lower directory was changed behind nvstack's back; the region is left as it is)"
+    )]
+    Replay { seq: u64, frame: u64, error: FsError },
     #[error("NVRAM: {0}")]
     Nvram(#[from] TxError),
     #[error("{0}")]
@@ -77,6 +83,12 @@ impl<L: LowerFs> Engine<L> {
             config.cache.low_pages = frames * 6 / 10;
         }
         let root_key = lower.key(lower.root());
+        // The journal names objects by file handle; without handles, changes are synced in
+        // the lower file system instead.
+        let marker = crate::journal::read_marker(&lower);
+        let journal_on = pool.consistency() != txn::Consistency::None
+            && lower.file_handle(lower.root()).is_ok_and(|h| !h.is_empty())
+            && marker.is_some();
         let (root, _) =
             lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
         let engine = Engine {
@@ -85,6 +97,7 @@ impl<L: LowerFs> Engine<L> {
             counters: Counters::default(),
             space: Space::default(),
             durability: Durability::default(),
+            journal: Journal::new(journal_on, config.journal, frames),
             temp: TempStore::new(config.temp),
             overlay: Mutex::new(Rank::Overlay, Overlay::default()),
             cache: PageCache::new(config.cache, policy),
@@ -95,6 +108,8 @@ impl<L: LowerFs> Engine<L> {
             lower: Lower::new(lower),
             pool,
         };
+        // First: records of the other subsystems may name objects replay makes again.
+        engine.replay_journal(marker.unwrap_or(0))?;
         engine.rebuild_tempfiles()?;
         engine.rebuild_dir_times()?;
         engine.rebuild_cache()?;
@@ -119,6 +134,9 @@ impl<L: LowerFs> Engine<L> {
         }
         if let Err(e) = self.settle_dir_times() {
             eprintln!("nvstack: settling pending directory times at unmount failed: {e}");
+        }
+        if let Err(e) = self.checkpoint(crate::journal::checkpoint::Why::Unmount) {
+            eprintln!("nvstack: journal checkpoint at unmount failed (replayed at mount): {e}");
         }
         if self.cache.config().writeback_on_unmount
             && let (_, Some(e)) = self.flush_cache(Reason::Unmount, &mut |_, _| {})

@@ -1,26 +1,288 @@
-//! Namespace and attribute changes of lower objects: every one the engine makes for an
-//! application goes through one of these methods, which apply it to the lower file system
-//! (through the `lowerfs` facade: the lower tree stays what readers see) and account for its
-//! durability. Until the change is durable in the lower file system, the objects it touched
-//! are *unsynced* (`engine/durability.rs`), so a durability call on them syncs the lower
+//! The metadata journal (design.md section 13): namespace and attribute changes of lower
+//! objects at NVRAM speed. Every such change the engine makes for an application goes through
+//! one of the `ns_*` methods here, which apply it to the lower file system at once (through the
+//! `lowerfs` facade: the lower tree stays what readers see) and then record an idempotent
+//! *redo record* of it in NVRAM in its own transaction: the change is durable when the record
+//! commits, and becomes durable in the lower file system later, at a *checkpoint*
+//! (`checkpoint.rs`: one syncfs, then the records are freed), as VM-aware journaling retains
+//! committed buffers until their checkpoint. Recovery replays the records after the last
+//! checkpoint onto the lower file system before anything else (`replay.rs`).
+//!
+//! Without the journal (`--consistency none`, a lower file system without file handles, a
+//! change too large for a record, or no free frame for it) a change is marked *unsynced*
+//! (`engine/durability.rs`) instead, so a durability call on what it touched syncs the lower
 //! file system.
 //!
-//! Size changes are not here: a truncate of a lower file goes through the page cache (an
+//! Size changes are not journaled: a truncate of a lower file goes through the page cache (an
 //! NVRAM transaction; the lower file is cut by write-back) or, with the cache off, straight to
-//! the lower file, marked unsynced like any other data written there.
+//! the lower file, marked unsynced like any other data written there. Nor is atime (relatime
+//! updates are not made durable by file systems either).
+//!
+//! Protocol of one journaled change (persistence points in brackets): (1) the change is applied
+//! to the lower file system; (2) the handles of what it touched are read; (3) one transaction
+//! allocates a frame and writes the record [the commit; failpoint `journal.committed` after
+//! it]; (4) the record joins the committed list and the marker is set (M3). A crash before
+//! (3) commits loses a change whose operation never returned; after it, replay redoes it if
+//! the lower file system lost it.
 
+pub mod checkpoint;
+pub mod record;
+mod replay;
+
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use lower::{Attr, Creds, LowerFs, SetAttr};
+use txn::{FrameId, FrameTag, TxError};
 
 use crate::engine::Engine;
 use crate::engine::optx::OpTx;
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
+use crate::stats::Counters;
+use crate::sync::{Mutex, Rank};
+use record::{KIND_REDO, Op, RECORD_SIZE, Redo};
+
+/// The lower root's extended attribute holding the sequence of the last applied change (M3);
+/// hidden from the mount.
+pub const MARKER: &str = "user.nvstack.journal";
+
+/// Reads the marker of the lower root: `Some(sequence)` (0 when never set), `None` when the
+/// lower file system cannot hold it (then nothing is journaled).
+pub fn read_marker<L: LowerFs>(lower: &L) -> Option<u64> {
+    match lower.getxattr(lower.root(), OsStr::new(MARKER), 64) {
+        Ok(v) => Some(v.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)),
+        Err(lower::Errno(libc::ENODATA)) => Some(0),
+        Err(_) => None,
+    }
+}
+
+/// Knobs of the metadata journal, fixed at mount.
+#[derive(Clone, Copy, Debug)]
+pub struct JournalConfig {
+    /// Checkpoint when the records take this many bytes of NVRAM (`--journal-size`).
+    pub size_max: u64,
+    /// Checkpoint when records are this many seconds old (`--checkpoint-interval`; 0: only by
+    /// size, at unmount, and when a durability call must reach the lower file system).
+    pub interval_secs: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig { size_max: 32 << 20, interval_secs: 5 }
+    }
+}
+
+/// The journal's volatile state.
+#[derive(Debug)]
+pub struct Journal {
+    /// Records are written (the consistency mode keeps NVRAM crash-consistent and the lower
+    /// file system has file handles).
+    enabled: bool,
+    config: JournalConfig,
+    /// Frames the journal may hold at most (its size limit, or a quarter of the region).
+    frames_max: u64,
+    next_seq: AtomicU64,
+    /// Committed records not yet checkpointed (rank `Journal`).
+    pending: Mutex<Pending>,
+    /// One checkpoint at a time (rank `Checkpoint`: held across its syncfs).
+    checkpointing: Mutex<()>,
+    /// Lower-clock seconds of the last checkpoint (or of start).
+    last_checkpoint: AtomicI64,
+    counters: JournalCounters,
+}
+
+/// The committed records not yet checkpointed (see `Journal::pending`).
+#[derive(Debug, Default)]
+struct Pending {
+    /// Sequence -> frame.
+    records: BTreeMap<u64, FrameId>,
+}
+
+#[derive(Debug, Default)]
+struct JournalCounters {
+    records_total: AtomicU64,
+    not_journaled: AtomicU64,
+    checkpoints: AtomicU64,
+    checkpoint_ms_total: AtomicU64,
+    replayed_at_mount: AtomicU64,
+}
+
+/// `nvstack stat --json`: `journal`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct JournalStats {
+    pub enabled: bool,
+    /// Records in NVRAM now (committed, not yet checkpointed).
+    pub records: u64,
+    /// NVRAM they take (a frame each).
+    pub bytes: u64,
+    pub records_total: u64,
+    /// Changes that could not be journaled (too large, no frame) and were marked unsynced.
+    pub not_journaled: u64,
+    pub checkpoints: u64,
+    pub checkpoint_ms_total: u64,
+    pub replayed_at_mount: u64,
+    /// Stores into write-protected committed NVRAM caught (journal consistency mode).
+    pub trapped_writes: u64,
+    pub size_max: u64,
+    pub interval_secs: u64,
+}
+
+impl Journal {
+    pub fn new(enabled: bool, config: JournalConfig, region_frames: u64) -> Journal {
+        let by_size = config.size_max / RECORD_SIZE as u64;
+        Journal {
+            enabled,
+            config,
+            frames_max: by_size.min(region_frames / 4).max(1),
+            next_seq: AtomicU64::new(1),
+            pending: Mutex::new(Rank::Journal, Pending::default()),
+            checkpointing: Mutex::new(Rank::Checkpoint, ()),
+            last_checkpoint: AtomicI64::new(i64::MIN),
+            counters: JournalCounters::default(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Committed records not yet checkpointed.
+    pub fn len(&self) -> u64 {
+        self.pending.lock().records.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// At the size limit: the next operation checkpoints.
+    pub fn full(&self) -> bool {
+        self.enabled && self.len() >= self.frames_max
+    }
+
+    pub fn stats(&self, trapped_writes: u64) -> JournalStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let records = self.len();
+        JournalStats {
+            enabled: self.enabled,
+            records,
+            bytes: records * RECORD_SIZE as u64,
+            records_total: get(&self.counters.records_total),
+            not_journaled: get(&self.counters.not_journaled),
+            checkpoints: get(&self.counters.checkpoints),
+            checkpoint_ms_total: get(&self.counters.checkpoint_ms_total),
+            replayed_at_mount: get(&self.counters.replayed_at_mount),
+            trapped_writes,
+            size_max: self.config.size_max,
+            interval_secs: self.config.interval_secs,
+        }
+    }
+}
 
 impl<L: LowerFs> Engine<L> {
+    /// The durable identity of a lower object in records (`LowerFs::file_handle`).
+    fn object_handle(&self, node: &L::Node) -> FsResult<Vec<u8>> {
+        Ok(self.lower.file_handle(node)?)
+    }
+
+    /// Steps 2-4 of the protocol (module docs) for a change already applied to the lower file
+    /// system: `build` reads the handles and makes the record; `touched` are the lower objects
+    /// it changed, marked unsynced when the change cannot be journaled. The operation must not
+    /// have a transaction running (its record commits on its own).
+    fn journaled(
+        &self,
+        otx: &mut OpTx<'_>,
+        touched: &[(u64, u64)],
+        build: impl FnOnce() -> FsResult<Redo>,
+    ) -> FsResult<()> {
+        assert!(!otx.is_running(), "a journaled change inside a running transaction");
+        let unjournaled = || {
+            for &key in touched {
+                self.unsynced(key);
+            }
+        };
+        if !self.journal.enabled {
+            unjournaled();
+            return Ok(());
+        }
+        let mut redo = match build() {
+            Ok(redo) if redo.fits() => redo,
+            // Too large for a record, or no handle: synced in the lower file system instead.
+            _ => {
+                Counters::add(&self.journal.counters.not_journaled, 1);
+                unjournaled();
+                return Ok(());
+            }
+        };
+        redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
+        let pool = &self.pool;
+        let written = (|| -> Result<FrameId, TxError> {
+            let tx = otx.tx();
+            let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 })?;
+            tx.write(pool.frame_offset(frame), &redo.encode());
+            Ok(frame)
+        })();
+        match written {
+            Ok(frame) => {
+                otx.end(Ok(()))?;
+                self.journal.pending.lock().records.insert(redo.seq, frame);
+                Counters::add(&self.journal.counters.records_total, 1);
+                self.fail("journal.committed");
+                self.mark_applied();
+            }
+            Err(TxError::NoFrames) => {
+                let _ = otx.end::<()>(Err(FsError::Nvram(TxError::NoFrames)));
+                Counters::add(&self.journal.counters.not_journaled, 1);
+                unjournaled();
+            }
+            Err(e) => return otx.end(Err(e.into())),
+        }
+        Ok(())
+    }
+
+    /// M3: every change with a sequence up to the marker's value (an extended attribute of
+    /// the lower root, `MARKER`) was applied before the marker was set. The lower file
+    /// system commits its metadata in order (K2), so after a crash the marker it kept says
+    /// which records it has for certain: replay starts after it, and at most the changes
+    /// applied since the last marker (one per thread in flight) are judged by state.
+    fn mark_applied(&self) {
+        let upto = self.journal.next_seq.load(Ordering::Relaxed) - 1;
+        if let Err(e) =
+            self.lower.setxattr(self.lower.root(), OsStr::new(MARKER), &upto.to_le_bytes(), 0)
+        {
+            // Replay would still be right for the change itself, but could judge more than
+            // one change by state: make everything durable now instead.
+            eprintln!("nvstack: setting the journal marker failed ({e}): checkpointing");
+            if let Err(e) = self.checkpoint(checkpoint::Why::Sync) {
+                eprintln!("nvstack: journal checkpoint failed: {e}");
+            }
+        }
+    }
+
+    /// A record naming a new object `node` as `parent/name`.
+    fn creation(
+        &self,
+        op: Op,
+        parent: &L::Node,
+        name: &OsStr,
+        node: &L::Node,
+        attr: &Attr,
+    ) -> FsResult<Redo> {
+        let mut redo = Redo::new(op);
+        redo.dir1 = self.object_handle(parent)?;
+        redo.name1 = name.to_os_string();
+        redo.object = self.object_handle(node)?;
+        redo.mode = attr.mode;
+        redo.uid = attr.uid;
+        redo.gid = attr.gid;
+        redo.rdev = attr.rdev;
+        Ok(redo)
+    }
+
     pub(crate) fn ns_mknod(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -28,40 +290,47 @@ impl<L: LowerFs> Engine<L> {
         rdev: u64,
     ) -> FsResult<(L::Node, Attr)> {
         let (node, attr) = self.lower.mknod(creds, parent, name, mode, rdev)?;
-        self.created(parent, &node);
+        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.journaled(otx, &touched, || self.creation(Op::Mknod, parent, name, &node, &attr))?;
         Ok((node, attr))
     }
 
     pub(crate) fn ns_mkdir(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
         mode: u32,
     ) -> FsResult<(L::Node, Attr)> {
         let (node, attr) = self.lower.mkdir(creds, parent, name, mode)?;
-        self.created(parent, &node);
+        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.journaled(otx, &touched, || self.creation(Op::Mkdir, parent, name, &node, &attr))?;
         Ok((node, attr))
     }
 
     pub(crate) fn ns_symlink(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
         target: &OsStr,
     ) -> FsResult<(L::Node, Attr)> {
         let (node, attr) = self.lower.symlink(creds, parent, name, target)?;
-        self.created(parent, &node);
+        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.journaled(otx, &touched, || {
+            let mut redo = self.creation(Op::Symlink, parent, name, &node, &attr)?;
+            redo.payload = std::os::unix::ffi::OsStrExt::as_bytes(target).to_vec();
+            Ok(redo)
+        })?;
         Ok((node, attr))
     }
 
     /// Creates and opens a regular file in the lower directory.
     pub(crate) fn ns_create(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -69,98 +338,175 @@ impl<L: LowerFs> Engine<L> {
         flags: i32,
     ) -> FsResult<(L::Node, Attr, L::File)> {
         let (node, attr, file) = self.lower.create(creds, parent, name, mode, flags)?;
-        self.created(parent, &node);
+        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.journaled(otx, &touched, || self.creation(Op::Create, parent, name, &node, &attr))?;
         Ok((node, attr, file))
     }
 
     pub(crate) fn ns_link(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         node: &L::Node,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<Attr> {
         let attr = self.lower.link(node, parent, name)?;
-        self.created(parent, node);
+        let touched = [self.lower.key(parent), self.lower.key(node)];
+        self.journaled(otx, &touched, || self.creation(Op::Link, parent, name, node, &attr))?;
         Ok(attr)
+    }
+
+    /// Removes `parent/name` (`dir`: rmdir); the record names what it was.
+    fn ns_remove(
+        &self,
+        otx: &mut OpTx<'_>,
+        parent: &L::Node,
+        name: &OsStr,
+        dir: bool,
+    ) -> FsResult<()> {
+        // The victim's handle is read first (after the removal it has no name to read it by).
+        let victim = if self.journal.enabled {
+            self.lower.lookup(parent, name).ok().and_then(|(n, _)| self.object_handle(&n).ok())
+        } else {
+            None
+        };
+        if dir {
+            self.lower.rmdir(parent, name)?;
+        } else {
+            self.lower.unlink(parent, name)?;
+        }
+        self.journaled(otx, &[self.lower.key(parent)], || {
+            let mut redo = Redo::new(if dir { Op::Rmdir } else { Op::Unlink });
+            redo.dir1 = self.object_handle(parent)?;
+            redo.name1 = name.to_os_string();
+            redo.object = victim.ok_or(FsError::Answer(lower::Errno(libc::EOPNOTSUPP)))?;
+            Ok(redo)
+        })
     }
 
     pub(crate) fn ns_unlink(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.lower.unlink(parent, name)?;
-        self.unsynced(self.lower.key(parent));
-        Ok(())
+        self.ns_remove(otx, parent, name, false)
     }
 
     pub(crate) fn ns_rmdir(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.lower.rmdir(parent, name)?;
-        self.unsynced(self.lower.key(parent));
-        Ok(())
+        self.ns_remove(otx, parent, name, true)
     }
 
     pub(crate) fn ns_rename(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         (parent, name): (&L::Node, &OsStr),
         (newparent, newname): (&L::Node, &OsStr),
         flags: u32,
     ) -> FsResult<()> {
+        // What moves (and, for an exchange, what comes back), read before the rename.
+        let handle_at = |p: &L::Node, n: &OsStr| {
+            self.lower.lookup(p, n).ok().and_then(|(node, _)| self.object_handle(&node).ok())
+        };
+        let (moved, other) = if self.journal.enabled {
+            let other = if flags & libc::RENAME_EXCHANGE != 0 {
+                handle_at(newparent, newname)
+            } else {
+                None
+            };
+            (handle_at(parent, name), other)
+        } else {
+            (None, None)
+        };
         self.lower.rename(parent, name, newparent, newname, flags)?;
-        self.unsynced(self.lower.key(parent));
-        self.unsynced(self.lower.key(newparent));
-        Ok(())
+        let touched = [self.lower.key(parent), self.lower.key(newparent)];
+        self.journaled(otx, &touched, || {
+            let mut redo = Redo::new(Op::Rename);
+            // XATTR_CREATE/XATTR_REPLACE: the lower call above already
+            // checked them; replay sets the value whatever it finds.
+            redo.flags = u16::try_from(flags).unwrap_or(0);
+            redo.dir1 = self.object_handle(parent)?;
+            redo.name1 = name.to_os_string();
+            redo.dir2 = self.object_handle(newparent)?;
+            redo.name2 = newname.to_os_string();
+            redo.object = moved.ok_or(FsError::Answer(lower::Errno(libc::EOPNOTSUPP)))?;
+            redo.other = other.unwrap_or_default();
+            Ok(redo)
+        })
     }
 
-    /// mode, owner and times (never the size: see the module docs).
+    /// mode, owner and times (never the size: see the module docs). The record holds the
+    /// values the lower object has afterwards, so that replay sets exactly those.
     pub(crate) fn ns_setattr(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         node: &L::Node,
         file: Option<&L::File>,
         set: &SetAttr,
     ) -> FsResult<Attr> {
         assert!(set.size.is_none(), "size changes are data, not journaled attributes");
         let attr = self.lower.setattr(node, file, set)?;
-        self.unsynced(self.lower.key(node));
+        self.journaled(otx, &[self.lower.key(node)], || {
+            let mut redo = Redo::new(Op::Setattr);
+            redo.object = self.object_handle(node)?;
+            let mut mask = 0;
+            for (wanted, bit) in [
+                (set.mode.is_some(), record::SET_MODE),
+                (set.uid.is_some(), record::SET_UID),
+                (set.gid.is_some(), record::SET_GID),
+                (set.atime.is_some(), record::SET_ATIME),
+                (set.mtime.is_some(), record::SET_MTIME),
+            ] {
+                if wanted {
+                    mask |= bit;
+                }
+            }
+            redo.flags = mask;
+            (redo.mode, redo.uid, redo.gid) = (attr.mode, attr.uid, attr.gid);
+            (redo.atime, redo.mtime) = (attr.atime, attr.mtime);
+            Ok(redo)
+        })?;
         Ok(attr)
     }
 
     pub(crate) fn ns_setxattr(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         node: &L::Node,
         name: &OsStr,
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
         self.lower.setxattr(node, name, value, flags)?;
-        self.unsynced(self.lower.key(node));
-        Ok(())
+        self.journaled(otx, &[self.lower.key(node)], || {
+            let mut redo = Redo::new(Op::Setxattr);
+            redo.object = self.object_handle(node)?;
+            redo.name2 = name.to_os_string();
+            redo.payload = value.to_vec();
+            // XATTR_CREATE/XATTR_REPLACE: the lower call above already
+            // checked them; replay sets the value whatever it finds.
+            redo.flags = u16::try_from(flags).unwrap_or(0);
+            Ok(redo)
+        })
     }
 
     pub(crate) fn ns_removexattr(
         &self,
-        _otx: &mut OpTx<'_>,
+        otx: &mut OpTx<'_>,
         node: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
         self.lower.removexattr(node, name)?;
-        self.unsynced(self.lower.key(node));
-        Ok(())
-    }
-
-    /// `node` got a name in `parent`: both changed in the lower file system.
-    fn created(&self, parent: &L::Node, node: &L::Node) {
-        self.unsynced(self.lower.key(parent));
-        self.unsynced(self.lower.key(node));
+        self.journaled(otx, &[self.lower.key(node)], || {
+            let mut redo = Redo::new(Op::Removexattr);
+            redo.object = self.object_handle(node)?;
+            redo.name2 = name.to_os_string();
+            Ok(redo)
+        })
     }
 }

@@ -9,6 +9,7 @@ use lower::{Attr, LowerFs, SetAttr};
 use crate::engine::optx::OpTx;
 use crate::engine::{Engine, Obj, Open, suidgid_bits};
 use crate::error::{FsResult, answer};
+use crate::inodes::ROOT_ID;
 use crate::stats::Op;
 use crate::tempfs::{self, Fate};
 
@@ -128,6 +129,10 @@ impl<L: LowerFs> Engine<L> {
 
     pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         self.xattrs_off(Op::Setxattr)?;
+        if is_marker(node_id, name) {
+            self.counters.request(Op::Setxattr, false);
+            return Err(answer(libc::EPERM));
+        }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
         self.op(Op::Setxattr, |otx| self.ns_setxattr(otx, &node, name, value, flags))
     }
@@ -135,6 +140,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
         self.xattrs_off(Op::Getxattr)?;
         self.op(Op::Getxattr, |_| match self.lower_obj(node_id)? {
+            Ok(_) if is_marker(node_id, name) => Err(answer(libc::ENODATA)),
             Ok(node) => Ok(self.lower.getxattr(&node, name, size)?),
             Err(_) => Err(answer(libc::ENODATA)),
         })
@@ -143,6 +149,19 @@ impl<L: LowerFs> Engine<L> {
     pub fn listxattr(&self, node_id: u64, size: usize) -> FsResult<Vec<u8>> {
         self.xattrs_off(Op::Listxattr)?;
         self.op(Op::Listxattr, |_| match self.lower_obj(node_id)? {
+            Ok(node) if node_id == ROOT_ID => {
+                // The journal's marker is nvstack's own: the list without it, sized as asked.
+                let all = self.lower.listxattr(&node, 0)?;
+                let list: Vec<u8> = all
+                    .split(|&b| b == 0)
+                    .filter(|n| !n.is_empty() && *n != crate::journal::MARKER.as_bytes())
+                    .flat_map(|n| n.iter().copied().chain([0]))
+                    .collect();
+                if size != 0 && list.len() > size {
+                    return Err(crate::error::FsError::Lower(lower::Errno(libc::ERANGE)));
+                }
+                Ok(list)
+            }
             Ok(node) => Ok(self.lower.listxattr(&node, size)?),
             Err(_) => Ok(Vec::new()),
         })
@@ -157,7 +176,17 @@ impl<L: LowerFs> Engine<L> {
                 return Err(answer(libc::ENODATA));
             }
         }
+        if is_marker(node_id, name) {
+            self.counters.request(Op::Removexattr, false);
+            return Err(answer(libc::EPERM));
+        }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
         self.op(Op::Removexattr, |otx| self.ns_removexattr(otx, &node, name))
     }
+}
+
+/// The metadata journal's marker on the lower root (`journal::MARKER`): invisible through the
+/// mount, and not an application's to change.
+fn is_marker(node_id: u64, name: &OsStr) -> bool {
+    node_id == ROOT_ID && name == crate::journal::MARKER
 }

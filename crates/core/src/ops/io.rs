@@ -99,6 +99,9 @@ impl<L: LowerFs> Engine<L> {
                 Ok((n, After::Nothing)) => return Ok(n),
                 Err(FsError::Nvram(TxError::NoFrames)) if !pressured => {
                     pressured = true;
+                    if let Err(e) = self.checkpoint(crate::journal::checkpoint::Why::Pressure) {
+                        eprintln!("nvstack: journal checkpoint for room failed: {e}");
+                    }
                     self.relieve_pressure(true);
                     if let Err(e) = self.writeback_for_room() {
                         eprintln!("nvstack: write-back for room failed: {e}");

@@ -44,8 +44,19 @@ pub fn hidden_name(serial: u64) -> OsString {
     OsString::from(format!("{HIDDEN_PREFIX}{serial:016x}"))
 }
 
+/// Names of objects the metadata journal's replay makes before it moves them to their name
+/// (`journal/replay.rs`): hidden too.
+pub const REPLAY_PREFIX: &str = ".nvstack-replay-";
+
+pub fn replay_name(seq: u64) -> OsString {
+    OsString::from(format!("{REPLAY_PREFIX}{seq:016x}"))
+}
+
+/// nvstack's own names in lower directories: invisible through the mount, never created by
+/// an application.
 pub fn is_hidden(name: &OsStr) -> bool {
-    name.as_encoded_bytes().starts_with(HIDDEN_PREFIX.as_bytes())
+    let b = name.as_encoded_bytes();
+    b.starts_with(HIDDEN_PREFIX.as_bytes()) || b.starts_with(REPLAY_PREFIX.as_bytes())
 }
 
 /// Why a temp file was transformed (counted per trigger).

@@ -116,10 +116,17 @@ fn mix(old: &Inode, new: &Inode, rng: &mut SplitMix64) -> Inode {
 impl MemLower {
     /// syncfs: every live inode becomes durable (rule 5).
     pub fn sync_all(&self) {
+        self.fs.syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut st = self.fs.lock();
         let live: Vec<(u64, Inode)> = st.live.iter().map(|(&i, n)| (i, n.clone())).collect();
         st.durable.extend(live);
         st.collect_durable();
+    }
+
+    /// Whole-file-system syncs (`sync_all`, syncfs) so far: a state saved before the last one
+    /// can no longer be what a crash leaves.
+    pub fn syncs(&self) -> u64 {
+        self.fs.syncs.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Inode numbers whose live version differs from the durable one (pending changes).
@@ -157,6 +164,41 @@ impl MemLower {
                 (None, Some(l)) => mix(&l.skeleton(), l, &mut rng),
                 (Some(d), None) => d.clone(),
                 (None, None) => unreachable!("from the union of both"),
+            };
+            versions.insert(ino, version);
+        }
+        drop(st);
+        self.image(versions)
+    }
+
+    /// A power cut of a journaling file system (ext4, xfs, btrfs): its namespace commits in
+    /// order, so every directory is as of the last sync or every directory is as now (one
+    /// seeded choice for all: no other prefix of pending namespace changes exists in this
+    /// model), while file data and attributes are a seeded per-object mix as in `crash_with`.
+    #[must_use]
+    pub fn crash_ordered(&self, seed: u64) -> MemLower {
+        let st = self.fs.lock();
+        let mut rng = SplitMix64(seed);
+        let names_live = rng.coin();
+        let inos: BTreeSet<u64> = st.live.keys().chain(st.durable.keys()).copied().collect();
+        let mut versions = BTreeMap::new();
+        for ino in inos {
+            let (durable, live) = (st.durable.get(&ino), st.live.get(&ino));
+            let is_dir = live.or(durable).is_some_and(|i| i.kind() == FileKind::Directory);
+            let version = if is_dir {
+                match (durable, live) {
+                    (_, Some(l)) if names_live => l.clone(),
+                    (Some(d), _) => d.clone(),
+                    (None, Some(l)) => l.skeleton(),
+                    (None, None) => unreachable!("from the union of both"),
+                }
+            } else {
+                match (durable, live) {
+                    (Some(d), Some(l)) => mix(d, l, &mut rng),
+                    (None, Some(l)) => mix(&l.skeleton(), l, &mut rng),
+                    (Some(d), None) => d.clone(),
+                    (None, None) => unreachable!("from the union of both"),
+                }
             };
             versions.insert(ino, version);
         }

@@ -265,6 +265,8 @@ struct Shared {
     config: MemConfig,
     /// The one lock of the file system; never held while calling out (readdir's `emit`).
     state: Mutex<State>,
+    /// Whole-file-system syncs so far (`sync_all`, syncfs).
+    syncs: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -404,7 +406,11 @@ impl MemLower {
     }
 
     fn from_state(config: MemConfig, state: State) -> MemLower {
-        let fs = Arc::new(Shared { config, state: Mutex::new(state) });
+        let fs = Arc::new(Shared {
+            config,
+            state: Mutex::new(state),
+            syncs: std::sync::atomic::AtomicU64::new(0),
+        });
         let root = hold(&fs, &mut fs.lock(), ROOT_INO);
         MemLower { fs, root }
     }
@@ -605,8 +611,9 @@ impl LowerFs for MemLower {
     }
 
     /// The inode number: unique while the directory exists, which is all the model needs.
+    /// The same as `file_handle`: inode number and generation.
     fn dir_handle(&self, dir: &MemNode) -> Result<Vec<u8>> {
-        Ok(dir.ino.to_le_bytes().to_vec())
+        self.file_handle(dir)
     }
 
     /// Inode number and generation, as a real file handle: a deleted file's handle never
@@ -616,5 +623,22 @@ impl LowerFs for MemLower {
         let mut h = file.ino.to_le_bytes().to_vec();
         h.extend_from_slice(&generation.to_le_bytes());
         Ok(h)
+    }
+
+    /// Direct, as `open_by_handle_at`: the inode of the handle's number, if it is live, has the
+    /// handle's generation and is reachable (a name, or the root).
+    fn find_object(&self, handle: &[u8], _limit: usize) -> Result<MemNode> {
+        let (Some(ino), Some(generation)) = (
+            handle.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes),
+            handle.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes),
+        ) else {
+            return Err(Errno(libc::ESTALE));
+        };
+        let mut st = self.fs.lock();
+        match st.live.get(&ino) {
+            Some(i) if i.generation == generation && (i.nlink > 0 || ino == ROOT_INO) => {}
+            _ => return Err(Errno(libc::ESTALE)),
+        }
+        Ok(hold(&self.fs, &mut st, ino))
     }
 }

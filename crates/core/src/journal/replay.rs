@@ -1,0 +1,303 @@
+//! Recovery of the metadata journal: before the engine serves, every record left in the
+//! region (not yet checkpointed) is redone on the lower file system, in sequence order, then
+//! one checkpoint makes the result durable and frees the records.
+//!
+//! The lower file system after a crash holds some prefix of the applied changes (assumption
+//! K2, design.md section 8: a journaling file system commits its metadata in order), at
+//! least up to the last checkpoint. A record is therefore redone only when its effect is
+//! missing, judged by the objects' handles (which never name another object):
+//! - a creation (create, mknod, mkdir, symlink) is there when its object exists anywhere
+//!   (`find_object`); otherwise it is made again - with a new handle, so every reference to
+//!   the old one (later records, temp-file, directory-times and cached-file records) is
+//!   rewritten to the new one in one transaction before the next record is redone (M4: the
+//!   region never names an object the lower file system cannot find again);
+//! - a link is there when the name holds the object; a removal, when the name does not hold
+//!   the object; a rename, when the source name does not hold the moved object;
+//! - attribute changes are set again (idempotent: later records set later values).
+//!
+//! If an interrupted replay made an object already, its name is taken by it: it is adopted.
+//! A record that cannot be redone (a directory the lower file system lost although the
+//! records say it exists) refuses the mount, naming the record: never a guess.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+
+use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
+use txn::{FrameId, Tx, TxError};
+
+use super::record::{self, Op, Redo};
+use crate::engine::Engine;
+use crate::engine::start::StartError;
+use crate::error::{FsError, FsResult};
+use crate::stats::Counters;
+
+impl<L: LowerFs> Engine<L> {
+    /// See the module docs. Runs first at start, before the overlay and the page cache are
+    /// rebuilt from records that may name recreated objects.
+    pub(crate) fn replay_journal(&self, marker: u64) -> Result<(), StartError> {
+        let found = record::scan(&self.pool)?;
+        let next = found.last().map_or(1, |f| f.redo.seq + 1).max(marker + 1);
+        self.journal.next_seq.store(next, Ordering::Relaxed);
+        if found.is_empty() {
+            return Ok(());
+        }
+        let mut records: Vec<(FrameId, Redo)> =
+            found.into_iter().map(|f| (f.frame, f.redo)).collect();
+        for i in 0..records.len() {
+            let (frame, redo) = records[i].clone();
+            if redo.seq <= marker {
+                continue; // M3: the lower file system has it
+            }
+            let fail = |error: FsError| StartError::Replay { seq: redo.seq, frame: frame.0, error };
+            if let Some((old, new)) = self.redo(&redo).map_err(fail)? {
+                self.rewrite_handle(&old, &new, &mut records[i..]).map_err(fail)?;
+                let parent = self.lower.find_object(&records[i].1.dir1, self.max_walk);
+                let parent = parent.map_err(|e| fail(e.into()))?;
+                let hidden = crate::tempfs::replay_name(redo.seq);
+                self.place(&records[i].1, &parent, &hidden).map_err(fail)?;
+            }
+            self.lower
+                .setxattr(self.lower.root(), OsStr::new(super::MARKER), &redo.seq.to_le_bytes(), 0)
+                .map_err(|e| fail(e.into()))?;
+            self.fail("replay.applied");
+            Counters::add(&self.journal.counters.replayed_at_mount, 1);
+        }
+        {
+            let mut pending = self.journal.pending.lock();
+            for (frame, redo) in &records {
+                pending.records.insert(redo.seq, *frame);
+            }
+        }
+        self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
+        Ok(())
+    }
+
+    /// Redoes one record if its effect is missing; for a recreated object (still at its hidden
+    /// name) its old and new handle.
+    fn redo(&self, r: &Redo) -> FsResult<Option<(Vec<u8>, Vec<u8>)>> {
+        let exists = |h: &[u8]| self.lower.find_object(h, self.max_walk);
+        let holds = |dir: &L::Node, name: &OsStr, h: &[u8]| {
+            self.lower
+                .lookup(dir, name)
+                .ok()
+                .is_some_and(|(n, _)| self.lower.file_handle(&n).is_ok_and(|x| x == h))
+        };
+        match r.op() {
+            Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink => {
+                let parent = exists(&r.dir1)?;
+                let hidden = crate::tempfs::replay_name(r.seq);
+                if holds(&parent, &hidden, &r.object) {
+                    // Made and renamed in the record by an interrupted replay: place it.
+                    self.place(r, &parent, &hidden)?;
+                    return Ok(None);
+                }
+                if exists(&r.object).is_ok() {
+                    return Ok(None);
+                }
+                return self.recreate(r, &parent, &hidden).map(Some);
+            }
+            Op::Link => {
+                let parent = exists(&r.dir1)?;
+                if !holds(&parent, r.name1(), &r.object)
+                    && let Ok(node) = exists(&r.object)
+                {
+                    match self.lower.link(&node, &parent, r.name1()) {
+                        // Taken: under the prefix assumption the name was free until the link
+                        // was done, so it was done and the name has gone to another object.
+                        Ok(_) | Err(Errno(libc::EEXIST)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Op::Unlink | Op::Rmdir => {
+                let parent = exists(&r.dir1)?;
+                if holds(&parent, r.name1(), &r.object) {
+                    if r.op() == Op::Rmdir {
+                        self.lower.rmdir(&parent, r.name1())?;
+                    } else {
+                        self.lower.unlink(&parent, r.name1())?;
+                    }
+                }
+            }
+            Op::Rename => {
+                let (from, to) = (exists(&r.dir1)?, exists(&r.dir2)?);
+                if holds(&from, r.name1(), &r.object) {
+                    let flags = u32::from(r.flags) & libc::RENAME_EXCHANGE;
+                    self.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
+                }
+            }
+            Op::Setattr => {
+                if let Ok(node) = exists(&r.object) {
+                    self.lower.setattr(&node, None, &attributes(r))?;
+                }
+            }
+            Op::Setxattr => {
+                if let Ok(node) = exists(&r.object) {
+                    self.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
+                }
+            }
+            Op::Removexattr => {
+                if let Ok(node) = exists(&r.object) {
+                    match self.lower.removexattr(&node, r.name2()) {
+                        Ok(()) | Err(Errno(libc::ENODATA)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Makes a created object again as its record says (owner, mode), at the hidden name
+    /// `hidden` (an interrupted replay's object there is adopted: the name is ours); the
+    /// caller rewrites every reference to the record's handle (M4), then `place` moves it to
+    /// its name. Returns the old and the new handle.
+    fn recreate(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<(Vec<u8>, Vec<u8>)> {
+        let creds = Creds { uid: r.uid, gid: r.gid, groups: Vec::new() };
+        let perm = r.mode & 0o7777;
+        let made = match r.op() {
+            Op::Create => self
+                .lower
+                .create(&creds, parent, hidden, perm, libc::O_RDWR)
+                .map(|(node, _, _)| node),
+            Op::Mknod => {
+                self.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
+            }
+            Op::Mkdir => self.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
+            _ => {
+                let target = OsStr::from_bytes(&r.payload);
+                self.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
+            }
+        };
+        let node = match made {
+            Ok(node) => node,
+            Err(Errno(libc::EEXIST)) => self.lower.lookup(parent, hidden)?.0,
+            Err(e) => return Err(e.into()),
+        };
+        if r.op() != Op::Symlink {
+            // The creator's owner and mode exactly (umask and setgid inheritance applied the
+            // first time are in the recorded values).
+            let set = SetAttr {
+                mode: Some(perm),
+                uid: Some(r.uid),
+                gid: Some(r.gid),
+                ..SetAttr::default()
+            };
+            match self.lower.setattr(&node, None, &set) {
+                Ok(_) | Err(Errno(libc::EPERM)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok((r.object.clone(), self.lower.file_handle(&node)?))
+    }
+
+    /// Moves a recreated object from its hidden name to its name. A name taken means the
+    /// creation was done and superseded (under the prefix assumption the name was free until
+    /// then): the recreated object goes again.
+    fn place(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<()> {
+        match self.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
+            Ok(()) => Ok(()),
+            Err(Errno(libc::EEXIST)) => {
+                if r.op() == Op::Mkdir {
+                    self.lower.rmdir(parent, hidden)?;
+                } else {
+                    self.lower.unlink(parent, hidden)?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// M4: every reference to handle `old` - the remaining records, temp-file records,
+    /// directory-times records, cached-file records - becomes `new`, in one transaction.
+    fn rewrite_handle(
+        &self,
+        old: &[u8],
+        new: &[u8],
+        records: &mut [(FrameId, Redo)],
+    ) -> FsResult<()> {
+        let pool = &self.pool;
+        let temps = crate::tempfs::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
+        let times = crate::overlay::times::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
+        let cached = crate::cache::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
+        let swap = |h: &mut Vec<u8>| {
+            if h == old {
+                *h = new.to_vec();
+                true
+            } else {
+                false
+            }
+        };
+        self.atomically(|tx| {
+            for (frame, redo) in records.iter_mut() {
+                let before = redo.encode();
+                let mut changed = false;
+                for h in [&mut redo.dir1, &mut redo.dir2, &mut redo.object, &mut redo.other] {
+                    changed |= swap(h);
+                }
+                if changed {
+                    rewrite(tx, pool.frame_offset(*frame), &before, &redo.encode())?;
+                }
+            }
+            for mut t in temps {
+                let before = t.rec.encode();
+                if swap(&mut t.rec.dir) {
+                    rewrite(tx, pool.frame_offset(t.frame), &before, &t.rec.encode())?;
+                }
+            }
+            for mut t in times {
+                let before = t.times.encode();
+                if swap(&mut t.times.handle) {
+                    rewrite(tx, pool.frame_offset(t.frame), &before, &t.times.encode())?;
+                }
+            }
+            for mut c in cached {
+                let before = c.rec.encode();
+                if swap(&mut c.rec.handle) {
+                    rewrite(tx, pool.frame_offset(c.frame), &before, &c.rec.encode())?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The attributes a `Setattr` record sets, as explicit values.
+fn attributes(r: &Redo) -> SetAttr {
+    let has = |bit| r.flags & bit != 0;
+    SetAttr {
+        mode: has(record::SET_MODE).then_some(r.mode & 0o7777),
+        uid: has(record::SET_UID).then_some(r.uid),
+        gid: has(record::SET_GID).then_some(r.gid),
+        atime: has(record::SET_ATIME).then_some(TimeSet::At(r.atime.0, r.atime.1)),
+        mtime: has(record::SET_MTIME).then_some(TimeSet::At(r.mtime.0, r.mtime.1)),
+        ..SetAttr::default()
+    }
+}
+
+/// Stores `after` over `before` at `off`, changing (and snapshotting) only the bytes that
+/// differ: a rewrite of a handle in a record costs its length, not the record's.
+fn rewrite(tx: &mut Tx<'_>, off: u64, before: &[u8], after: &[u8]) -> Result<(), TxError> {
+    let mut i = 0;
+    while i < after.len() {
+        if before[i] == after[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < after.len() && before[i] != after[i] {
+            i += 1;
+        }
+        tx.update(off + start as u64, &after[start..i])?;
+    }
+    Ok(())
+}
+
+/// A damaged record met while rewriting: reported as EIO (the mount then refuses the region
+/// through the scan of the subsystem that owns it).
+fn corrupt(e: &nvram::Error) -> Errno {
+    eprintln!("nvstack: journal replay: {e}");
+    Errno(libc::EIO)
+}
