@@ -205,17 +205,19 @@ fn page_ranges(pages: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
     ranges
 }
 
-/// The pages `[start, end)` ranges touch, sorted and unique.
+/// The pages that sorted, disjoint `[start, end)` ranges touch, sorted and unique.
 pub(crate) fn pages_of(ranges: &[(u64, u64)]) -> Vec<u64> {
-    let mut pages = BTreeSet::new();
+    let mut pages: Vec<u64> = Vec::new();
     for &(s, e) in ranges {
         let mut page = s / PAGE_SIZE * PAGE_SIZE;
         while page < e {
-            pages.insert(page);
+            if pages.last() != Some(&page) {
+                pages.push(page);
+            }
             page += PAGE_SIZE;
         }
     }
-    pages.into_iter().collect()
+    pages
 }
 
 impl Journal {
@@ -358,8 +360,9 @@ impl Journal {
         Ok(())
     }
 
-    /// Appends one batch of copies (G1): copies and entries stored with `write_retained` (the
-    /// log stays protected), one fence, then the pages are covered and unprotected.
+    /// Appends one batch of copies (G1): copies and both entry tables stored with
+    /// `write_retained` (the log stays protected), one fence, then the pages are covered and
+    /// unprotected.
     fn log_pages(&self, s: &mut GroupState, region: &dyn Region, pages: &[u64]) {
         let first = s.entries;
         let n = pages.len() as u64;
@@ -369,20 +372,17 @@ impl Journal {
         for (k, &page) in pages.iter().enumerate() {
             let copy = region.read_vec(page, PAGE_SIZE as usize);
             let index = first + k as u64;
-            entries.extend_from_slice(&journal::encode_entry(
-                page,
-                s.generation,
-                index,
-                first,
-                &copy,
-            ));
+            entries.extend_from_slice(&journal::encode_entry(page, s.generation, index, &copy));
             copies.extend_from_slice(&copy);
         }
-        let (copy_off, entry_off) = (self.geo.copy_offset(first), self.geo.entry_offset(first));
+        let copy_off = self.geo.copy_offset(first);
         region.write_retained(copy_off, &copies);
-        region.write_retained(entry_off, &entries);
         region.flush(copy_off, copies.len() as u64);
-        region.flush(entry_off, entries.len() as u64);
+        for table in 0..2 {
+            let entry_off = self.geo.entry_offset(table, first);
+            region.write_retained(entry_off, &entries);
+            region.flush(entry_off, entries.len() as u64);
+        }
         // The copies are durable before any of their pages may change (G1).
         region.fence();
         s.entries += n;
@@ -391,7 +391,7 @@ impl Journal {
             s.covered.insert(page, Cover::Logged);
         }
         self.counters.records.fetch_add(n, Ordering::Relaxed);
-        self.counters.record_bytes.fetch_add(n * (PAGE_SIZE + ENTRY_SIZE), Ordering::Relaxed);
+        self.counters.record_bytes.fetch_add(n * (PAGE_SIZE + 2 * ENTRY_SIZE), Ordering::Relaxed);
         self.unprotect_pages(region, pages);
     }
 

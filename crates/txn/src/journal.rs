@@ -4,16 +4,16 @@
 //!
 //! Protocol (the proof by cases is in docs/design.md 12.4; the volatile half is `group.rs`):
 //! 1. first change of a page P in group g (`Tx::snapshot`, `Tx::alloc_frame` of a frame freed
-//!    in g): copy P into log copy i, write entry i = (P, g, i, batch start, checksum of both)
-//!    with `write_retained` (the log stays write-protected), persist the batch (one fence).
-//!    Only now may P change. A frame that was free when g began needs no copy (its bytes mean
-//!    nothing if g is rolled back: the restored descriptor says free).
+//!    in g): copy P into log copy i, write entry i = (P, g, i, checksum of the copy, checksum of
+//!    the entry) into both entry tables, with `write_retained` (the log stays write-protected);
+//!    persist the batch (one fence). Only now may P change. A frame that was free when g began
+//!    needs no copy (its bytes mean nothing if g is rolled back: the restored descriptor says
+//!    free).
 //! 2. group commit: persist every range the group stored to, then store generation g + 1 in
 //!    the generation word and persist it: **the commit point** (one atomic store makes every
 //!    entry of g dead). Then write-protect the changed pages again in batch.
-//! 3. recovery (`Pool::open`): the entries of generation g, from index 0 up to the first that
-//!    is not valid, are written back to their pages, persisted, then generation g + 1 is stored.
-//!    Idempotent: it only reads the log.
+//! 3. recovery (`Pool::open`): every entry of generation g whose copy is intact is written back
+//!    to its page, persisted, then generation g + 1 is stored. Idempotent: it only reads the log.
 //!
 //! Area format (undo area = `undo_slots x undo_slot_size` bytes at `undo_offset`):
 //!
@@ -22,23 +22,25 @@
 //! 40    8  area format word: 0 = undo slots, "NVSJRNL1" = group log      (one atomic store)
 //! 48    8  generation word: bits 0..48 generation g, bits 48..64 = XXH3-64(g) & 0xffff
 //! 56    8  zero
-//! 64   ..  entry table: `capacity` entries of 32 bytes, then zero up to the next page
+//! 64   ..  entry table A: `capacity` entries of 40 bytes; entry table B: the same again
 //! ...      page copies: copy i at `copies + 4096 i`, page aligned
 //!
-//! entry (32 bytes)
+//! entry (40 bytes)
 //!  0    8  target: region offset of the page (a root, descriptor or frame page)
 //!  8    8  generation of the group that wrote it
-//! 16    4  index i
-//! 20    4  batch start: index of the first entry persisted with it
-//! 24    8  XXH3-64 of bytes 0..24 and the 4096 bytes of copy i
+//! 16    8  index i
+//! 24    8  XXH3-64 of the 4096 bytes of copy i
+//! 32    8  XXH3-64 of bytes 0..32
 //! ```
 //!
-//! An entry is *live* when its generation is the generation word's, its index is its position,
-//! and its checksum matches its copy. Entries are appended in index order, one batch (one
-//! fence) at a time, each batch durable before the next is written: so the live entries of the
-//! running group are a prefix, and a valid entry of generation g after the first non-live one
-//! belongs to the same unfinished batch (batch start at or below it) - otherwise the log is
-//! damaged and the open is refused, like a bad undo record below a tail.
+//! Verification at recovery, entry by entry (no order needed): an entry *exists* when table A
+//! or B holds it intact (entry checksum) with the running generation and its own index - two
+//! intact copies that differ are damage. An existing entry whose copy is intact is *live*: its
+//! copy is written back. One whose copy is not intact belongs to the batch a crash tore, if its
+//! page still has the copy's checksum (the page has not changed: it changes only after its
+//! batch's fence); otherwise its batch was durable, so the copy is damaged, and the open is
+//! refused with the area named, like a bad undo record below a tail. A single flip anywhere in
+//! the live log is therefore either corrected (the other table) or reported, never skipped.
 //!
 //! The mode switch (the area's format) is one atomic store of the format word, made after
 //! everything the new format needs is durable: a crash during a switch leaves the old format,
@@ -47,7 +49,7 @@
 use std::collections::BTreeSet;
 
 use nvram::checksum::checksum;
-use nvram::layout::{Field, Layout, PAGE_SIZE, contiguous, get_u32, get_u64, put_u32, put_u64};
+use nvram::layout::{Field, Layout, PAGE_SIZE, contiguous, get_u64, put_u64};
 use nvram::{Area, Error, Region};
 
 use crate::undo;
@@ -58,9 +60,11 @@ pub const FORMAT_WORD_OFFSET: u64 = 40;
 pub const GENERATION_OFFSET: u64 = 48;
 /// The format word of an area holding the group log.
 pub const FORMAT_GROUP_LOG: u64 = u64::from_le_bytes(*b"NVSJRNL1");
-/// Offset of entry 0 from the start of the area.
+/// Offset of entry 0 of table A from the start of the area.
 pub const TABLE_OFFSET: u64 = 64;
-pub const ENTRY_SIZE: u64 = 32;
+pub const ENTRY_SIZE: u64 = 40;
+/// Entry tables: A, and its mirror B right after it.
+const TABLES: u64 = 2;
 /// Generations use the low 48 bits of the generation word (2^48 groups: 9000 years at one
 /// group commit per millisecond).
 const GENERATION_BITS: u32 = 48;
@@ -70,9 +74,9 @@ const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
 pub const ENTRY_LAYOUT: &[Field] = &[
     (0, 8, "target"),
     (8, 8, "generation"),
-    (16, 4, "index"),
-    (20, 4, "batch start"),
-    (24, 8, "checksum"),
+    (16, 8, "index"),
+    (24, 8, "copy checksum"),
+    (32, 8, "entry checksum"),
 ];
 
 /// The journal header words in slot 0's header (docs/design.md section 12.2).
@@ -113,23 +117,24 @@ pub struct LogGeometry {
 }
 
 fn table_end(entries: u64) -> u64 {
-    (TABLE_OFFSET + entries * ENTRY_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE
+    (TABLE_OFFSET + TABLES * entries * ENTRY_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE
 }
 
 impl LogGeometry {
     pub fn of(layout: &Layout) -> LogGeometry {
         let area = layout.undo_offset;
         let area_len = u64::from(layout.undo_slots) * layout.undo_slot_size;
-        let mut capacity = (area_len - TABLE_OFFSET) / (PAGE_SIZE + ENTRY_SIZE);
+        let mut capacity = (area_len - TABLE_OFFSET) / (PAGE_SIZE + TABLES * ENTRY_SIZE);
         while capacity > 0 && table_end(capacity) + capacity * PAGE_SIZE > area_len {
             capacity -= 1;
         }
         LogGeometry { area, area_len, capacity, copies: area + table_end(capacity) }
     }
 
-    pub fn entry_offset(&self, index: u64) -> u64 {
-        assert!(index < self.capacity, "log entry {index} of {}", self.capacity);
-        self.area + TABLE_OFFSET + index * ENTRY_SIZE
+    /// Offset of entry `index` in table `table` (0 = A, 1 = B).
+    pub fn entry_offset(&self, table: u64, index: u64) -> u64 {
+        assert!(index < self.capacity && table < TABLES, "log entry {index} of {}", self.capacity);
+        self.area + TABLE_OFFSET + (table * self.capacity + index) * ENTRY_SIZE
     }
 
     pub fn copy_offset(&self, index: u64) -> u64 {
@@ -186,21 +191,27 @@ pub fn encode_entry(
     target: u64,
     generation: u64,
     index: u64,
-    batch_start: u64,
     copy: &[u8],
 ) -> [u8; ENTRY_SIZE as usize] {
     assert_eq!(copy.len() as u64, PAGE_SIZE);
     let mut e = [0u8; ENTRY_SIZE as usize];
     put_u64(&mut e, 0, target);
     put_u64(&mut e, 8, generation);
-    put_u32(&mut e, 16, u32::try_from(index).expect("log below 2^32 entries"));
-    put_u32(&mut e, 20, u32::try_from(batch_start).expect("log below 2^32 entries"));
-    let sum = checksum(&[&e[..24], copy]);
-    put_u64(&mut e, 24, sum);
+    put_u64(&mut e, 16, index);
+    put_u64(&mut e, 24, checksum(&[copy]));
+    let sum = checksum(&[&e[..32]]);
+    put_u64(&mut e, 32, sum);
     e
 }
 
-/// A live entry of the running group.
+/// An intact entry: (target, copy checksum), if `e` is entry `index` of `generation`.
+fn decode_entry(e: &[u8], generation: u64, index: u64) -> Option<(u64, u64)> {
+    let intact = checksum(&[&e[..32]]) == get_u64(e, 32);
+    (intact && get_u64(e, 8) == generation && get_u64(e, 16) == index)
+        .then(|| (get_u64(e, 0), get_u64(e, 24)))
+}
+
+/// A live entry of the running group: its copy is intact and is written back by recovery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveEntry {
     pub index: u64,
@@ -213,8 +224,9 @@ pub fn is_data_page(layout: &Layout, target: u64) -> bool {
     target % PAGE_SIZE == 0 && undo::is_data_range(layout, target, PAGE_SIZE)
 }
 
-/// Reads and verifies the live entries of the running group (protocol step 3), oldest first.
-/// Call only on an area in group-log format.
+/// Reads and verifies the entries of the running group (protocol step 3, and the module docs'
+/// verification rule); returns the live ones, by index. Call only on an area in group-log
+/// format.
 pub fn read_group(region: &dyn Region, layout: &Layout) -> Result<Vec<LiveEntry>, Error> {
     let geo = LogGeometry::of(layout);
     // Slot 0's header stays valid in both formats; its tail is 0 in group-log format.
@@ -225,42 +237,42 @@ pub fn read_group(region: &dyn Region, layout: &Layout) -> Result<Vec<LiveEntry>
     if generation == 0 {
         return Err(Error::corrupt(Area::UndoSlot(0), "a group log without a generation"));
     }
-    let table = region.read_vec(geo.area + TABLE_OFFSET, (geo.capacity * ENTRY_SIZE) as usize);
+    let bytes = (geo.capacity * ENTRY_SIZE) as usize;
+    let tables = [
+        region.read_vec(geo.entry_offset(0, 0), bytes),
+        region.read_vec(geo.entry_offset(1, 0), bytes),
+    ];
+    let bad =
+        |detail: String| Err(Error::corrupt(Area::UndoSlot(0), format!("group log: {detail}")));
     let mut live = Vec::new();
     let mut targets = BTreeSet::new();
-    let mut first_dead: Option<u64> = None;
     for i in 0..geo.capacity {
-        let e = &table[(i * ENTRY_SIZE) as usize..((i + 1) * ENTRY_SIZE) as usize];
-        let valid = get_u64(e, 8) == generation && u64::from(get_u32(e, 16)) == i && {
-            let copy = region.read_vec(geo.copy_offset(i), PAGE_SIZE as usize);
-            checksum(&[&e[..24], &copy]) == get_u64(e, 24)
+        let at = (i * ENTRY_SIZE) as usize..((i + 1) * ENTRY_SIZE) as usize;
+        let (a, b) = (
+            decode_entry(&tables[0][at.clone()], generation, i),
+            decode_entry(&tables[1][at], generation, i),
+        );
+        let (target, copy_sum) = match (a, b) {
+            (Some(a), Some(b)) if a != b => {
+                return bad(format!("entry {i}: the two tables differ"));
+            }
+            (Some(e), _) | (None, Some(e)) => e,
+            (None, None) => continue,
         };
-        let batch_start = u64::from(get_u32(e, 20));
-        let bad =
-            |detail: String| Err(Error::corrupt(Area::UndoSlot(0), format!("group log: {detail}")));
-        match first_dead {
-            None if valid => {
-                let target = get_u64(e, 0);
-                if !is_data_page(layout, target) {
-                    return bad(format!("entry {i} targets {target}, not a data page"));
-                }
-                if batch_start > i {
-                    return bad(format!("entry {i} claims a batch starting at {batch_start}"));
-                }
-                if !targets.insert(target) {
-                    return bad(format!("page {target} logged twice in one group (entry {i})"));
-                }
-                live.push(LiveEntry { index: i, target });
-            }
-            None => first_dead = Some(i),
-            Some(dead) if valid && batch_start > dead => {
-                return bad(format!(
-                    "entry {dead} of the running group is damaged: entry {i}, of a later batch, \
-                     is valid"
-                ));
-            }
-            Some(_) => {}
+        if !is_data_page(layout, target) {
+            return bad(format!("entry {i} targets {target}, not a data page"));
         }
+        if !targets.insert(target) {
+            return bad(format!("page {target} logged twice in one group (entry {i})"));
+        }
+        let copy = region.read_vec(geo.copy_offset(i), PAGE_SIZE as usize);
+        if checksum(&[&copy]) == copy_sum {
+            live.push(LiveEntry { index: i, target });
+        } else if checksum(&[&region.read_vec(target, PAGE_SIZE as usize)]) != copy_sum {
+            // The page changed, so the batch was durable: its copy is damaged.
+            return bad(format!("copy {i} (of page {target}) is damaged and its page has changed"));
+        }
+        // Else a torn batch: the page never changed, nothing to restore.
     }
     Ok(live)
 }
@@ -346,10 +358,10 @@ mod tests {
             assert_eq!(geo.copies % PAGE_SIZE, 0);
             let end = geo.copies + geo.capacity * PAGE_SIZE;
             assert!(end <= layout.desc_offset, "{slots} x {size}: log past the area");
-            assert!(layout.desc_offset - end < PAGE_SIZE + ENTRY_SIZE + PAGE_SIZE, "wasted");
+            assert!(layout.desc_offset - end < PAGE_SIZE + 2 * ENTRY_SIZE + PAGE_SIZE, "wasted");
         }
         let layout = Layout::compute(FormatParams::default()).unwrap();
-        assert_eq!(LogGeometry::of(&layout).capacity, 4318);
+        assert_eq!(LogGeometry::of(&layout).capacity, 4268);
     }
 
     #[test]
@@ -362,13 +374,14 @@ mod tests {
         }
     }
 
-    fn log_page(region: &SimRegion, layout: &Layout, index: u64, batch: u64, target: u64) {
+    fn log_page(region: &SimRegion, layout: &Layout, index: u64, target: u64) {
         let geo = LogGeometry::of(layout);
         let generation = read_generation(region, layout).unwrap();
         let copy = region.read_vec(target, PAGE_SIZE as usize);
         region.write(geo.copy_offset(index), &copy);
-        region
-            .write(geo.entry_offset(index), &encode_entry(target, generation, index, batch, &copy));
+        let entry = encode_entry(target, generation, index, &copy);
+        region.write(geo.entry_offset(0, index), &entry);
+        region.write(geo.entry_offset(1, index), &entry);
     }
 
     #[test]
@@ -377,8 +390,8 @@ mod tests {
         convert_to_group_log(&region, &layout).unwrap();
         let (a, b) = (layout.frame_offset(0), layout.frame_offset(3));
         region.write(a, &[1; 4096]);
-        log_page(&region, &layout, 0, 0, a);
-        log_page(&region, &layout, 1, 1, b);
+        log_page(&region, &layout, 0, a);
+        log_page(&region, &layout, 1, b);
         region.write(a, &[2; 4096]);
         region.write(b, &[3; 100]);
         let image = region.current();
@@ -394,21 +407,26 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_entry_below_a_later_batch_is_reported() {
+    fn a_damaged_entry_is_read_from_its_mirror_and_a_damaged_copy_is_reported() {
         let (region, layout) = formatted(2, 32768);
         convert_to_group_log(&region, &layout).unwrap();
-        log_page(&region, &layout, 0, 0, layout.frame_offset(0));
-        log_page(&region, &layout, 1, 1, layout.frame_offset(1));
+        let (a, b) = (layout.frame_offset(0), layout.frame_offset(1));
+        region.write(a, &[1; 4096]);
+        log_page(&region, &layout, 0, a);
+        log_page(&region, &layout, 1, b);
+        region.write(a, &[2; 4096]);
         let geo = LogGeometry::of(&layout);
-        // Entry 0 bad while entry 1, persisted by a later batch, is good: damage.
-        region.flip_bit(geo.entry_offset(0) + 3, 1);
-        let err = read_group(&region, &layout).unwrap_err().to_string();
-        assert!(err.contains("later batch"), "{err}");
-        // A bad entry 0 followed by a good entry of its own batch is a torn append: skipped.
-        log_page(&region, &layout, 0, 0, layout.frame_offset(0));
-        log_page(&region, &layout, 1, 0, layout.frame_offset(1));
+        // Entry 0 damaged in table A: table B still has it.
+        region.flip_bit(geo.entry_offset(0, 0) + 3, 1);
+        let live = read_group(&region, &layout).unwrap();
+        assert_eq!(live.iter().map(|e| e.target).collect::<Vec<_>>(), vec![a, b]);
+        // Copy 1 bad while its page is unchanged: a torn batch, nothing to restore.
+        region.flip_bit(geo.copy_offset(1) + 100, 1);
+        assert_eq!(read_group(&region, &layout).unwrap().len(), 1);
+        // Copy 0 bad while its page changed: the batch was durable, so this is damage.
         region.flip_bit(geo.copy_offset(0) + 100, 1);
-        assert!(read_group(&region, &layout).unwrap().is_empty(), "same batch: never fenced");
+        let err = read_group(&region, &layout).unwrap_err().to_string();
+        assert!(err.contains("copy 0") && err.contains("undo log slot 0"), "{err}");
     }
 
     #[test]
