@@ -18,17 +18,17 @@
 //!   logged, fresh ──commit_group()──> protected   (batch re-protect, after the commit point)
 //! ```
 //!
-//! Invariants:
-//! - G1 a page changes in a group only while it is logged or fresh; a logged page's copy is its
+//! Invariants (numbered as in docs/design.md 12.3; the steps S, A, T, X, G0-G3 are its too):
+//! - J1 a page changes in a group only while it is logged or fresh; a logged page's copy is its
 //!   content at the start of the group and is durable before the page changes (`log_pages`
 //!   fences before it unprotects).
-//! - G2 a frame is fresh only if its descriptor said free when the group began: it was not
+//! - J6 a frame is fresh only if its descriptor said free when the group began: it was not
 //!   freed by a transaction committed in this group (`freed`), so a rollback of the group
 //!   frees it again and its bytes mean nothing.
-//! - G3 the group never holds part of an operation when it commits: `commit_group` runs only
+//! - J4 the group never holds part of an operation when it commits: `commit_group` runs only
 //!   with every undo slot free (`Pool::group_commit` quiesces), and an aborted operation's bytes
 //!   were restored from its DRAM undo before it released its slot.
-//! - G4 log space: every running transaction holds `credit` entries reserved at `begin`, so a
+//! - J7 log space: every running transaction holds `credit` entries reserved at `begin`, so a
 //!   snapshot never waits for a group commit (which would wait for it); a transaction that
 //!   needs more pages than its credit gets `TxError::UndoFull`, as it would in undo mode.
 //!
@@ -148,13 +148,13 @@ struct GroupState {
     generation: u64,
     /// Log entries in use.
     entries: u64,
-    /// Entries reserved by running transactions and not yet used (G4).
+    /// Entries reserved by running transactions and not yet used (J7).
     reserved: u64,
-    /// Pages this group may change, by region offset (G1).
+    /// Pages this group may change, by region offset (J1).
     covered: BTreeMap<u64, Cover>,
     /// Bytes stored by the group's transactions (committed and aborted): persisted at commit.
     dirty: RangeSet,
-    /// Frames freed by transactions committed in this group (G2).
+    /// Frames freed by transactions committed in this group (J6).
     freed: BTreeSet<u64>,
     operations: u64,
     bytes: u64,
@@ -284,7 +284,7 @@ impl Journal {
         }
     }
 
-    /// Reserves a transaction's credit (G4); false when the group must commit first: the log
+    /// Reserves a transaction's credit (J7); false when the group must commit first: the log
     /// lacks the credit, or the group reached its size limit. Never false for an empty group.
     pub(crate) fn try_reserve(&self) -> bool {
         let mut s = self.state.lock().expect("group lock");
@@ -360,7 +360,7 @@ impl Journal {
         Ok(())
     }
 
-    /// Appends one batch of copies (G1): copies and both entry tables stored with
+    /// Appends one batch of copies (step S1): copies and both entry tables stored with
     /// `write_retained` (the log stays protected), one fence, then the pages are covered and
     /// unprotected.
     fn log_pages(&self, s: &mut GroupState, region: &dyn Region, pages: &[u64]) {
@@ -383,7 +383,7 @@ impl Journal {
             region.write_retained(entry_off, &entries);
             region.flush(entry_off, entries.len() as u64);
         }
-        // The copies are durable before any of their pages may change (G1).
+        // The copies are durable before any of their pages may change (J1, J2).
         region.fence();
         s.entries += n;
         s.reserved -= n;
@@ -407,7 +407,7 @@ impl Journal {
     }
 
     /// A transaction committed: its changes join the group (nothing is persisted). Frames it
-    /// freed are recorded before they return to the free list (G2).
+    /// freed are recorded before they return to the free list (J6).
     pub(crate) fn commit_tx(&self, written: &RangeSet, freed: &[u64], credit_left: u64) {
         let mut s = self.state.lock().expect("group lock");
         for (start, end) in written.iter() {
@@ -429,7 +429,7 @@ impl Journal {
         s.reserved -= credit_left;
     }
 
-    /// Protocol step 2. The caller guarantees that no transaction runs (G3).
+    /// Protocol step 2 (G1-G3). The caller guarantees that no transaction runs (G0, J4).
     pub(crate) fn commit_group(
         &self,
         region: &dyn Region,

@@ -82,7 +82,7 @@ pub struct Tx<'p> {
     freed: Vec<u64>,
     /// Journal mode: the old bytes of every snapshotted range, oldest first (for `abort`).
     dram_undo: Vec<(u64, Vec<u8>)>,
-    /// Journal mode: group log pages this transaction may still use (its credit, G4).
+    /// Journal mode: group log pages this transaction may still use (its credit, J7).
     credit_left: u64,
 }
 
@@ -273,7 +273,7 @@ impl<'p> Tx<'p> {
         self.assert_running();
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
-            // frames before they can be handed out again (G2).
+            // frames before they can be handed out again (J6).
             journal.commit_tx(&self.written, &self.freed, self.credit_left);
             self.pool.counters.undo_bytes_max.fetch_max(self.used, Ordering::Relaxed);
             self.pool.frames.lock().expect("frames lock").push_all(&self.freed);
