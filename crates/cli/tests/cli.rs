@@ -24,16 +24,43 @@ fn format(path: &Path) -> Output {
     nvstack(&["format", "--nvram", path.to_str().unwrap(), "--size", "8M", "--undo-slots", "2"])
 }
 
-fn check(path: &Path) -> Output {
+fn check_once(path: &Path) -> Output {
     nvstack(&["check", "--nvram", path.to_str().unwrap()])
+}
+
+/// Tests run in parallel threads: a child another thread forks holds copies of this process's
+/// descriptors - with their region locks - until it execs, so a region just closed can look
+/// in use for a moment. Anything that locks a region retries that for a bounded time.
+const IN_USE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn check(path: &Path) -> Output {
+    let start = std::time::Instant::now();
+    loop {
+        let out = check_once(path);
+        if !text(&out).contains("is in use by another nvstack") || start.elapsed() > IN_USE_WAIT {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn open_region(path: &Path, options: MmapOptions) -> MmapRegion {
+    let start = std::time::Instant::now();
+    loop {
+        match MmapRegion::open(path, options) {
+            Err(nvram::Error::InUse { .. }) if start.elapsed() < IN_USE_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// A region with one committed frame and one transaction that never ended (the process "died").
 fn region_with_unfinished_transaction(dir: &Path) -> PathBuf {
     let path = dir.join("region");
     assert!(format(&path).status.success());
-    let region: Arc<dyn Region> =
-        Arc::new(MmapRegion::open(&path, MmapOptions::default()).unwrap());
+    let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
     let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
     let mut tx = pool.begin();
     let frame = tx.alloc_frame(FrameTag { kind: 1, owner: 1, index: 0 }).unwrap();
@@ -54,7 +81,7 @@ fn flip_byte(path: &Path, off: u64) {
 
 fn layout_of(path: &Path) -> Layout {
     let options = MmapOptions { read_only: true, ..MmapOptions::default() };
-    Layout::read(&MmapRegion::open(path, options).unwrap()).unwrap()
+    Layout::read(&open_region(path, options)).unwrap()
 }
 
 #[test]
@@ -195,8 +222,8 @@ fn a_region_in_use_is_not_checked_or_reformatted() {
     let dir = shm();
     let path = dir.path().join("region");
     assert!(format(&path).status.success());
-    let _held = MmapRegion::open(&path, MmapOptions::default()).unwrap();
-    let out = check(&path);
+    let _held = open_region(&path, MmapOptions::default());
+    let out = check_once(&path);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("in use"), "{}", text(&out));
     let out = nvstack(&[
@@ -230,8 +257,7 @@ fn region_with_journal_records(dir: &Path) -> (PathBuf, u64) {
     use engine::journal::record::{KIND_REDO, Op, Redo};
     let path = dir.join("region");
     assert!(format(&path).status.success());
-    let region: Arc<dyn Region> =
-        Arc::new(MmapRegion::open(&path, MmapOptions::default()).unwrap());
+    let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
     let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
     let mut offset = 0;
     for (seq, op, name) in [(7, Op::Mkdir, "spool"), (8, Op::Create, "message")] {

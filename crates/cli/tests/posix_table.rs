@@ -1,5 +1,5 @@
 //! The POSIX conformance table (`nvstack-posixtest`, crate `crates/posixtest`) on the plain lower
-//! file system and on an nvstack mount over the same file system, in both consistency modes:
+//! file system and on an nvstack mount over the same file system, in every consistency mode:
 //! the normalized results of every case must be identical, except for the cases listed with a
 //! reason in `crates/posixtest/known-differences.txt`.
 //!
@@ -227,7 +227,7 @@ fn posix_table_mount_matches_lower() {
     )
     .unwrap();
     let mut failures = Vec::new();
-    for (mode, tempfiles) in [("undo", "on"), ("none", "on"), ("undo", "off")] {
+    for (mode, tempfiles) in [("undo", "on"), ("none", "on"), ("undo", "off"), ("journal", "on")] {
         let config = format!("{mode}-tempfiles-{tempfiles}");
         let (lower, mnt) =
             (root.join(format!("lower-{config}")), root.join(format!("mnt-{config}")));

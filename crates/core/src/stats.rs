@@ -238,7 +238,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         stats.tempfiles = self.temp.stats();
         (stats.cache, stats.writeback) = self.cache.stats();
         stats.fsync = self.fsync_stats();
-        stats.journal = self.journal.stats(0);
+        stats.journal = self.journal.stats(pool.journal);
         stats
     }
 }

@@ -10,6 +10,10 @@
 //!   after any fence (persisted lines kept, the rest dropped or torn at 8-byte granularity);
 //! - [`OverlayRegion`] (`overlay.rs`): a copy-on-write view, to run recovery without writing.
 //!
+//! Write protection of committed pages (journal mode) is part of the trait (`protect`,
+//! `unprotect`, `write_retained`); `trap.rs` traps stray stores into protected `MmapRegion`
+//! pages (a SIGSEGV handler that diverts or fail-stops them).
+//!
 //! `layout.rs` fixes where the areas of a region live (superblock, state word, root area, undo
 //! log, frame descriptors, frames) and verifies the superblock at open. The formats of the undo
 //! log and of the descriptors belong to the transaction layer (`txn`), which is the only writer
@@ -22,10 +26,12 @@ pub mod mmap;
 pub mod overlay;
 pub mod region;
 pub mod sim;
+pub mod trap;
 
 pub use error::{Area, Error, Result};
 pub use layout::{FormatParams, Layout, RegionState};
 pub use mmap::{MmapOptions, MmapRegion, PersistChoice, is_in_use};
 pub use overlay::OverlayRegion;
-pub use region::{CACHE_LINE, PersistMode, Region, RegionCounters, WORD};
+pub use region::{CACHE_LINE, PROTECT_PAGE, PersistMode, Region, RegionCounters, WORD};
 pub use sim::{CrashMode, CrashPoint, FenceHook, SimRegion};
+pub use trap::TrapPolicy;

@@ -15,6 +15,13 @@
 //!
 //! The file is locked with `flock` while open: exclusively for read-write use (one daemon owns a
 //! region), shared for read-only inspection.
+//!
+//! Write protection (journal mode): `protect` maps pages `PROT_READ` with `mprotect` and records
+//! them in a bitmap; `write` / `store_u64` refuse (and count) stores that touch a protected page
+//! before they could fault; `write_retained` fills protected pages through the file descriptor
+//! (`pwrite`: the same page cache on tmpfs and disk files, the same persistent memory on DAX),
+//! so they are never mapped writable; a store through a wild pointer faults and is trapped by
+//! `trap.rs` (the mapping is registered there the first time it is protected).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -24,7 +31,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
-use crate::region::{CACHE_LINE, PersistMode, Region, RegionCounters, check_bounds, check_word};
+use crate::region::{
+    CACHE_LINE, PROTECT_PAGE, PersistMode, Region, RegionCounters, check_bounds, check_pages,
+    check_word, pages_of,
+};
+use crate::trap::{self, Exclusion, TrapPolicy};
 
 /// Which persistence mechanism to use; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -48,6 +59,8 @@ pub struct MmapOptions {
     pub read_only: bool,
     /// With `read_only`: take no lock, so a region in use can be inspected (racy snapshot).
     pub unlocked: bool,
+    /// What a stray store into a protected page does (`trap.rs`).
+    pub trap: TrapPolicy,
 }
 
 /// How DAX flushes a line: the best instruction the CPU has.
@@ -71,8 +84,19 @@ pub struct MmapRegion {
     flush_calls: AtomicU64,
     fence_calls: AtomicU64,
     bytes_written: AtomicU64,
+    protect_calls: AtomicU64,
+    unprotect_calls: AtomicU64,
+    /// Flags the mapping was made with (the trap handler maps a diverted page back with them).
+    map_flags: libc::c_int,
+    trap: TrapPolicy,
+    /// One bit per page: set while the page is mapped read-only. Changed only with the trap
+    /// exclusion held (inside `protect` / `unprotect`).
+    protected: Vec<AtomicU64>,
+    /// The mapping's entry in the trap registry, made at the first `protect`; `None` inside
+    /// when no entry was free (protection then unavailable).
+    trap_entry: std::sync::OnceLock<Option<usize>>,
     /// Holds the flock for the lifetime of the mapping.
-    _file: File,
+    file: File,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access rules are those of the `Region`
@@ -134,6 +158,7 @@ impl MmapRegion {
             if options.read_only { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
         let mut mode = None;
         let mut base = libc::MAP_FAILED;
+        let mut map_flags = libc::MAP_SHARED;
         if !options.read_only && matches!(options.persist, PersistChoice::Auto | PersistChoice::Dax)
         {
             // SAFETY: a fresh mapping of a file we hold open; the kernel validates the flags.
@@ -157,6 +182,7 @@ impl MmapRegion {
                 }
             } else {
                 mode = Some(PersistMode::Dax);
+                map_flags = MAP_SHARED_VALIDATE | MAP_SYNC;
             }
         }
         if base == libc::MAP_FAILED {
@@ -193,7 +219,15 @@ impl MmapRegion {
             flush_calls: AtomicU64::new(0),
             fence_calls: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
-            _file: file,
+            protect_calls: AtomicU64::new(0),
+            unprotect_calls: AtomicU64::new(0),
+            map_flags,
+            trap: options.trap,
+            protected: (0..len.div_ceil(PROTECT_PAGE).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            trap_entry: std::sync::OnceLock::new(),
+            file,
         })
     }
 
@@ -205,10 +239,86 @@ impl MmapRegion {
     fn assert_writable(&self) {
         assert!(self.mode != PersistMode::ReadOnly, "store to a read-only region mapping");
     }
+
+    /// The start of the mapping: for tests that play a buggy component storing through a wild
+    /// pointer (every real store goes through `Region`).
+    pub fn base_ptr(&self) -> *const u8 {
+        self.base
+    }
+
+    fn trap_entry(&self) -> Option<usize> {
+        *self.trap_entry.get_or_init(|| {
+            if self.mode == PersistMode::ReadOnly || page_size() != PROTECT_PAGE {
+                return None;
+            }
+            trap::register(
+                self.base as usize,
+                self.len as usize,
+                self.file.as_raw_fd(),
+                self.map_flags,
+                self.trap,
+            )
+        })
+    }
+
+    fn page_bit(&self, page: u64) -> (&AtomicU64, u64) {
+        (&self.protected[(page / 64) as usize], 1 << (page % 64))
+    }
+
+    /// True (and the store counted) when `[off, off + len)` touches a protected page.
+    fn refuse_stray(&self, off: u64, len: u64) -> bool {
+        let Some(Some(entry)) = self.trap_entry.get() else { return false };
+        for page in pages_of(off, len) {
+            let (word, bit) = self.page_bit(page);
+            if word.load(Ordering::Acquire) & bit != 0 {
+                trap::count(*entry);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn any_protected(&self, off: u64, len: u64) -> bool {
+        pages_of(off, len).any(|page| {
+            let (word, bit) = self.page_bit(page);
+            word.load(Ordering::Acquire) & bit != 0
+        })
+    }
+
+    /// mprotect of a page-aligned range; false (with errno lost) when the kernel refused.
+    fn mprotect(&self, off: u64, len: u64, prot: libc::c_int) -> bool {
+        // SAFETY: a page-aligned sub-range of our own mapping (checked by the callers).
+        unsafe { libc::mprotect(self.base.add(off as usize).cast(), len as usize, prot) == 0 }
+    }
+
+    fn set_bits(&self, off: u64, len: u64, protected: bool) {
+        for page in pages_of(off, len) {
+            let (word, bit) = self.page_bit(page);
+            if protected {
+                word.fetch_or(bit, Ordering::Release);
+            } else {
+                word.fetch_and(!bit, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Reports once per process that the kernel refused an mprotect (e.g. too many mappings).
+fn report_protect_failure(what: &str) {
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REPORTED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "nvstack: mprotect failed ({what}: {}); NVRAM pages stay writable where it failed",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 impl Drop for MmapRegion {
     fn drop(&mut self) {
+        if let Some(Some(entry)) = self.trap_entry.get() {
+            trap::unregister(*entry);
+        }
         // SAFETY: unmapping exactly the mapping created in `open`; no references into it remain
         // because every access copies.
         unsafe {
@@ -233,6 +343,9 @@ impl Region for MmapRegion {
     fn write(&self, off: u64, data: &[u8]) {
         self.assert_writable();
         check_bounds(self.len, off, data.len() as u64);
+        if self.refuse_stray(off, data.len() as u64) {
+            return;
+        }
         // SAFETY: bounds checked; writable mapping; no concurrent access (Region contract rule 4).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off as usize), data.len());
@@ -243,6 +356,9 @@ impl Region for MmapRegion {
     fn store_u64(&self, off: u64, value: u64) {
         self.assert_writable();
         check_word(self.len, off);
+        if self.refuse_stray(off, 8) {
+            return;
+        }
         // SAFETY: aligned (check_word, and the mapping is page aligned), in bounds, writable;
         // AtomicU64 has the layout of u64.
         #[allow(clippy::cast_ptr_alignment)]
@@ -331,7 +447,107 @@ impl Region for MmapRegion {
             flush_calls: self.flush_calls.load(Ordering::Relaxed),
             fence_calls: self.fence_calls.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            protect_calls: self.protect_calls.load(Ordering::Relaxed),
+            unprotect_calls: self.unprotect_calls.load(Ordering::Relaxed),
+            trapped_writes: match self.trap_entry.get() {
+                Some(Some(entry)) => trap::trapped(*entry),
+                _ => 0,
+            },
         }
+    }
+
+    fn protection_supported(&self) -> bool {
+        self.trap_entry().is_some()
+    }
+
+    fn protect(&self, off: u64, len: u64) {
+        check_pages(self.len, off, len);
+        assert!(self.trap_entry().is_some(), "protect on a mapping that cannot be protected");
+        self.protect_calls.fetch_add(1, Ordering::Relaxed);
+        if len == 0 {
+            return;
+        }
+        let _exclusion = Exclusion::take();
+        if self.mprotect(off, len, libc::PROT_READ) {
+            self.set_bits(off, len, true);
+        } else {
+            // Less protection, never less data: the pages stay writable and unmarked.
+            report_protect_failure("protect");
+        }
+    }
+
+    fn unprotect(&self, off: u64, len: u64) {
+        check_pages(self.len, off, len);
+        self.unprotect_calls.fetch_add(1, Ordering::Relaxed);
+        if len == 0 || self.trap_entry().is_none() {
+            return;
+        }
+        let _exclusion = Exclusion::take();
+        if self.mprotect(off, len, libc::PROT_READ | libc::PROT_WRITE) {
+            self.set_bits(off, len, false);
+            return;
+        }
+        // The range must become writable (a transaction is about to store there): open the
+        // whole mapping, one range that the kernel can always merge into a single mapping.
+        report_protect_failure("unprotect");
+        assert!(
+            self.mprotect(
+                0,
+                self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE,
+                libc::PROT_READ | libc::PROT_WRITE
+            ),
+            "mprotect of the whole region failed: {}",
+            std::io::Error::last_os_error()
+        );
+        self.set_bits(0, self.len, false);
+    }
+
+    fn is_protected(&self, off: u64) -> bool {
+        check_bounds(self.len, off, 1);
+        self.any_protected(off, 1)
+    }
+
+    fn write_retained(&self, off: u64, data: &[u8]) {
+        self.assert_writable();
+        check_bounds(self.len, off, data.len() as u64);
+        if self.any_protected(off, data.len() as u64) {
+            // Through the kernel into the same pages, which stay read-only in the mapping.
+            let mut done = 0usize;
+            while done < data.len() {
+                let at =
+                    libc::off_t::try_from(off + done as u64).expect("region offsets fit off_t");
+                // SAFETY: pwrite from a live buffer into our own file, inside its length.
+                let n = unsafe {
+                    libc::pwrite(
+                        self.file.as_raw_fd(),
+                        data[done..].as_ptr().cast(),
+                        data.len() - done,
+                        at,
+                    )
+                };
+                if n < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                // A failed store to the region file is an IO error that may have lost data:
+                // stop, as msync failures do.
+                let n = usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or_else(|| {
+                    panic!("pwrite to the region failed: {}", std::io::Error::last_os_error())
+                });
+                done += n;
+            }
+        } else {
+            // SAFETY: bounds checked; the pages are writable; no concurrent access (rule 4).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.base.add(off as usize),
+                    data.len(),
+                );
+            }
+        }
+        self.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -471,6 +687,44 @@ mod tests {
         assert_eq!(region.counters().fence_calls, 1);
         drop(region);
         assert_eq!(&std::fs::read(&path).unwrap()[5000..5007], b"durable");
+    }
+
+    #[test]
+    fn protected_pages_refuse_stores_and_take_retained_ones_through_the_file() {
+        let dir = shm_dir();
+        let path = dir.path().join("r");
+        MmapRegion::create(&path, 4 * 4096).unwrap();
+        let region = MmapRegion::open(&path, MmapOptions::default()).unwrap();
+        assert!(region.protection_supported());
+        region.write(4096, &[1; 4096]);
+        region.protect(4096, 2 * 4096);
+        assert!(region.is_protected(4096) && region.is_protected(8191));
+        assert!(!region.is_protected(0) && !region.is_protected(12288));
+        region.write(4090, &[9; 20]); // straddles into a protected page: refused whole
+        region.store_u64(8192, 5);
+        assert_eq!(region.counters().trapped_writes, 2);
+        assert_eq!(region.read_vec(4090, 20), [vec![0; 6], vec![1; 14]].concat());
+        region.write_retained(8192, b"retained");
+        assert_eq!(region.read_vec(8192, 8), b"retained");
+        assert!(region.is_protected(8192), "a retained store leaves the page protected");
+        region.unprotect(4096, 4096);
+        region.write(4096, &[2; 8]);
+        assert_eq!(region.read_vec(4096, 8), [2; 8]);
+        let counters = region.counters();
+        assert_eq!((counters.protect_calls, counters.unprotect_calls), (1, 1));
+        drop(region);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[8192..8200], b"retained");
+        assert_eq!(&bytes[4096..4104], &[2; 8]);
+    }
+
+    #[test]
+    fn a_read_only_mapping_cannot_be_protected() {
+        let dir = shm_dir();
+        let path = dir.path().join("r");
+        MmapRegion::create(&path, 4096).unwrap();
+        let options = MmapOptions { read_only: true, ..MmapOptions::default() };
+        assert!(!MmapRegion::open(&path, options).unwrap().protection_supported());
     }
 
     #[test]

@@ -15,6 +15,15 @@
 //!    store: the layers above serialise conflicting accesses with their own locks (strict
 //!    two-phase locking in the transaction layer). Disjoint ranges may be used from many threads.
 //!
+//! 5. Write protection (journal mode, docs/design.md section 12) is page granular
+//!    ([`PROTECT_PAGE`]) and volatile: it never changes what is durable or what a crash image
+//!    holds. A store through `write` / `store_u64` that touches a protected page is a *stray
+//!    store*: it is refused whole (no byte changes) and counted in `trapped_writes`. With
+//!    `MmapRegion` the protected pages are also mapped read-only, so a store that bypasses this
+//!    trait (a wild pointer into the mapping) faults and is trapped by the handler in
+//!    `trap.rs`. `write_retained` is the one way to store into a protected page without opening
+//!    it: the transaction layer fills its retained copies (the group log) with it.
+//!
 //! Typical use, the undo-log append of `txn`: `write(record)`, `persist(record)`, then
 //! `store_u64(tail, new_tail)`, `persist(tail)`; only then may the snapshotted bytes change.
 
@@ -24,6 +33,9 @@ use std::fmt::Debug;
 pub const CACHE_LINE: u64 = 64;
 /// Size of the largest store the hardware performs atomically (and the tearing granularity).
 pub const WORD: u64 = 8;
+/// The granularity of write protection: the MMU's page (checked at open: other page sizes
+/// disable protection).
+pub const PROTECT_PAGE: u64 = 4096;
 
 /// How stores are made durable by an implementation; reported by `inspect` and `stat`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -42,12 +54,20 @@ pub enum PersistMode {
     ReadOnly,
 }
 
-/// Counters of persistence calls, for benchmarks (persist calls per transaction).
+/// Counters of persistence and protection calls, for benchmarks (persist calls per
+/// transaction) and `stat`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RegionCounters {
     pub flush_calls: u64,
     pub fence_calls: u64,
     pub bytes_written: u64,
+    /// `protect` calls (each one range: an mprotect with `MmapRegion`).
+    pub protect_calls: u64,
+    /// `unprotect` calls.
+    pub unprotect_calls: u64,
+    /// Stray stores to protected pages: refused by `write` / `store_u64`, or faulted and
+    /// trapped (`MmapRegion`).
+    pub trapped_writes: u64,
 }
 
 /// The region: a fixed-size byte array with explicit durability. See the module docs.
@@ -82,6 +102,35 @@ pub trait Region: Send + Sync + Debug {
         self.len() == 0
     }
 
+    /// True when `protect` really protects (the simulation models it; `MmapRegion` maps pages
+    /// read-only). Views that cannot protect keep the default no-ops.
+    fn protection_supported(&self) -> bool {
+        false
+    }
+
+    /// Write-protects the pages of `[off, off + len)` (page aligned): see rule 5 of the module
+    /// docs. Batch callers coalesce adjacent pages into one range.
+    fn protect(&self, off: u64, len: u64) {
+        check_pages(self.len(), off, len);
+    }
+
+    /// Makes the pages of `[off, off + len)` (page aligned) writable again.
+    fn unprotect(&self, off: u64, len: u64) {
+        check_pages(self.len(), off, len);
+    }
+
+    /// True when the page holding `off` is write-protected.
+    fn is_protected(&self, off: u64) -> bool {
+        check_bounds(self.len(), off, 1);
+        false
+    }
+
+    /// Stores `data` at `off` like `write`, but into pages that may be protected, leaving them
+    /// protected (a retained copy is filled without ever becoming writable to stray stores).
+    fn write_retained(&self, off: u64, data: &[u8]) {
+        self.write(off, data);
+    }
+
     /// Reads an owned copy of `[off, off + len)`.
     fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
         let mut buf = vec![0u8; len];
@@ -94,6 +143,23 @@ pub trait Region: Send + Sync + Debug {
 pub(crate) fn check_bounds(region_len: u64, off: u64, len: u64) {
     let end = off.checked_add(len).expect("region range overflows u64");
     assert!(end <= region_len, "region access [{off}, {end}) beyond region length {region_len}");
+}
+
+/// Panics unless `[off, off + len)` is a whole number of protection pages inside the region.
+pub(crate) fn check_pages(region_len: u64, off: u64, len: u64) {
+    assert!(
+        off % PROTECT_PAGE == 0 && len % PROTECT_PAGE == 0,
+        "protection range [{off}, +{len}) is not page aligned"
+    );
+    check_bounds(region_len, off, len);
+}
+
+/// The protection pages `[off, off + len)` touches, as page indexes.
+pub(crate) fn pages_of(off: u64, len: u64) -> std::ops::Range<u64> {
+    if len == 0 {
+        return 0..0;
+    }
+    off / PROTECT_PAGE..(off + len - 1) / PROTECT_PAGE + 1
 }
 
 /// Panics unless `off` is 8-byte aligned and inside the region.

@@ -10,6 +10,12 @@
 //!   picks the durable or the current value according to `CrashMode` (drop all, keep all, or a
 //!   seeded coin per word: a torn write).
 //!
+//! Write protection is modelled by a set of protected pages checked on every `write` and
+//! `store_u64`: a store touching one is refused whole and counted (`trapped_writes`), exactly
+//! what a stray store into a read-only mapped page amounts to with `MmapRegion`, but without
+//! signals, so crash sweeps and the wild-write test run in-process. Protection is volatile:
+//! crash images ignore it.
+//!
 //! The fence hook is how tests crash "after every fence": it is called at the start of every
 //! `fence`, before the flushed lines become durable, with a `CrashPoint` from which any number of
 //! images can be taken. An image taken there represents a crash at any instant between the
@@ -24,7 +30,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::region::{
-    CACHE_LINE, PersistMode, Region, RegionCounters, WORD, check_bounds, check_word,
+    CACHE_LINE, PersistMode, Region, RegionCounters, WORD, check_bounds, check_pages, check_word,
+    pages_of,
 };
 
 /// What a crash does to stores that were not yet durable.
@@ -78,9 +85,21 @@ struct SimState {
     flushed: BTreeSet<u64>,
     counters: RegionCounters,
     fence_seq: u64,
+    /// Write-protected pages (volatile: not part of any crash image).
+    protected: BTreeSet<u64>,
 }
 
 impl SimState {
+    /// True (and the store counted as trapped) when `[off, off + len)` touches a protected page.
+    fn refuse_stray(&mut self, off: u64, len: u64) -> bool {
+        let pages = pages_of(off, len);
+        if self.protected.range(pages).next().is_some() {
+            self.counters.trapped_writes += 1;
+            return true;
+        }
+        false
+    }
+
     fn mark_stored(&mut self, off: u64, len: u64) {
         if len == 0 {
             return;
@@ -150,6 +169,7 @@ impl SimRegion {
                 flushed: BTreeSet::new(),
                 counters: RegionCounters::default(),
                 fence_seq: 0,
+                protected: BTreeSet::new(),
             }),
             hook: Mutex::new(None),
         }
@@ -197,6 +217,9 @@ impl Region for SimRegion {
     fn write(&self, off: u64, data: &[u8]) {
         let mut state = self.state.lock().expect("sim region lock");
         check_bounds(state.current.len() as u64, off, data.len() as u64);
+        if state.refuse_stray(off, data.len() as u64) {
+            return;
+        }
         state.current[off as usize..off as usize + data.len()].copy_from_slice(data);
         state.mark_stored(off, data.len() as u64);
         state.counters.bytes_written += data.len() as u64;
@@ -205,6 +228,9 @@ impl Region for SimRegion {
     fn store_u64(&self, off: u64, value: u64) {
         let mut state = self.state.lock().expect("sim region lock");
         check_word(state.current.len() as u64, off);
+        if state.refuse_stray(off, WORD) {
+            return;
+        }
         state.current[off as usize..off as usize + 8].copy_from_slice(&value.to_le_bytes());
         state.mark_stored(off, WORD);
         state.counters.bytes_written += WORD;
@@ -251,6 +277,40 @@ impl Region for SimRegion {
 
     fn mode(&self) -> PersistMode {
         PersistMode::Simulated
+    }
+
+    fn protection_supported(&self) -> bool {
+        true
+    }
+
+    fn protect(&self, off: u64, len: u64) {
+        let mut state = self.state.lock().expect("sim region lock");
+        check_pages(state.current.len() as u64, off, len);
+        state.counters.protect_calls += 1;
+        state.protected.extend(pages_of(off, len));
+    }
+
+    fn unprotect(&self, off: u64, len: u64) {
+        let mut state = self.state.lock().expect("sim region lock");
+        check_pages(state.current.len() as u64, off, len);
+        state.counters.unprotect_calls += 1;
+        for page in pages_of(off, len) {
+            state.protected.remove(&page);
+        }
+    }
+
+    fn is_protected(&self, off: u64) -> bool {
+        let state = self.state.lock().expect("sim region lock");
+        check_bounds(state.current.len() as u64, off, 1);
+        state.protected.contains(&(off / crate::region::PROTECT_PAGE))
+    }
+
+    fn write_retained(&self, off: u64, data: &[u8]) {
+        let mut state = self.state.lock().expect("sim region lock");
+        check_bounds(state.current.len() as u64, off, data.len() as u64);
+        state.current[off as usize..off as usize + data.len()].copy_from_slice(data);
+        state.mark_stored(off, data.len() as u64);
+        state.counters.bytes_written += data.len() as u64;
     }
 
     fn counters(&self) -> RegionCounters {
@@ -356,6 +416,26 @@ mod tests {
     #[should_panic(expected = "unaligned")]
     fn unaligned_atomic_store_panics() {
         SimRegion::new(64).store_u64(4, 1);
+    }
+
+    #[test]
+    fn stray_stores_to_protected_pages_are_refused_and_counted() {
+        let region = SimRegion::new(4 * 4096);
+        region.write(4096, &[1; 4096]);
+        region.protect(4096, 2 * 4096);
+        region.write(4000, &[9; 200]); // straddles into the protected page: refused whole
+        region.store_u64(8192, 7);
+        assert_eq!(region.counters().trapped_writes, 2);
+        assert_eq!(region.read_vec(4000, 96), vec![0; 96]);
+        assert_eq!(region.read_vec(4096, 104), vec![1; 104]);
+        assert_eq!(region.load_u64(8192), 0);
+        region.write_retained(8192, &[3; 8]);
+        assert_eq!(region.read_vec(8192, 8), vec![3; 8], "retained stores pass");
+        assert!(region.is_protected(8192) && !region.is_protected(12288));
+        region.unprotect(4096, 4096);
+        region.write(4096, &[2; 8]);
+        assert_eq!(region.read_vec(4096, 8), vec![2; 8]);
+        assert_eq!(region.counters().trapped_writes, 2);
     }
 
     #[test]

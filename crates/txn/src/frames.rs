@@ -104,6 +104,19 @@ impl FreeFrames {
         self.free.pop_first()
     }
 
+    /// The lowest free frame not in `avoid`, else the lowest free frame (journal mode prefers
+    /// frames that were free when the running group began: they need no page copy).
+    pub fn pop_avoiding(&mut self, avoid: &BTreeSet<u64>) -> Option<u64> {
+        let pick = self.free.iter().copied().find(|f| !avoid.contains(f));
+        match pick {
+            Some(f) => {
+                self.free.remove(&f);
+                Some(f)
+            }
+            None => self.pop(),
+        }
+    }
+
     /// Returns frames to the free list (after the transaction that freed them committed, or
     /// after the one that allocated them rolled back).
     pub fn push_all(&mut self, frames: &[u64]) {

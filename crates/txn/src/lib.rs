@@ -13,12 +13,21 @@
 //! changes, its old value is in the undo log; committing clears the log; recovery at open
 //! ([`Pool::open`]) writes back the old values of every transaction that had not committed.
 //!
-//! Code map: `undo.rs` (slot and record formats, rollback), `frames.rs` (descriptor format, free
+//! Journal mode ([`Consistency::Journal`], docs/design.md section 12) keeps the same API with
+//! the paper's VM-aware journaling underneath: operations join a running group, committed as
+//! a whole by [`Pool::group_commit`]; committed pages are write-protected between group
+//! commits, a page's first change in a group retains its committed copy in the group log.
+//!
+//! Code map: `undo.rs` (slot and record formats, rollback), `journal.rs` (the group log's
+//! format, its rollback, switching the undo area between formats), `group.rs` (the running
+//! group: page covering, group commit, batch protection), `frames.rs` (descriptor format, free
 //! list), `pool.rs` (format, open = recovery, stats, inspect), `tx.rs` (the transaction and its
 //! rules), `ranges.rs` (range sets), `testkit.rs` (the seeded workload the crash tests and the
 //! benchmark drive).
 
 pub mod frames;
+pub mod group;
+pub mod journal;
 pub mod pool;
 pub mod ranges;
 pub mod testkit;
@@ -26,5 +35,7 @@ pub mod tx;
 pub mod undo;
 
 pub use frames::{FrameId, FrameTag};
+pub use group::{GroupCommit, JournalStats, OpenOptions};
+pub use journal::AreaFormat;
 pub use pool::{Consistency, Inspection, Pool, PoolStats, RecoveryReport, inspect};
 pub use tx::{Stage, Tx, TxError};

@@ -9,18 +9,34 @@
 //! Open order (each step relies on the previous):
 //! 1. superblock: magic, checksum, version, geometry (`Layout::read`);
 //! 2. state word self-check;
-//! 3. every undo slot: header, tail, records verified, then rolled back (`undo::rollback`);
-//! 4. every descriptor verified (after rollback, which may have restored some) and the free
+//! 3. the undo area, by the format recorded in it (not by the mode asked for, which may differ
+//!    after a crash): undo slots - every slot's header, tail and records verified, then rolled
+//!    back (`undo::rollback`); group log - the running group's entries verified, then rolled
+//!    back (`journal::rollback_group`);
+//! 4. the area switched to the format of the mode asked for, if it differs (one atomic store of
+//!    the format word, after everything the new format needs is durable);
+//! 5. every descriptor verified (after rollback, which may have restored some) and the free
 //!    list rebuilt from them;
-//! 5. state word stored: unclean, mount count + 1.
+//! 6. state word stored: unclean, mount count + 1;
+//! 7. journal mode: a new running group; every page write-protected.
+//!
+//! Consistency modes and their contracts (docs/design.md section 12.1):
+//! - **undo** (default): `Tx::commit` returns when the operation is atomic and durable.
+//! - **journal**: `Tx::commit` makes the operation atomic at once (a crash keeps all of it or
+//!   none) and durable at the next group commit ([`Pool::group_commit`], which the engine calls
+//!   on fsync and friends, and when [`Pool::group_due`] says the interval or size is reached).
+//! - **none**: no log; a crash may leave an operation half done.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 use nvram::layout::{FRAME_SIZE, ROOT_OFFSET, ROOT_SIZE};
 use nvram::{Error, FormatParams, Layout, PersistMode, Region, RegionCounters, RegionState};
 
 use crate::frames::{self, FrameId, FrameTag, FreeFrames};
+use crate::group::{GroupCommit, Journal, JournalStats, OpenOptions};
+use crate::journal::{self, AreaFormat};
 use crate::tx::Tx;
 use crate::undo;
 
@@ -35,6 +51,10 @@ pub enum Consistency {
     /// No undo log: stores go straight to the region (the ext2-like baseline). A crash in the
     /// middle of an operation may leave it half done; abort cannot restore bytes.
     None,
+    /// VM-aware journaling: operations join a running group that commits as a whole
+    /// ([`Pool::group_commit`]); every operation is atomic at once and durable at the next group
+    /// commit. Committed pages are write-protected between group commits.
+    Journal,
 }
 
 /// What recovery found and did at open.
@@ -47,6 +67,13 @@ pub struct RecoveryReport {
     pub bytes_restored: u64,
     pub frames_total: u64,
     pub frames_used: u64,
+    /// What the undo area held: the mode the region was last written in.
+    pub area_format: Option<AreaFormat>,
+    /// Pages a journal-mode group rollback restored (the group counts as one transaction in
+    /// `transactions_rolled_back`).
+    pub group_pages_restored: u64,
+    /// The area was switched to the other format for the mode asked for.
+    pub area_converted: bool,
 }
 
 /// Counters since open.
@@ -65,6 +92,9 @@ pub struct PoolStats {
     pub frames_free: u64,
     pub persist_mode: Option<PersistMode>,
     pub region: RegionCounters,
+    pub consistency: Consistency,
+    /// Journal mode's counters (zero in the other modes).
+    pub journal: JournalStats,
 }
 
 #[derive(Debug, Default)]
@@ -76,15 +106,29 @@ pub(crate) struct Counters {
     pub undo_bytes_max: AtomicU64,
 }
 
+/// The undo slots: a running transaction holds one (in journal mode only as a token of the
+/// concurrency limit and of "running": a group commit waits until all are free).
+#[derive(Debug)]
+pub(crate) struct Slots {
+    pub(crate) free: Vec<u32>,
+    /// The thread running a transaction in each slot (a group commit from one of them would
+    /// wait for itself: refused with a panic).
+    owners: Vec<Option<ThreadId>>,
+    /// A group commit waits for the running transactions to end; `begin` waits for it.
+    commit_pending: bool,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Pool {
     pub(crate) region: Arc<dyn Region>,
     pub(crate) layout: Layout,
     pub(crate) consistency: Consistency,
-    /// Free undo slots. Lock order: `slots` is never held while taking `frames`.
-    pub(crate) slots: Mutex<Vec<u32>>,
+    /// The undo slots. Lock order: `slots`, then the journal's group state, then `frames`.
+    pub(crate) slots: Mutex<Slots>,
     pub(crate) slot_released: Condvar,
+    /// Journal mode's running group (`None` in the other modes).
+    pub(crate) journal: Option<Journal>,
     /// The volatile free list (rebuilt at open).
     pub(crate) frames: Mutex<FreeFrames>,
     pub(crate) counters: Counters,
@@ -124,26 +168,65 @@ impl Pool {
         Ok(layout)
     }
 
-    /// Opens and recovers a region; see the module docs for the order of checks.
+    /// Opens and recovers a region with default options; see the module docs for the order
+    /// of checks.
     pub fn open(
         region: Arc<dyn Region>,
         consistency: Consistency,
     ) -> Result<(Pool, RecoveryReport), Error> {
+        Pool::open_with(region, consistency, OpenOptions::default())
+    }
+
+    /// Opens and recovers a region; `options` tune journal mode.
+    pub fn open_with(
+        region: Arc<dyn Region>,
+        consistency: Consistency,
+        options: OpenOptions,
+    ) -> Result<(Pool, RecoveryReport), Error> {
         let layout = Layout::read(&*region)?;
         let state = RegionState::read(&*region)?;
-        let mut report = RecoveryReport { was_clean: state.clean, ..RecoveryReport::default() };
-        // Verify every slot before rolling back any: damage anywhere refuses the whole open
-        // rather than leaving the region half recovered.
-        for slot in 0..layout.undo_slots {
-            undo::read_records(&*region, &layout, slot)?;
+        if consistency == Consistency::Journal {
+            Journal::check_geometry(&layout)?;
         }
-        for slot in 0..layout.undo_slots {
-            let done = undo::rollback(&*region, &layout, slot)?;
-            if done.records > 0 {
-                report.transactions_rolled_back += 1;
-                report.records_undone += done.records;
-                report.bytes_restored += done.bytes_restored;
+        let mut report = RecoveryReport { was_clean: state.clean, ..RecoveryReport::default() };
+        let format = journal::read_format(&*region, &layout)?;
+        report.area_format = Some(format);
+        match format {
+            AreaFormat::UndoSlots => {
+                // Verify every slot before rolling back any: damage anywhere refuses the whole
+                // open rather than leaving the region half recovered.
+                for slot in 0..layout.undo_slots {
+                    undo::read_records(&*region, &layout, slot)?;
+                }
+                for slot in 0..layout.undo_slots {
+                    let done = undo::rollback(&*region, &layout, slot)?;
+                    if done.records > 0 {
+                        report.transactions_rolled_back += 1;
+                        report.records_undone += done.records;
+                        report.bytes_restored += done.bytes_restored;
+                    }
+                }
             }
+            AreaFormat::GroupLog => {
+                let done = journal::rollback_group(&*region, &layout)?;
+                if done.pages_restored > 0 {
+                    report.transactions_rolled_back = 1;
+                    report.records_undone = done.pages_restored;
+                    report.bytes_restored = done.pages_restored * FRAME_SIZE;
+                    report.group_pages_restored = done.pages_restored;
+                }
+            }
+        }
+        match (format, consistency) {
+            (AreaFormat::UndoSlots, Consistency::Journal) => {
+                journal::convert_to_group_log(&*region, &layout)?;
+                report.area_converted = true;
+            }
+            (AreaFormat::GroupLog, Consistency::Undo | Consistency::None) => {
+                journal::convert_to_undo_slots(&*region, &layout)?;
+                report.area_converted = true;
+            }
+            _ => {}
         }
         let tags = frames::scan(&*region, &layout)?;
         let free = FreeFrames::from_scan(&tags);
@@ -152,13 +235,22 @@ impl Pool {
         let state = RegionState { clean: false, mount_count: state.mount_count.wrapping_add(1) };
         state.write(&*region);
         report.mount_count = state.mount_count;
-        let slots = (0..layout.undo_slots).rev().collect();
+        let journal = match consistency {
+            Consistency::Journal => Some(Journal::start(&*region, &layout, options)?),
+            Consistency::Undo | Consistency::None => None,
+        };
+        let slots = Slots {
+            free: (0..layout.undo_slots).rev().collect(),
+            owners: vec![None; layout.undo_slots as usize],
+            commit_pending: false,
+        };
         let pool = Pool {
             region,
             layout,
             consistency,
             slots: Mutex::new(slots),
             slot_released: Condvar::new(),
+            journal,
             frames: Mutex::new(free),
             counters: Counters::default(),
             poisoned: AtomicBool::new(false),
@@ -167,15 +259,25 @@ impl Pool {
         Ok((pool, report))
     }
 
-    /// Marks the region cleanly shut down. Every transaction must have ended.
+    /// Marks the region cleanly shut down. Every transaction must have ended. In journal mode
+    /// the running group is committed first.
     pub fn close(self) {
-        let in_use = self.layout.undo_slots as usize - self.slots.lock().expect("slots lock").len();
+        let in_use =
+            self.layout.undo_slots as usize - self.slots.lock().expect("slots lock").free.len();
         assert!(in_use == 0, "close with {in_use} transactions still running");
+        if let Some(journal) = &self.journal {
+            let _ = self.group_commit();
+            journal.unprotect_all(&*self.region);
+        }
         RegionState { clean: true, ..self.state }.write(&*self.region);
     }
 
     /// Starts a transaction (the thesis' `transaction_start()`). Blocks while every undo slot
-    /// is taken by a running transaction.
+    /// is taken by a running transaction, and while a group commit runs. In journal mode, when
+    /// the group log lacks a transaction's credit or the group reached its size limit, it
+    /// commits the running group first (waiting for the running transactions to end): call it
+    /// holding no lock a running transaction may wait for (the engine's rank order guarantees
+    /// this: `UndoSlot` ranks above every lock held when a transaction begins).
     pub fn begin(&self) -> Tx<'_> {
         assert!(
             !self.poisoned.load(Ordering::Acquire),
@@ -183,18 +285,91 @@ impl Pool {
         );
         let mut slots = self.slots.lock().expect("slots lock");
         let slot = loop {
-            if let Some(slot) = slots.pop() {
-                break slot;
+            if slots.commit_pending || slots.free.is_empty() {
+                slots = self.slot_released.wait(slots).expect("slots lock");
+                continue;
             }
-            slots = self.slot_released.wait(slots).expect("slots lock");
+            if let Some(journal) = &self.journal
+                && !journal.try_reserve()
+            {
+                let me = std::thread::current().id();
+                assert!(
+                    !slots.owners.contains(&Some(me)),
+                    "begin from a thread with a running transaction needs a group commit, which \
+                     would wait for itself"
+                );
+                slots = self.commit_group_locked(slots, true).0;
+                continue;
+            }
+            let slot = slots.free.pop().expect("a free slot");
+            slots.owners[slot as usize] = Some(std::thread::current().id());
+            break slot;
         };
         drop(slots);
         Tx::new(self, slot)
     }
 
     pub(crate) fn release_slot(&self, slot: u32) {
-        self.slots.lock().expect("slots lock").push(slot);
-        self.slot_released.notify_one();
+        let mut slots = self.slots.lock().expect("slots lock");
+        slots.owners[slot as usize] = None;
+        slots.free.push(slot);
+        drop(slots);
+        // Both `begin` and a waiting group commit wait on this condition.
+        self.slot_released.notify_all();
+    }
+
+    /// Journal mode: makes every committed operation durable (protocol step 2 of
+    /// `journal.rs`). Waits until no transaction runs (new ones wait meanwhile), so that the
+    /// group never holds part of an operation. Call it on fsync, fdatasync, O_SYNC writes,
+    /// syncfs, and when [`Pool::group_due`] says so; never from a thread with a running
+    /// transaction (it would wait for itself: a panic). A no-op in the other modes.
+    pub fn group_commit(&self) -> GroupCommit {
+        if self.journal.is_none() {
+            return GroupCommit::default();
+        }
+        let slots = self.slots.lock().expect("slots lock");
+        let me = std::thread::current().id();
+        assert!(
+            !slots.owners.contains(&Some(me)),
+            "group_commit from a thread with a running transaction: it would wait for itself"
+        );
+        self.commit_group_locked(slots, false).1
+    }
+
+    /// Waits for every slot to be free (others wait for `commit_pending`), commits the group
+    /// with the slots lock held, and hands the lock back.
+    fn commit_group_locked<'a>(
+        &'a self,
+        mut slots: MutexGuard<'a, Slots>,
+        forced: bool,
+    ) -> (MutexGuard<'a, Slots>, GroupCommit) {
+        let journal = self.journal.as_ref().expect("journal mode");
+        while slots.commit_pending {
+            slots = self.slot_released.wait(slots).expect("slots lock");
+        }
+        slots.commit_pending = true;
+        while slots.free.len() < self.layout.undo_slots as usize {
+            slots = self.slot_released.wait(slots).expect("slots lock");
+        }
+        assert!(
+            !self.poisoned.load(Ordering::Acquire),
+            "group commit of a pool poisoned by a panic inside a transaction: the group may hold \
+             part of an operation; reopen the region to recover"
+        );
+        let done = journal.commit_group(&*self.region, &self.layout, forced);
+        slots.commit_pending = false;
+        self.slot_released.notify_all();
+        (slots, done)
+    }
+
+    /// Journal mode: true when the running group should be committed now - it is older than
+    /// the interval (default 5 s; measured from the first call that saw it non-empty, so call
+    /// this at least once a second for the bound to hold within a second), it changed
+    /// `group_bytes_max` bytes (default 32 MiB), or three quarters of the group log are in use.
+    /// Time enters as an argument (any monotonic clock in nanoseconds). False in the other
+    /// modes.
+    pub fn group_due(&self, now_ns: u64) -> bool {
+        self.journal.as_ref().is_some_and(|j| j.due(now_ns))
     }
 
     pub fn layout(&self) -> &Layout {
@@ -242,7 +417,9 @@ impl Pool {
     }
 
     pub fn stats(&self) -> PoolStats {
-        let free_slots = self.slots.lock().expect("slots lock").len() as u32;
+        let free_slots = self.slots.lock().expect("slots lock").free.len() as u32;
+        // The group's lock before the frames' (the lock order).
+        let journal = self.journal.as_ref().map(|j| j.stats(&*self.region)).unwrap_or_default();
         let frames = self.frames.lock().expect("frames lock");
         PoolStats {
             transactions_committed: self.counters.committed.load(Ordering::Relaxed),
@@ -257,17 +434,33 @@ impl Pool {
             frames_free: frames.free(),
             persist_mode: Some(self.region.mode()),
             region: self.region.counters(),
+            consistency: self.consistency,
+            journal,
         }
     }
 
     /// Verifies the allocator invariants while no transaction runs: the free list is exactly
-    /// the set of free descriptors, and every slot is empty. For tests and `check`.
+    /// the set of free descriptors, and every slot is empty (journal mode: the group log holds
+    /// exactly the running group's copies, and exactly its pages are writable). For tests and
+    /// `check`.
     pub fn check_invariants(&self) -> Result<(), String> {
         let slots = self.slots.lock().expect("slots lock");
-        if slots.len() != self.layout.undo_slots as usize {
+        if slots.free.len() != self.layout.undo_slots as usize {
             return Err("check_invariants while transactions run".into());
         }
-        for slot in 0..self.layout.undo_slots {
+        let format =
+            journal::read_format(&*self.region, &self.layout).map_err(|e| e.to_string())?;
+        if (format == AreaFormat::GroupLog) != self.journal.is_some() {
+            return Err(format!(
+                "the undo area is in {format:?} format in {:?} mode",
+                self.consistency
+            ));
+        }
+        if let Some(journal) = &self.journal {
+            journal.check(&*self.region, &self.layout)?;
+        }
+        let slots_in_use = if self.journal.is_some() { 1 } else { self.layout.undo_slots };
+        for slot in 0..slots_in_use {
             let used = undo::read_slot_used(&*self.region, &self.layout, slot)
                 .map_err(|e| e.to_string())?;
             if used != 0 {
@@ -294,6 +487,13 @@ impl Pool {
 pub struct Inspection {
     pub layout: Layout,
     pub state: RegionState,
+    /// What the undo area holds (the mode the region was last written in).
+    pub area_format: AreaFormat,
+    /// Group-log format: generation of the running group, its live page copies (to be rolled
+    /// back at the next open), and the log's capacity in pages.
+    pub journal_generation: u64,
+    pub journal_live_entries: u64,
+    pub journal_capacity: u64,
     /// Bytes of undo records per slot (non-zero = a transaction to roll back).
     pub undo_slot_used: Vec<u64>,
     pub undo_slots_in_use: u32,
@@ -309,12 +509,23 @@ pub struct Inspection {
 pub fn inspect(region: &dyn Region) -> Result<Inspection, Error> {
     let layout = Layout::read(region)?;
     let state = RegionState::read(region)?;
-    let undo_slot_used = (0..layout.undo_slots)
-        .map(|slot| {
-            undo::read_records(region, &layout, slot)?;
-            undo::read_slot_used(region, &layout, slot)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let area_format = journal::read_format(region, &layout)?;
+    let (undo_slot_used, journal_live_entries) = match area_format {
+        AreaFormat::UndoSlots => {
+            let used = (0..layout.undo_slots)
+                .map(|slot| {
+                    undo::read_records(region, &layout, slot)?;
+                    undo::read_slot_used(region, &layout, slot)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (used, 0)
+        }
+        // The log overwrites the headers of slots 1..: only slot 0's is a slot header.
+        AreaFormat::GroupLog => (
+            vec![0; layout.undo_slots as usize],
+            journal::read_group(region, &layout)?.len() as u64,
+        ),
+    };
     let tags = frames::scan(region, &layout)?;
     let mut frames_by_kind = std::collections::BTreeMap::new();
     for tag in tags.iter().flatten() {
@@ -323,6 +534,10 @@ pub fn inspect(region: &dyn Region) -> Result<Inspection, Error> {
     let frames_used = tags.iter().filter(|t| t.is_some()).count() as u64;
     let root = region.read_vec(ROOT_OFFSET, ROOT_SIZE as usize);
     Ok(Inspection {
+        area_format,
+        journal_generation: journal::read_generation(region, &layout)?,
+        journal_live_entries,
+        journal_capacity: journal::LogGeometry::of(&layout).capacity,
         undo_slots_in_use: undo_slot_used.iter().filter(|&&u| u > 0).count() as u32,
         undo_slot_used,
         frames_total: layout.nr_frames,
@@ -333,4 +548,14 @@ pub fn inspect(region: &dyn Region) -> Result<Inspection, Error> {
         layout,
         state,
     })
+}
+
+impl Drop for Pool {
+    /// Protection is volatile and belongs to this pool: a region object used after the pool
+    /// (a test reopening it) starts writable.
+    fn drop(&mut self) {
+        if let Some(journal) = &self.journal {
+            journal.unprotect_all(&*self.region);
+        }
+    }
 }

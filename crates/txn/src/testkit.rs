@@ -9,7 +9,7 @@
 //! undo slot, which exercises `UndoFull` and abort). The committed-transaction counter lives in
 //! the first 8 bytes of the root area.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use nvram::layout::{FRAME_SIZE, ROOT_OFFSET, ROOT_SIZE};
@@ -18,6 +18,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::frames::{self, FrameId, FrameTag};
+use crate::journal;
 use crate::pool::{Consistency, Pool};
 use crate::tx::{Tx, TxError};
 
@@ -345,8 +346,13 @@ pub fn sweep_params() -> FormatParams {
 
 /// Recovers `image` as `open` would; returns the logical state after checking the allocator.
 pub fn recover_image(image: Vec<u8>) -> Result<LogicalState, String> {
+    recover_image_as(image, Consistency::Undo)
+}
+
+/// Recovers `image` by opening it in `mode` (whatever mode wrote it).
+pub fn recover_image_as(image: Vec<u8>, mode: Consistency) -> Result<LogicalState, String> {
     let region: Arc<dyn Region> = Arc::new(SimRegion::from_image(image));
-    let (pool, _) = Pool::open(region, Consistency::Undo).map_err(|e| e.to_string())?;
+    let (pool, _) = Pool::open(region, mode).map_err(|e| e.to_string())?;
     pool.check_invariants()?;
     Ok(LogicalState::of(&pool))
 }
@@ -354,6 +360,16 @@ pub fn recover_image(image: Vec<u8>) -> Result<LogicalState, String> {
 /// Recovers `image`, crashing the recovery itself at each of its fences (dropped and torn) and
 /// recovering those images too; every result must be the same state.
 fn recover_with_nested_crashes(image: Vec<u8>, nested: &mut u64) -> Result<LogicalState, String> {
+    recover_with_nested_crashes_as(image, Consistency::Undo, nested)
+}
+
+/// `recover_with_nested_crashes` opening in `mode` (each nested image is recovered in `mode`
+/// too).
+fn recover_with_nested_crashes_as(
+    image: Vec<u8>,
+    mode: Consistency,
+    nested: &mut u64,
+) -> Result<LogicalState, String> {
     let region = Arc::new(SimRegion::from_image(image));
     let images: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let sink = Arc::clone(&images);
@@ -363,13 +379,13 @@ fn recover_with_nested_crashes(image: Vec<u8>, nested: &mut u64) -> Result<Logic
         images.push(point.image(CrashMode::Torn { seed: point.fence_seq }));
     })));
     let dyn_region: Arc<dyn Region> = region.clone();
-    let (pool, _) = Pool::open(dyn_region, Consistency::Undo).map_err(|e| e.to_string())?;
+    let (pool, _) = Pool::open(dyn_region, mode).map_err(|e| e.to_string())?;
     region.set_fence_hook(None);
     pool.check_invariants()?;
     let state = LogicalState::of(&pool);
     for image in images.lock().expect("nested images").drain(..) {
         *nested += 1;
-        let again = recover_image(image)?;
+        let again = recover_image_as(image, mode)?;
         if again != state {
             return Err(format!("recovery after a crash during recovery: {}", again.diff(&state)));
         }
@@ -510,5 +526,221 @@ pub fn crash_sweep(
     let mut report = std::mem::take(&mut state.lock().expect("sweep state").report);
     report.transactions = workload.steps;
     report.committed = workload.committed();
+    Ok(report)
+}
+
+/// Geometry for journal-mode crash sweeps: 2 slots of 64 KiB, i.e. a group log of 31 page
+/// copies and 15 per transaction (the workload's big transactions overflow it: `UndoFull`,
+/// abort; groups fill up: forced commits), and 48 frames.
+pub fn journal_sweep_params() -> FormatParams {
+    FormatParams {
+        region_size: 12288 + 2 * 65536 + 4096 + 48 * 4096,
+        undo_slots: 2,
+        undo_slot_size: 65536,
+    }
+}
+
+/// Whether the process-kill workload commits the group after step `step` (as fsync would):
+/// after every fifth transaction.
+pub fn journal_schedule(step: u64) -> bool {
+    step % 5 == 0
+}
+
+/// The generation word in a region image (the group whose commit point the image reached).
+pub fn image_generation(image: &[u8]) -> Result<u64, String> {
+    let region = SimRegion::from_image(image.to_vec());
+    let layout = Layout::read(&region).map_err(|e| e.to_string())?;
+    journal::read_generation(&region, &layout).map_err(|e| e.to_string())
+}
+
+/// What a journal-mode crash sweep exercised.
+#[derive(Clone, Debug, Default)]
+pub struct JournalSweepReport {
+    pub transactions: u64,
+    pub committed: u64,
+    /// Group commits: asked for (as fsync would) and forced by `begin` (log or size full).
+    pub group_commits: u64,
+    pub forced_commits: u64,
+    pub crash_points: u64,
+    pub images: u64,
+    /// Images taken while a group commit's commit point was being made durable that showed
+    /// the new group (the rest of the images of that fence showed the old one).
+    pub images_past_commit_point: u64,
+    /// Images also recovered in undo mode (the mode switch after a crash).
+    pub images_recovered_as_undo: u64,
+    pub nested_images: u64,
+    /// Pages copied into the group log (copy-on-write of protected pages).
+    pub records: u64,
+}
+
+#[derive(Default)]
+struct JournalSweepState {
+    seed: u64,
+    /// The logical state at the commit of each group generation: what an image whose
+    /// generation word holds that generation must recover to.
+    at_generation: HashMap<u64, LogicalState>,
+    /// The generation durable at the last fence (every image must show it or the next one).
+    durable: u64,
+    report: JournalSweepReport,
+    nested_every: u64,
+    cross_every: u64,
+    failure: Option<String>,
+}
+
+fn check_journal_crash_point(
+    s: &mut JournalSweepState,
+    point: &CrashPoint<'_>,
+) -> Result<(), String> {
+    s.report.crash_points += 1;
+    let n = s.report.crash_points;
+    let nested = s.nested_every > 0 && n % s.nested_every == 0;
+    let cross = s.cross_every > 0 && n % s.cross_every == 0;
+    let durable = image_generation(&point.image(CrashMode::DropAll))?;
+    if durable < s.durable {
+        return Err(format!("seed {}: the durable generation went back", s.seed));
+    }
+    s.durable = durable;
+    for mode in crash_modes(s.seed, point.fence_seq) {
+        let where_ = format!("seed {} fence {} {mode:?}", s.seed, point.fence_seq);
+        let image = point.image(mode);
+        let generation = image_generation(&image).map_err(|e| format!("{where_}: {e}"))?;
+        if generation != durable && generation != durable + 1 {
+            return Err(format!("{where_}: generation {generation} with {durable} durable"));
+        }
+        s.report.images_past_commit_point += u64::from(generation == durable + 1);
+        let Some(expected) = s.at_generation.get(&generation) else {
+            return Err(format!("{where_}: no group committed as generation {generation}"));
+        };
+        let got = if nested {
+            recover_with_nested_crashes_as(
+                image.clone(),
+                Consistency::Journal,
+                &mut s.report.nested_images,
+            )
+        } else {
+            recover_image_as(image.clone(), Consistency::Journal)
+        };
+        let got = got.map_err(|e| format!("{where_}: recovery failed: {e}"))?;
+        s.report.images += 1;
+        if got != *expected {
+            return Err(format!(
+                "{where_}: the recovered state is not the state at the last group commit \
+                 (generation {generation}): {}",
+                got.diff(expected)
+            ));
+        }
+        if cross {
+            let as_undo = recover_image_as(image, Consistency::Undo)
+                .map_err(|e| format!("{where_}: recovery in undo mode failed: {e}"))?;
+            if as_undo != *expected {
+                return Err(format!("{where_}: undo-mode recovery: {}", as_undo.diff(expected)));
+            }
+            s.report.images_recovered_as_undo += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The journal-mode crash-image sweep (docs/design.md section 12.6): runs `transactions`
+/// transactions of the seeded workload on a simulated region in journal mode, with a group
+/// commit after a seeded quarter of them (as fsync would ask) and the commits `begin` forces.
+/// At every fence it takes four crash images; each must recover to exactly the state at the
+/// group commit whose generation the image's generation word holds - the last group commit
+/// that image reached - never to a state with part of a group, let alone part of an operation.
+/// A shadow pool runs the same schedule without crashes and records the state at each of its
+/// group commits. Every `nested_every`-th crash point is also crashed at every fence of its
+/// recovery; every `cross_every`-th is also recovered in undo mode (the area format is
+/// detected, the group rolled back, the area switched).
+pub fn journal_crash_sweep(
+    seed: u64,
+    transactions: usize,
+    nested_every: u64,
+    cross_every: u64,
+) -> Result<JournalSweepReport, String> {
+    let params = journal_sweep_params();
+    let primary = Arc::new(SimRegion::new(params.region_size));
+    Pool::format(&*primary, params).map_err(|e| e.to_string())?;
+    let shadow = Arc::new(SimRegion::from_image(primary.current()));
+    let (pool, _) = Pool::open(primary.clone(), Consistency::Journal).map_err(|e| e.to_string())?;
+    let (shadow_pool, _) =
+        Pool::open(shadow.clone(), Consistency::Journal).map_err(|e| e.to_string())?;
+    let generation = |p: &Pool| p.stats().journal.generation;
+    let mut at_generation = HashMap::new();
+    at_generation.insert(generation(&shadow_pool), LogicalState::of(&shadow_pool));
+    let state = Arc::new(Mutex::new(JournalSweepState {
+        seed,
+        at_generation,
+        durable: generation(&pool),
+        nested_every,
+        cross_every,
+        ..JournalSweepState::default()
+    }));
+    let hook_state = Arc::clone(&state);
+    primary.set_fence_hook(Some(Box::new(move |point| {
+        let mut s = hook_state.lock().expect("sweep state");
+        if s.failure.is_none()
+            && let Err(e) = check_journal_crash_point(&mut s, point)
+        {
+            s.failure = Some(e);
+        }
+    })));
+    let config = WorkloadConfig::default();
+    let mut reference = Workload::new(seed, config);
+    let mut workload = Workload::new(seed, config);
+    let mut schedule = ChaCha8Rng::seed_from_u64(seed ^ 0x6a6f_7572_6e61_6c00);
+    for _ in 0..transactions {
+        // The shadow first: it records the state at every group commit before the primary
+        // can reach that commit.
+        let before = LogicalState::of(&shadow_pool);
+        let generation_before = generation(&shadow_pool);
+        let decision = reference.step(&shadow_pool);
+        let after = LogicalState::of(&shadow_pool);
+        reference
+            .model()
+            .check(&after)
+            .map_err(|e| format!("seed {seed}: shadow vs model: {e}"))?;
+        let record = |generation: u64, at: &LogicalState| {
+            state.lock().expect("sweep state").at_generation.insert(generation, at.clone());
+        };
+        if generation(&shadow_pool) != generation_before {
+            // `begin` committed the group before the transaction ran.
+            record(generation(&shadow_pool), &before);
+        }
+        let commit_now = schedule.random_ratio(1, 4);
+        if commit_now {
+            shadow_pool.group_commit();
+            record(generation(&shadow_pool), &after);
+        }
+        let prepared = workload.prepare(&pool);
+        if prepared.decision != decision {
+            return Err(format!("seed {seed}: the two workloads diverged"));
+        }
+        prepared.finish();
+        if commit_now {
+            pool.group_commit();
+        }
+        if let Some(failure) = state.lock().expect("sweep state").failure.take() {
+            return Err(failure);
+        }
+        let now = LogicalState::of(&pool);
+        if now != after {
+            return Err(format!("seed {seed}: primary differs from shadow: {}", now.diff(&after)));
+        }
+    }
+    primary.set_fence_hook(None);
+    pool.check_invariants()?;
+    let counters = pool.stats();
+    if counters.region.trapped_writes != 0 {
+        return Err(format!(
+            "seed {seed}: {} stores refused as stray",
+            counters.region.trapped_writes
+        ));
+    }
+    let mut report = std::mem::take(&mut state.lock().expect("sweep state").report);
+    report.transactions = workload.steps;
+    report.committed = workload.committed();
+    report.group_commits = counters.journal.group_commits;
+    report.forced_commits = counters.journal.group_commits_forced;
+    report.records = counters.journal.records;
     Ok(report)
 }

@@ -23,12 +23,19 @@
 //! transactions never snapshot the same bytes; this is what makes recovery order across slots
 //! irrelevant. Dropping a running transaction aborts it; dropping it during a panic leaves its
 //! slot for recovery and poisons the pool.
+//!
+//! Journal mode (`group.rs`): the same calls, other persistence. `snapshot` keeps the old bytes
+//! in DRAM (for `abort`) and covers the pages they lie in for the running group: a page's first
+//! change in a group copies it into the group log (one fence per snapshot that needs copies,
+//! none otherwise); `alloc_frame` covers its frame; `commit` only hands the changes to the
+//! group (no fence: durable at the next group commit); `abort` writes the DRAM copies back.
 
 use std::sync::atomic::Ordering;
 
 use nvram::layout::{DESCRIPTOR_SIZE, FRAME_SIZE};
 
 use crate::frames::{self, FrameId, FrameTag};
+use crate::group;
 use crate::pool::{Consistency, Pool};
 use crate::ranges::RangeSet;
 use crate::undo::{self, SLOT_HEADER_SIZE, TAIL_OFFSET};
@@ -73,6 +80,10 @@ pub struct Tx<'p> {
     fresh: Vec<u64>,
     /// Frames freed by this transaction (F2); returned to the free list on commit.
     freed: Vec<u64>,
+    /// Journal mode: the old bytes of every snapshotted range, oldest first (for `abort`).
+    dram_undo: Vec<(u64, Vec<u8>)>,
+    /// Journal mode: group log pages this transaction may still use (its credit, J7).
+    credit_left: u64,
 }
 
 impl<'p> Tx<'p> {
@@ -88,6 +99,8 @@ impl<'p> Tx<'p> {
             written: RangeSet::new(),
             fresh: Vec::new(),
             freed: Vec::new(),
+            dram_undo: Vec::new(),
+            credit_left: pool.journal.as_ref().map_or(0, |j| j.credit),
         }
     }
 
@@ -95,7 +108,8 @@ impl<'p> Tx<'p> {
         self.stage
     }
 
-    /// Bytes of undo records this transaction has appended so far.
+    /// Bytes of undo records this transaction has appended so far (journal mode: bytes of its
+    /// DRAM undo).
     pub fn undo_bytes(&self) -> u64 {
         self.used
     }
@@ -140,6 +154,22 @@ impl<'p> Tx<'p> {
         if gaps.is_empty() {
             return Ok(());
         }
+        if let Some(journal) = &self.pool.journal {
+            // The pages first (the only step that can fail), then the DRAM undo.
+            journal.cover(&*self.pool.region, &group::pages_of(&gaps), &mut self.credit_left)?;
+            let mut bytes = 0;
+            for &(s, e) in &gaps {
+                self.dram_undo.push((s, self.pool.region.read_vec(s, (e - s) as usize)));
+                bytes += e - s;
+            }
+            self.used += bytes;
+            self.records += gaps.len() as u64;
+            self.writable.insert(off, off + len);
+            let counters = &self.pool.counters;
+            counters.records.fetch_add(gaps.len() as u64, Ordering::Relaxed);
+            counters.record_bytes.fetch_add(bytes, Ordering::Relaxed);
+            return Ok(());
+        }
         let needed: u64 = gaps.iter().map(|(s, e)| undo::record_size(e - s)).sum();
         let capacity = undo::slot_capacity(&self.pool.layout);
         if self.used + needed > capacity {
@@ -179,7 +209,7 @@ impl<'p> Tx<'p> {
         }
         self.assert_data_range(off, len);
         self.assert_not_freed(off, len);
-        if self.pool.consistency == Consistency::Undo {
+        if self.pool.consistency != Consistency::None {
             assert!(
                 self.writable.covers(off, off + len),
                 "store to [{off}, +{len}) that this transaction neither snapshotted nor allocated \
@@ -201,7 +231,13 @@ impl<'p> Tx<'p> {
     /// snapshot (F3).
     pub fn alloc_frame(&mut self, tag: FrameTag) -> Result<FrameId, TxError> {
         self.assert_running();
-        let frame = self.pool.frames.lock().expect("frames lock").pop().ok_or(TxError::NoFrames)?;
+        let pool = self.pool;
+        let frame = match &pool.journal {
+            Some(journal) => {
+                journal.alloc(&*pool.region, &pool.layout, &pool.frames, &mut self.credit_left)?
+            }
+            None => pool.frames.lock().expect("frames lock").pop().ok_or(TxError::NoFrames)?,
+        };
         let desc = self.pool.layout.descriptor_offset(frame);
         if let Err(e) = self.snapshot(desc, DESCRIPTOR_SIZE) {
             self.pool.frames.lock().expect("frames lock").push_all(&[frame]);
@@ -235,6 +271,17 @@ impl<'p> Tx<'p> {
     /// point). After it returns the transaction's effects survive any crash.
     pub fn commit(mut self) {
         self.assert_running();
+        if let Some(journal) = &self.pool.journal {
+            // Atomic now, durable at the next group commit. The group learns of the freed
+            // frames before they can be handed out again (J6).
+            journal.commit_tx(&self.written, &self.freed, self.credit_left);
+            self.pool.counters.undo_bytes_max.fetch_max(self.used, Ordering::Relaxed);
+            self.pool.frames.lock().expect("frames lock").push_all(&self.freed);
+            self.pool.counters.committed.fetch_add(1, Ordering::Relaxed);
+            self.stage = Stage::Committed;
+            self.pool.release_slot(self.slot);
+            return;
+        }
         let region = &*self.pool.region;
         for (s, e) in self.written.iter() {
             region.flush(s, e - s);
@@ -267,6 +314,15 @@ impl<'p> Tx<'p> {
                 // The same code as recovery: rollback reads the records back from the region.
                 undo::rollback(&*pool.region, &pool.layout, self.slot)
                     .expect("own undo records unreadable: NVRAM damaged while running");
+                pool.frames.lock().expect("frames lock").push_all(&self.fresh);
+            }
+            Consistency::Journal => {
+                // Newest first, like undo rollback (no byte is ever saved twice anyway).
+                for (off, old) in self.dram_undo.iter().rev() {
+                    pool.region.write(*off, old);
+                }
+                let journal = pool.journal.as_ref().expect("journal mode");
+                journal.abort_tx(&self.written, self.credit_left);
                 pool.frames.lock().expect("frames lock").push_all(&self.fresh);
             }
             Consistency::None => {

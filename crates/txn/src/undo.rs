@@ -11,7 +11,10 @@
 //! 24   8  XXH3-64 of bytes 0..24                  (static part: written by format only)
 //! 32   8  tail word: low 32 bits = bytes of valid records (`used`), high 32 bits = their
 //!         complement. Changed only by single atomic stores.
-//! 40  24  zero
+//! 40   8  area format word (slot 0 only; zero in the others): 0 = undo slots, "NVSJRNL1" =
+//!         the undo area holds journal mode's group log (`journal.rs`)
+//! 48   8  journal generation word (slot 0 only; zero until the region is first journaled)
+//! 56   8  zero
 //! 64  ..  records, back to back, each 8-byte aligned
 //! ```
 //!
@@ -57,7 +60,9 @@ pub const SLOT_HEADER_LAYOUT: &[nvram::layout::Field] = &[
     (16, 8, "slot size"),
     (24, 8, "checksum"),
     (TAIL_OFFSET as usize, 8, "tail word"),
-    (40, 24, "zero"),
+    (crate::journal::FORMAT_WORD_OFFSET as usize, 8, "area format word"),
+    (crate::journal::GENERATION_OFFSET as usize, 8, "journal generation word"),
+    (56, 8, "zero"),
 ];
 
 /// A record's fixed part (its payload of `len` bytes and the padding to 8 follow).
@@ -114,18 +119,26 @@ pub fn decode_tail(word: u64, slot: u32) -> Result<u64, Error> {
 /// Writes the static header and an empty tail of every slot (format only).
 pub fn format_slots(region: &dyn Region, layout: &Layout) {
     for slot in 0..layout.undo_slots {
-        let mut header = vec![0u8; SLOT_HEADER_SIZE as usize];
-        header[..8].copy_from_slice(&SLOT_MAGIC);
-        put_u32(&mut header, 8, slot);
-        put_u64(&mut header, 16, layout.undo_slot_size);
-        let sum = checksum(&[&header[..24]]);
-        put_u64(&mut header, 24, sum);
-        put_u64(&mut header, TAIL_OFFSET as usize, encode_tail(0));
-        let off = layout.slot_offset(slot);
-        region.write(off, &header);
-        region.flush(off, SLOT_HEADER_SIZE);
+        write_slot_header(region, layout, slot);
     }
     region.fence();
+}
+
+/// Writes slot `slot`'s header (static part, empty tail, zero format and generation words) and
+/// flushes it; the caller fences. Format writes every slot; leaving journal mode rewrites the
+/// headers of slots 1.. that the group log overwrote (never slot 0's: it carries the format
+/// and generation words).
+pub fn write_slot_header(region: &dyn Region, layout: &Layout, slot: u32) {
+    let mut header = vec![0u8; SLOT_HEADER_SIZE as usize];
+    header[..8].copy_from_slice(&SLOT_MAGIC);
+    put_u32(&mut header, 8, slot);
+    put_u64(&mut header, 16, layout.undo_slot_size);
+    let sum = checksum(&[&header[..24]]);
+    put_u64(&mut header, 24, sum);
+    put_u64(&mut header, TAIL_OFFSET as usize, encode_tail(0));
+    let off = layout.slot_offset(slot);
+    region.write(off, &header);
+    region.flush(off, SLOT_HEADER_SIZE);
 }
 
 /// Usable record bytes of a slot.

@@ -48,6 +48,16 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
     let consistency = match args.consistency {
         ConsistencyArg::Undo => Consistency::Undo,
         ConsistencyArg::None => Consistency::None,
+        ConsistencyArg::Journal => Consistency::Journal,
+    };
+    // Journal mode's group commits share the metadata journal's limits.
+    let options = txn::OpenOptions {
+        group_bytes_max: args.journal_size,
+        group_interval_ns: match args.checkpoint_interval {
+            0 => u64::MAX,
+            secs => secs.saturating_mul(1_000_000_000),
+        },
+        ..txn::OpenOptions::default()
     };
     let mut note = String::new();
     if !args.nvram.exists() {
@@ -68,7 +78,7 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
         );
     }
     let region: Arc<dyn Region> = Arc::new(MmapRegion::open(&args.nvram, MmapOptions::default())?);
-    let (pool, report) = Pool::open(region, consistency)?;
+    let (pool, report) = Pool::open_with(region, consistency, options)?;
     if note.is_empty() {
         note = if report.transactions_rolled_back > 0 {
             format!(
@@ -237,13 +247,15 @@ fn prepare_run_dir(
 }
 
 /// The engine's clock (the engine is deterministic; time enters here): about twice a second
-/// `Engine::tick` checkpoints the metadata journal past `--checkpoint-interval` and writes back
-/// pages dirty for longer than `--max-dirty-age`. Stopped by setting the flag.
+/// `Engine::tick` commits a due group (journal mode), checkpoints the metadata journal past
+/// `--checkpoint-interval` and writes back pages dirty for longer than `--max-dirty-age`.
+/// Stopped by setting the flag.
 fn start_aging(
     args: &MountArgs,
     engine: &Arc<Engine<PosixLower>>,
 ) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
-    if args.max_dirty_age == 0 && args.checkpoint_interval == 0 {
+    let groups = args.consistency == ConsistencyArg::Journal;
+    if args.max_dirty_age == 0 && args.checkpoint_interval == 0 && !groups {
         return None;
     }
     let engine = Arc::clone(engine);
@@ -314,6 +326,7 @@ fn control(
                     Err(e) => error = Some(e),
                 }
             }
+            engine.group_commit(); // journal mode: everything durable in NVRAM too
             let reply = serde_json::json!({
                 "transformed": transformed,
                 "pages_written": written,

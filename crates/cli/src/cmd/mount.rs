@@ -23,6 +23,12 @@ use crate::size::{human, parse_size};
 pub enum ConsistencyArg {
     /// Every completed operation is atomic and durable (per-operation undo log in NVRAM).
     Undo,
+    /// VM-aware journaling: every operation is atomic, and durable at the next group commit -
+    /// on fsync, fdatasync, O_SYNC writes and `nvstack flush`, every --checkpoint-interval
+    /// seconds and at --journal-size of changed NVRAM - never later than the interval (the ext3
+    /// contract). Committed NVRAM is write-protected between commits: a stray store is trapped
+    /// and counted (`stat`: journal.trapped_writes) instead of corrupting it.
+    Journal,
     /// No undo log: the ext2-like baseline for benchmarks.
     None,
 }
@@ -52,7 +58,7 @@ pub struct MountArgs {
     /// may change (a 1 MiB write needs a little over 1 MiB).
     #[arg(long, value_parser = parse_size, default_value = "1088K", value_name = "SIZE")]
     pub undo_slot_size: u64,
-    /// How operations are made crash-consistent.
+    /// How operations are made crash-consistent (docs/design.md section 12.1 compares them).
     #[arg(long, value_enum, default_value = "undo")]
     pub consistency: ConsistencyArg,
     /// Stay in the foreground (log to stderr) instead of starting a daemon.

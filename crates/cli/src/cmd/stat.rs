@@ -124,6 +124,17 @@ fn print_durability(value: &serde_json::Value) {
             j["replayed_at_mount"]
         );
     }
+    let g = &j["group"];
+    if g["protection"].as_bool() == Some(true) || g["group_commits"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "group commits (journal mode): {} ({} forced by a full group), {} operations not yet \
+             committed; {} stray stores trapped",
+            g["group_commits"],
+            g["group_commits_forced"],
+            g["group_operations"],
+            j["trapped_writes"]
+        );
+    }
 }
 
 fn print_requests(value: &serde_json::Value) {

@@ -615,6 +615,7 @@ impl<L: LowerFs> Engine<L> {
         key: (u64, u64),
         f: impl FnOnce() -> FsResult<T>,
     ) -> FsResult<T> {
+        self.group_commit(); // W1: `f` changes the lower file system
         // A limit: a file that writers keep dirtying between its write-back and the stripe
         // gets EAGAIN after a few attempts.
         for _ in 0..8 {

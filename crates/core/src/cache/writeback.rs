@@ -352,6 +352,8 @@ impl<L: LowerFs> Engine<L> {
     /// transaction). A file met again in a later batch of the same call keeps the
     /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
     fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
+        // W1: the pages written are committed state (journal mode; a no-op otherwise).
+        self.group_commit();
         let mut seen = std::collections::HashSet::new();
         let mut written: Vec<Vec<BatchFile<L>>> = Vec::new();
         for batch in batches {

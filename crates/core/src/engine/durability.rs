@@ -25,7 +25,7 @@ use lower::LowerFs;
 
 use super::Engine;
 use crate::error::FsResult;
-use crate::sync::{Mutex, Rank};
+use crate::sync::{Held, Mutex, Rank};
 
 /// Objects tracked before the whole lower file system is synced instead (bounds the map).
 pub const MAX_UNSYNCED: usize = 1 << 16;
@@ -96,6 +96,17 @@ impl<L: LowerFs> Engine<L> {
     /// True when `key` has changes the lower file system has not made durable.
     pub(crate) fn is_unsynced(&self, key: (u64, u64)) -> bool {
         self.durability.unsynced.lock().contains_key(&key)
+    }
+
+    /// `--consistency journal` (design.md section 12): makes every operation committed so far
+    /// durable - one group commit. Called by durability calls (fsync, fsyncdir, flush), by the
+    /// clock when the group is due, and before anything reaches the lower file system (rule
+    /// W1: NVRAM state reaches it only after its group commit, so a crash that loses the group
+    /// never leaves a lower change made after a lost operation). A no-op in the other modes.
+    /// Never called with a transaction running: it waits for every running one.
+    pub fn group_commit(&self) {
+        let _slot = Held::token(Rank::UndoSlot);
+        self.pool.group_commit();
     }
 
     /// syncfs of the lower file system: everything changed before it started is durable after.

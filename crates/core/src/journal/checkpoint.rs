@@ -81,6 +81,11 @@ impl<L: LowerFs> Engine<L> {
     /// checkpoint when the oldest record may be older than `--checkpoint-interval`, and the
     /// write-back of pages older than `--max-dirty-age`.
     pub fn tick(&self) -> FsResult<()> {
+        let (secs, nanos) = self.lower.now();
+        let now_ns = u64::try_from(secs).unwrap_or(0) * 1_000_000_000 + u64::from(nanos);
+        if self.pool.group_due(now_ns) {
+            self.group_commit();
+        }
         let interval = self.journal.config.interval_secs;
         if interval > 0 && !self.journal.is_empty() {
             let last = self.journal.last_checkpoint.load(Ordering::Relaxed);

@@ -18,12 +18,15 @@
 //! the lower file, marked unsynced like any other data written there. Nor is atime (relatime
 //! updates are not made durable by file systems either).
 //!
-//! Protocol of one journaled change (persistence points in brackets): (1) the change is applied
-//! to the lower file system; (2) the handles of what it touched are read; (3) one transaction
-//! allocates a frame and writes the record [the commit; failpoint `journal.committed` after
-//! it]; (4) the record joins the committed list and the marker is set (M3). A crash before
-//! (3) commits loses a change whose operation never returned; after it, replay redoes it if
-//! the lower file system lost it.
+//! Protocol of one journaled change (persistence points in brackets): (0) in journal mode, a
+//! group commit (W1, design.md section 12.7: no lower change follows a lost operation); (1)
+//! the change is applied to the lower file system; (2) the handles of what it touched are
+//! read; (3) one transaction allocates a frame and writes the record [the commit; failpoint
+//! `journal.committed` after it]; (4) the record joins the committed list and the marker is
+//! set (M3). A crash before (3) commits loses a change whose operation never returned; after
+//! it, replay redoes it if the lower file system lost it. In journal mode (3) is durable at
+//! the next group commit: a crash before it loses the record, and the change with it unless
+//! the lower file system kept it - either way a prefix of the operations.
 
 pub mod checkpoint;
 pub mod record;
@@ -126,6 +129,9 @@ pub struct JournalStats {
     pub trapped_writes: u64,
     pub size_max: u64,
     pub interval_secs: u64,
+    /// `--consistency journal`: the running group and the group commits (design.md section
+    /// 12.8; zero in the other modes).
+    pub group: txn::JournalStats,
 }
 
 impl Journal {
@@ -161,7 +167,7 @@ impl Journal {
         self.enabled && self.len() >= self.frames_max
     }
 
-    pub fn stats(&self, trapped_writes: u64) -> JournalStats {
+    pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let records = self.len();
         JournalStats {
@@ -173,7 +179,8 @@ impl Journal {
             checkpoints: get(&self.counters.checkpoints),
             checkpoint_ms_total: get(&self.counters.checkpoint_ms_total),
             replayed_at_mount: get(&self.counters.replayed_at_mount),
-            trapped_writes,
+            trapped_writes: group.trapped_writes,
+            group,
             size_max: self.config.size_max,
             interval_secs: self.config.interval_secs,
         }
@@ -289,6 +296,7 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         rdev: u64,
     ) -> FsResult<(L::Node, Attr)> {
+        self.group_commit(); // W1
         let (node, attr) = self.lower.mknod(creds, parent, name, mode, rdev)?;
         let touched = [self.lower.key(parent), self.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Mknod, parent, name, &node, &attr))?;
@@ -303,6 +311,7 @@ impl<L: LowerFs> Engine<L> {
         name: &OsStr,
         mode: u32,
     ) -> FsResult<(L::Node, Attr)> {
+        self.group_commit(); // W1
         let (node, attr) = self.lower.mkdir(creds, parent, name, mode)?;
         let touched = [self.lower.key(parent), self.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Mkdir, parent, name, &node, &attr))?;
@@ -317,6 +326,7 @@ impl<L: LowerFs> Engine<L> {
         name: &OsStr,
         target: &OsStr,
     ) -> FsResult<(L::Node, Attr)> {
+        self.group_commit(); // W1
         let (node, attr) = self.lower.symlink(creds, parent, name, target)?;
         let touched = [self.lower.key(parent), self.lower.key(&node)];
         self.journaled(otx, &touched, || {
@@ -337,6 +347,7 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         flags: i32,
     ) -> FsResult<(L::Node, Attr, L::File)> {
+        self.group_commit(); // W1
         let (node, attr, file) = self.lower.create(creds, parent, name, mode, flags)?;
         let touched = [self.lower.key(parent), self.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Create, parent, name, &node, &attr))?;
@@ -350,6 +361,7 @@ impl<L: LowerFs> Engine<L> {
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<Attr> {
+        self.group_commit(); // W1
         let attr = self.lower.link(node, parent, name)?;
         let touched = [self.lower.key(parent), self.lower.key(node)];
         self.journaled(otx, &touched, || self.creation(Op::Link, parent, name, node, &attr))?;
@@ -370,6 +382,7 @@ impl<L: LowerFs> Engine<L> {
         } else {
             None
         };
+        self.group_commit(); // W1
         if dir {
             self.lower.rmdir(parent, name)?;
         } else {
@@ -423,13 +436,13 @@ impl<L: LowerFs> Engine<L> {
         } else {
             (None, None)
         };
+        self.group_commit(); // W1
         self.lower.rename(parent, name, newparent, newname, flags)?;
         let touched = [self.lower.key(parent), self.lower.key(newparent)];
         self.journaled(otx, &touched, || {
             let mut redo = Redo::new(Op::Rename);
-            // XATTR_CREATE/XATTR_REPLACE: the lower call above already
-            // checked them; replay sets the value whatever it finds.
-            redo.flags = u16::try_from(flags).unwrap_or(0);
+            // RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT: the low bits.
+            redo.flags = u16::try_from(flags & 0xffff).unwrap_or(0);
             redo.dir1 = self.object_handle(parent)?;
             redo.name1 = name.to_os_string();
             redo.dir2 = self.object_handle(newparent)?;
@@ -450,6 +463,7 @@ impl<L: LowerFs> Engine<L> {
         set: &SetAttr,
     ) -> FsResult<Attr> {
         assert!(set.size.is_none(), "size changes are data, not journaled attributes");
+        self.group_commit(); // W1
         let attr = self.lower.setattr(node, file, set)?;
         self.journaled(otx, &[self.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setattr);
@@ -482,6 +496,7 @@ impl<L: LowerFs> Engine<L> {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
+        self.group_commit(); // W1
         self.lower.setxattr(node, name, value, flags)?;
         self.journaled(otx, &[self.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setxattr);
@@ -501,6 +516,7 @@ impl<L: LowerFs> Engine<L> {
         node: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
+        self.group_commit(); // W1
         self.lower.removexattr(node, name)?;
         self.journaled(otx, &[self.lower.key(node)], || {
             let mut redo = Redo::new(Op::Removexattr);

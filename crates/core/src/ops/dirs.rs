@@ -103,6 +103,7 @@ impl<L: LowerFs> Engine<L> {
             let c = &self.durability.counters;
             Counters::add(&c.calls, 1);
             Counters::add(&c.dir_calls, 1);
+            self.group_commit();
             let h = self.handle(fh)?;
             let Open::Dir { file, key, .. } = &h.file else {
                 return Err(answer(libc::ENOTDIR));

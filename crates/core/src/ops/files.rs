@@ -82,6 +82,7 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Fsync, |_| {
             let c = &self.durability.counters;
             Counters::add(&c.calls, 1);
+            self.group_commit();
             let h = self.handle(fh)?;
             if let Open::Temp { file, .. } = &h.file
                 && file.lock().fate == Fate::Resident

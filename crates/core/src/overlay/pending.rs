@@ -118,6 +118,7 @@ impl<L: LowerFs> Engine<L> {
         if pending.is_empty() {
             return Ok(0);
         }
+        self.group_commit(); // W1: the times written are committed state
         for (_, node, (_, t)) in &pending {
             match self.lower.getattr(node) {
                 // A directory removed since has nothing to keep.

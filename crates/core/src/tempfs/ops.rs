@@ -473,6 +473,7 @@ impl<L: LowerFs> Engine<L> {
     /// away nothing would hide the lower file after a crash any more.
     pub(super) fn unlink_shadowed(&self, dir: &L::Node, rec: &Record) -> FsResult<()> {
         if rec.shadows() {
+            self.group_commit(); // W1: the temp file that hid it was committed
             match self.lower.unlink(dir, &rec.name) {
                 Ok(()) => self.sync_dir(dir)?,
                 Err(lower::Errno(libc::ENOENT)) => {}

@@ -203,6 +203,8 @@ impl<L: LowerFs> Engine<L> {
         self.atomically(|tx| data::put_record(tx, f.frame, &rec))?;
         st.rec = rec;
         drop(st);
+        // W1: step 1 and the data step 2 copies are durable before the lower file appears.
+        self.group_commit();
         self.fail("transform.marked");
         Ok(true)
     }
