@@ -159,6 +159,12 @@ def run(out: Path, fs_name: str, *, device: str = "hdd-7200", timing: str = "sle
         state["attached"] = False
         (rundir / "cut.txt").write_text(cut.stdout + cut.stderr)
         result["cut"] = (cut.stdout + cut.stderr).strip()[:500]
+        try:
+            cj = json.loads(cut.stdout)
+            result.update(cut_mode=cj.get("mode"), cut_held_sectors=cj.get("held_sectors"),
+                          cut_dropped_sectors=cj.get("dropped_sectors"))
+        except ValueError:
+            pass
         if cut.returncode != 0:
             raise BenchError(f"nvstack device cut failed (exit {cut.returncode}): {result['cut']}")
         if cfg.nvstack and fs_mod._is_mounted(mnt):
@@ -274,8 +280,11 @@ def text(results: list[dict]) -> str:
         rec = (f"; recovery mount {r['recovery_mount_seconds']:.1f} s, nvstack check exit "
                f"{r.get('nvstack_check_exit')}, frames in use after umount "
                f"{r.get('frames_used_after_umount')}" if "recovery_mount_seconds" in r else "")
-        lines.append(f"{head}: {r['acknowledged']:,} commits acknowledged, {r['survived']:,} "
-                     f"survived, {r['lost']} lost, {r['extra']} in flight found; "
+        held = (f" (disk cache at the cut: {r['cut_held_sectors']} sectors held, "
+                f"{r['cut_dropped_sectors']} dropped, mode {r['cut_mode']})"
+                if r.get("cut_held_sectors") is not None else "")
+        lines.append(f"{head}{held}: {r['acknowledged']:,} commits acknowledged, "
+                     f"{r['survived']:,} survived, {r['lost']} lost, {r['extra']} in flight found; "
                      f"PRAGMA integrity_check: {'ok' if r['integrity_ok'] else 'NOT ok'}; "
                      f"e2fsck -fn exit {r.get('e2fsck_exit')}{rec}. {verdict}")
     return "\n".join(lines)

@@ -234,6 +234,7 @@ def test_durability_rows_text_and_figure(showcase_dir):
     text = summary.durability_text(showcase_dir)
     assert "sqlite WAL" in text and "100.0x" in text and "7,000" in text
     assert "Same disk, same durability" in text
+    assert "10 s each" in text and "NVRAM region 256 MiB" in text
     md = summary.markdown(showcase_dir)
     assert "### Durable transactions" in md and "| sqlite WAL | nvstack-ext4-defaults | 7,000 |" in md
     pngs = plot.plot_dir(showcase_dir)
@@ -248,7 +249,8 @@ def test_powercut_text():
     ok = {"fs": "nvstack-ext4-defaults", "journal_mode": "wal", "cut_after_s": 8.0,
           "status": "ok", "reason": "", "acknowledged": 41234, "survived": 41234, "lost": 0,
           "extra": 1, "integrity_ok": True, "e2fsck_exit": 0, "recovery_mount_seconds": 0.4,
-          "nvstack_check_exit": 0, "frames_used_after_umount": 0}
+          "nvstack_check_exit": 0, "frames_used_after_umount": 0, "cut_held_sectors": 12,
+          "cut_dropped_sectors": 12, "cut_mode": "drop"}
     bad = {**ok, "fs": "ext4-ordered", "status": "failed", "reason": "2 acknowledged commits "
            "lost", "survived": 41232, "lost": 2}
     del bad["recovery_mount_seconds"]
@@ -258,5 +260,6 @@ def test_powercut_text():
     assert "41,234 commits acknowledged, 41,234 survived, 0 lost" in text[0]
     assert "integrity_check: ok" in text[0] and text[0].endswith("OK")
     assert "recovery mount 0.4 s, nvstack check exit 0" in text[0]
+    assert "(disk cache at the cut: 12 sectors held, 12 dropped, mode drop)" in text[0]
     assert "FAILED: 2 acknowledged commits lost" in text[1] and "recovery" not in text[1]
     assert text[2].endswith("SKIPPED: nvstack binary not found")
