@@ -98,7 +98,7 @@ SHOWCASE_POSTMARK_NOTES = [
     "recently used into ext2 when the 18 MiB region (4 undo slots, ~3.3k frames) is full; the "
     "NVRAM page cache for existing files is off (`--cache off`, as when the README's first "
     "Postmark numbers were measured). Shrunk from 6000 files / 12,000 transactions with a "
-    "TempFFS-off row (~7 min) to 3000 files / 6000 transactions (~1.5 min) so that the whole "
+    "TempFFS-off row (~7 min) to 3000 files / 6000 transactions (68 s measured) so that the whole "
     "`scripts/demo` stays under 10 minutes.",
     "The memory budget is small on purpose: the benchmark (and for nvstack the daemon and its "
     "NVRAM region) share one cgroup, so dirty pages must be written to the modeled disk during "
@@ -202,7 +202,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                "bytes per transaction",
                SHOWCASE_FS, SHOWCASE_WORKLOADS, baseline="ext4-ordered",
                reps=1, memory="1G", nvram="256M", scale=1.0, disk="1G",
-               estimate="~2 min measured on hdd-7200, sleep timing (8 runs of 10 s + setup)",
+               estimate="94 s measured on hdd-7200, sleep timing (8 runs of 10 s + setup)",
                notes=SHOWCASE_NOTES),
     Experiment("showcase-postmark", "the README demo, part 3: ext2 vs nvstack (TempFFS on, "
                "--consistency undo) over ext2, one short asynchronous Postmark on the modeled "
@@ -211,7 +211,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                ["ext2", "nvstack-ext2-tempffs-trans"],
                [("postmark", "showcase")], baseline="ext2",
                reps=1, memory="32M", nvram="18M", scale=1.0, disk="1G",
-               estimate="~1.5 min measured on hdd-7200, sleep timing", notes=SHOWCASE_POSTMARK_NOTES),
+               estimate="68 s measured on hdd-7200, sleep timing (ext2 11 s, nvstack 51 s)", notes=SHOWCASE_POSTMARK_NOTES),
     Experiment("thesis-postmark", "thesis Figs 4.3/4.10/4.15/4.18: Postmark 512 B-10 KB, "
                "200k tx, 5k-30k files, Table 4.2 configurations",
                THESIS_FS, [("postmark", "thesis")], baseline="ext2",

@@ -240,6 +240,9 @@ def run(out: Path, fs_name: str, *, device: str = "hdd-7200", timing: str = "sle
         raise
     finally:
         sh.phase = "cleanup"
+        # repro.sh: whatever its body got to, leave no mount or loop device behind
+        sh.log_only(f"mountpoint -q {mnt} && fusermount3 -uz {mnt}; "
+                    f"mountpoint -q {lower_mnt} && {nv} device detach {lower_mnt}")
         _kill(state["driver"])
         if state["daemon"] is not None and state["daemon"].poll() is None:
             sh.run([nv, "umount", str(mnt)], check=False, timeout=120)
