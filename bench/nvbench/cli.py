@@ -50,6 +50,8 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
     p.add_argument("--reps", type=int, help="repetitions per configuration")
     p.add_argument("--transactions", type=int, help="Postmark transactions per run, absolute "
                    "(not multiplied by --scale); default: the paper's count x scale")
+    p.add_argument("--seconds", type=float, help="run time of the time-limited workloads "
+                   "(sqlite, maildir, applog), absolute; default: theirs (10 s) x scale")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"),
                    help="where disk images and mount points live (removed after each run)")
     p.add_argument("--dry-run", action="store_true",
@@ -74,9 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="run the smoke matrix (ext2, ext4-ordered x small "
                        "Postmark), then parse and plot", formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, None)
-    p = sub.add_parser("showcase", help="the README demo: ext2 vs nvstack on the modeled "
-                       "hdd-7200, short Postmark; prints the comparison table")
+    p = sub.add_parser("showcase", help="the README demo: applications that wait for "
+                       "durability on ext4 vs nvstack over ext4 (modeled hdd-7200), a power "
+                       "cut in the middle of sqlite, the async Postmark comparison; prints the "
+                       "tables, writes OUT/showcase.txt and OUT/showcase.png")
     _common(p, None)
+    p.add_argument("--parts", default="durability,powercut,postmark",
+                   help="comma-separated subset of durability, powercut, postmark")
+    p.add_argument("--cut-after", type=float, default=8.0,
+                   help="seconds of sqlite commits before the power cut (default 8)")
+    p = sub.add_parser("load", help="the load test (not in CI): 8 Postmark instances and 2 fsx "
+                       "on one nvstack mount with a small region for --duration seconds; "
+                       "checks exits, fsx, the daemon's memory, counters, nvstack check")
+    from . import load as load_mod
+    load_mod.add_arguments(p)
     p = sub.add_parser("run", help="run one experiment (see `list`), then parse and plot")
     p.add_argument("experiment")
     _common(p, None)
@@ -133,7 +146,7 @@ def require_plotting() -> None:
                          f"then bench/run again") from None
 
 
-def cmd_run(name: str, args) -> int:
+def cmd_run(name: str, args, out: Path | None = None) -> int:
     from . import archive, parse, runner, summary
     from .experiments import EXPERIMENTS
     if not args.no_plot:
@@ -158,14 +171,14 @@ def cmd_run(name: str, args) -> int:
             raise BenchError(f"--workloads: {', '.join(unknown)} not in experiment {name} "
                              f"({', '.join(known)})")
         exp = dataclasses.replace(exp, workloads=[known[w] for w in wanted])
-    out = args.out or BENCH_DIR / "results" / f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    out = out or args.out or BENCH_DIR / "results" / f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     st = runner.Settings(out=out.resolve(), device=args.device or exp.device, timing=args.timing,
                          memory=parse_size(args.memory) if args.memory else None,
                          scale=args.scale, reps=args.reps, workdir=args.workdir.resolve(),
                          dry_run=args.dry_run, echo=args.echo,
                          nvram=parse_size(args.nvram) if args.nvram else None,
-                         overrides={"transactions": args.transactions}
-                         if args.transactions else {},
+                         overrides={k: v for k, v in (("transactions", args.transactions),
+                                                      ("seconds", args.seconds)) if v},
                          variants=[v.strip() for v in args.variants.split(",") if v.strip()]
                          if args.variants else None)
     if archive.unpack(st.out):
@@ -184,10 +197,85 @@ def cmd_run(name: str, args) -> int:
     pngs = plot.plot_dir(st.out)
     path = summary.write(st.out)
     print(f"wrote {len(list(st.out.glob('*.csv')))} CSV, {len(pngs)} PNG, {path}")
-    if name == "showcase":
-        print()
-        print(summary.showcase_text(st.out))
     return 1 if counts["failed"] else 0
+
+
+SHOWCASE_PARTS = ("durability", "powercut", "postmark")
+
+
+def cmd_showcase(args) -> int:
+    """The README demo in three parts, each in its own directory under OUT: durability/ (the
+    experiment `showcase`), powercut/ (nvbench.powercut for ext4 alone and nvstack over
+    ext4), postmark/ (the experiment `showcase-postmark`); then OUT/showcase.txt (everything
+    printed) and OUT/showcase.png (the durability figure)."""
+    import shutil
+    import time as _time
+    from . import powercut, summary
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in SHOWCASE_PARTS]
+    if unknown:
+        raise BenchError(f"--parts: {', '.join(unknown)} not among {', '.join(SHOWCASE_PARTS)}")
+    if args.dry_run:
+        raise BenchError("showcase has no --dry-run; `bench/run run showcase --dry-run` shows "
+                         "its durability matrix")
+    if not args.no_plot:
+        require_plotting()
+    out = (args.out or BENCH_DIR / "results" /
+           f"showcase-{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    texts, rc, timings = [], 0, {}
+    if "durability" in parts:
+        print("== 1. applications that wait for durability: ext4 vs nvstack over ext4 "
+              "(hdd-7200, sleep timing)", flush=True)
+        t0 = _time.monotonic()
+        rc |= cmd_run("showcase", args, out / "durability")
+        timings["durability"] = _time.monotonic() - t0
+        texts.append("== 1. Applications that wait for durability\n\n"
+                     + summary.durability_text(out / "durability"))
+        print("\n" + texts[-1] + "\n", flush=True)
+    if "powercut" in parts:
+        print(f"== 2. power cut in the middle of sqlite (WAL, synchronous=FULL) after "
+              f"{args.cut_after:g} s", flush=True)
+        t0 = _time.monotonic()
+        from . import experiments
+        exp = experiments.EXPERIMENTS["showcase"]
+        res = []
+        for fs_name in exp.fs:
+            r = powercut.run(out / "powercut", fs_name, device=args.device or exp.device,
+                             timing=args.timing, workdir=args.workdir.resolve(),
+                             nvram_bytes=parse_size(args.nvram or exp.nvram),
+                             disk_bytes=parse_size(exp.disk), cut_after=args.cut_after,
+                             echo=args.echo)
+            res.append(r)
+            print(powercut.text([r]), flush=True)
+            rc |= r["status"] != "ok"
+        timings["powercut"] = _time.monotonic() - t0
+        texts.append("== 2. Power cut in the middle of the sqlite run\n\n" + powercut.text(res)
+                     + "\n\nThe power cut: the nvstack daemon and sqlite are SIGKILLed, `nvstack "
+                     "device cut` drops the disk's volatile cache, the image is re-attached (ext4 "
+                     "replays its journal) and `nvstack mount` recovers the region; acknowledged "
+                     "= COMMIT returned (ids kept outside the disk, in /dev/shm).")
+        print()
+    if "postmark" in parts:
+        print("== 3. what nvstack is not for: asynchronous Postmark, ext2 vs nvstack over ext2",
+              flush=True)
+        t0 = _time.monotonic()
+        rc |= cmd_run("showcase-postmark", args, out / "postmark")
+        timings["postmark"] = _time.monotonic() - t0
+        texts.append("== 3. What nvstack is not for: asynchronous Postmark (no fsync)\n\n"
+                     + summary.showcase_text(out / "postmark"))
+        print("\n" + texts[-1] + "\n", flush=True)
+    texts.append("showcase parts took " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+    (out / "showcase.txt").write_text("\n\n".join(texts) + "\n")
+    fig = out / "durability" / "showcase-durability.png"
+    if fig.exists():
+        shutil.copyfile(fig, out / "showcase.png")
+    print("\n".join(["", "=" * 78, *texts, "=" * 78]))
+    print(f"text: {out / 'showcase.txt'}")
+    if fig.exists():
+        print(f"figure: {out / 'showcase.png'}")
+    print(f"runs, repro.sh per run, CSV and summary.md: {out}/{{durability,powercut,postmark}}")
+    return 1 if rc else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,8 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             return cmd_list()
-        if args.cmd in ("smoke", "showcase"):
+        if args.cmd == "smoke":
             return cmd_run(args.cmd, args)
+        if args.cmd == "showcase":
+            return cmd_showcase(args)
+        if args.cmd == "load":
+            from . import load
+            return load.main(args)
+        if args.cmd == "run" and args.experiment == "load":
+            raise BenchError("the load test has its own command and options: bench/run load "
+                             "--help")
         if args.cmd == "run":
             return cmd_run(args.experiment, args)
         if args.cmd == "parse":

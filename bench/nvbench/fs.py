@@ -111,6 +111,30 @@ def _kernel() -> list[FsConfig]:
     ]
 
 
+def sized_journal(cfg: FsConfig) -> bool:
+    """An internal journal of J bytes (the thesis' 256 MiB per GiB of memory) is made for
+    data=journal only, where every block passes the journal; every other ext4 (data=ordered
+    alone or as nvstack's lower FS) gets mke2fs's default journal, so a lower ext4 is formatted
+    exactly like the kernel configuration it is compared with."""
+    return cfg.journal == "internal" and "data=journal" in cfg.mount_options.split(",")
+
+
+def nvstack_mount_argv(nv: str, opt: dict, lower: Path, mnt: Path, region: Path,
+                       size_bytes: int, flags: set | None) -> list[str]:
+    """`nvstack mount ... --foreground` for an nvstack option dict (FsConfig.nvstack); `flags`
+    = the long options the binary's `mount --help` lists (None: assume the off switches)."""
+    argv = [nv, "mount", str(lower), str(mnt), "--nvram", str(region),
+            "--size", fmt_size(size_bytes), "--consistency", opt["consistency"]]
+    flags = flags if flags is not None else set(NVSTACK_FEATURE_OFF)
+    for key in nvstack_flags(opt):              # only the flags a configuration names
+        # a feature that is off needs no flag on a binary that does not have it yet
+        # (off is then the only behaviour); a feature that is on, or a setting of it, is
+        # skipped before setup when the flag is missing
+        if key in flags or opt[key] != NVSTACK_FEATURE_OFF.get(key):
+            argv += [f"--{key}", opt[key]]
+    return argv + [*opt.get("args", []), "--foreground"]
+
+
 def nvstack_flags(opt: dict) -> list[str]:
     """The mechanism flags `nvstack mount` gets for an nvstack option dict, in argv order
     (values in `opt`): tempfiles and cache whenever named, a setting such as writeback only
@@ -166,6 +190,17 @@ def _nvstack() -> list[FsConfig]:
             "ext2", nvstack={"consistency": "undo", "tempfiles": "off", "cache": "on",
                              "writeback": policy, "args": list(WB_POLICY_ARGS)},
             consistent=True))
+    # nvstack as a new user meets it: every mechanism at its default (undo transactions,
+    # TempFFS, the NVRAM page cache with relo write-back), named explicitly so that a change of
+    # a default does not change the configuration silently. Over ext4 data=ordered formatted
+    # exactly like `ext4-ordered` (the showcase compares the two on the same modeled disk).
+    out.append(FsConfig(
+        "nvstack-ext4-defaults", "nvstack",
+        "nvstack with its defaults over ext4 data=ordered: consistency undo, tempfiles on, "
+        "NVRAM page cache on with relo write-back",
+        "ext4", "data=ordered", journal="internal",
+        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo"},
+        consistent=True))
     return out
 
 
@@ -358,7 +393,7 @@ class Target:
         if cfg.mkfs == "vfat":
             return ["mkfs.vfat", dev]
         argv = ["mke2fs", "-q", "-F", "-t", cfg.mkfs, "-b", "4096"]
-        if cfg.journal == "internal" and cfg.consistent:
+        if sized_journal(cfg):
             argv += ["-J", f"size={max(4, self.journal_bytes >> 20)}"]
         if jdev:
             argv += ["-J", f"device={jdev}"]
@@ -389,7 +424,7 @@ class Target:
         nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
         argv = [nv, "device", "attach", str(img), str(mnt), "--model", self.device,
                 "--timing", self.timing, "--size", fmt_size(self.disk_bytes)]
-        if jdev or (cfg.journal == "internal" and cfg.consistent):
+        if jdev or sized_journal(cfg):
             # mkfs options `device attach --mkfs` cannot express: format the image file
             # ourselves, then attach it without --mkfs (attach keeps an existing image).
             sh.run(["truncate", "-s", fmt_size(self.disk_bytes), str(img)])
@@ -408,16 +443,8 @@ class Target:
         nv = self.caps.binary if self.caps and self.caps.binary else "nvstack"
         lower = lower_mnt / "data"
         sh.run(["mkdir", "-p", str(lower), str(lay.mnt)])
-        argv = [nv, "mount", str(lower), str(lay.mnt), "--nvram", str(lay.nvram),
-                "--size", fmt_size(self.nvram_bytes), "--consistency", opt["consistency"]]
-        flags = self.caps.mount_flags if self.caps else set(NVSTACK_FEATURE_OFF)
-        for key in nvstack_flags(opt):              # only the flags a configuration names
-            # a feature that is off needs no flag on a binary that does not have it yet
-            # (off is then the only behaviour); a feature that is on, or a setting of it, is
-            # skipped before setup when the flag is missing
-            if key in flags or opt[key] != NVSTACK_FEATURE_OFF.get(key):
-                argv += [f"--{key}", opt[key]]
-        argv += [*opt.get("args", []), "--foreground"]
+        argv = nvstack_mount_argv(nv, opt, lower, lay.mnt, lay.nvram, self.nvram_bytes,
+                                  self.caps.mount_flags if self.caps else None)
         self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))
         self._spawn_daemon(argv, "nvstack mount",
                            lambda: self._stop_daemon([nv, "umount", str(lay.mnt)]))

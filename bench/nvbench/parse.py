@@ -120,6 +120,47 @@ def parse_fio(text: str) -> dict[str, float]:
     return out
 
 
+def parse_durable(text: str) -> dict[str, float]:
+    """The JSON line durable.py prints (sqlite, maildir, applog) -> metrics: tx_per_second
+    (acknowledged transactions per second of the loop), transactions, loop_seconds and the
+    latency of one transaction (lat_{mean,p50,p99,max}_us). A run whose loop reported an error
+    raises ValueError with it."""
+    doc = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+    if doc is None:
+        raise ValueError("no durable.py result line found")
+    if doc.get("error"):
+        raise ValueError(f"durable.py {doc.get('kind')}: {doc['error']} after "
+                         f"{doc.get('transactions')} transactions")
+    if doc.get("init"):
+        raise ValueError("durable.py printed only its --init line")
+    out = {"tx_per_second": float(doc["tx_per_second"]),
+           "transactions": float(doc["transactions"]), "loop_seconds": float(doc["seconds"])}
+    for k, v in (doc.get("latency_us") or {}).items():
+        out[f"lat_{k}_us"] = float(v)
+    return out
+
+
+# the modeled disk's counters reported per transaction of a durable workload (their deltas
+# over the timed command and the sync after it / acknowledged transactions)
+PER_TX = ("requests", "writes", "flushes", "bytes_written", "busy_ms")
+
+
+def per_tx_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """dev_<counter>_per_tx for the PER_TX counters (nothing without transactions or a
+    modeled disk)."""
+    n = metrics.get("transactions")
+    if not n or n <= 0:
+        return {}
+    return {f"dev_{k}_per_tx": metrics[f"dev_{k}"] / n for k in PER_TX if f"dev_{k}" in metrics}
+
+
 _DEV_KEYS = ("requests", "bytes_written", "bytes_read", "busy_ms", "seek_distance_sectors")
 
 
@@ -252,7 +293,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-TOOL_PARSERS = {"postmark": parse_postmark, "bonnie": parse_bonnie, "fio": parse_fio}
+TOOL_PARSERS = {"postmark": parse_postmark, "bonnie": parse_bonnie, "fio": parse_fio,
+                "sqlite": parse_durable, "maildir": parse_durable, "applog": parse_durable}
 
 # metric -> (unit, higher_is_better) for the metrics that get plotted/summarised
 UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
@@ -265,6 +307,13 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "dev_busy_ms": ("ms", False), "dev_bytes_written": ("B", False),
          "dev_requests": ("", False), "dev_seek_distance_sectors": ("sectors", False),
          "pm_tx_per_wall_second": ("tx/s", True),
+         "tx_per_second": ("tx/s", True), "transactions": ("tx", True),
+         "loop_seconds": ("s", ""), "lat_mean_us": ("us", False), "lat_p50_us": ("us", False),
+         "lat_p99_us": ("us", False), "lat_max_us": ("us", False),
+         "dev_requests_per_tx": ("", False), "dev_writes_per_tx": ("", False),
+         "dev_flushes_per_tx": ("", False), "dev_bytes_written_per_tx": ("B", False),
+         "dev_busy_ms_per_tx": ("ms", False), "dev_flushes": ("", False),
+         "dev_writes": ("", False),
          "blk_write_bytes": ("B", False), "blk_read_bytes": ("B", False),
          "blk_write_ios": ("", False), "blk_read_ios": ("", False),
          "blk_io_ticks_ms": ("ms", False),
@@ -357,6 +406,7 @@ def parse_run(rundir: Path) -> list[dict]:
                                             blk_after))
         except ValueError:
             pass                          # a garbled stat file loses these metrics only
+    metrics.update(per_tx_metrics(metrics))
     nv = _load(rundir / "nvstack_stat.json")
     if isinstance(nv, dict):
         nv_before = _load(rundir / "nvstack_stat_before.json")
@@ -406,7 +456,9 @@ def paired_rows(rows: list[dict]) -> list[dict]:
       tempffs_blk_bytes_eliminated_pct     ... of blk_write_bytes (the lower FS's loop device)
       tempffs_dev_bytes_eliminated_pct     ... of dev_bytes_written (modeled disk)
     on every nvstack configuration, paired with its lower FS alone (fs.lower_kernel_config):
-      throughput_ratio_vs_lower_fs         wall(lower FS) / wall(x), e.g. vs ext2
+      throughput_ratio_vs_lower_fs         wall(lower FS) / wall(x), e.g. vs ext2; for the
+                                           time-limited durable workloads (tx_per_second)
+                                           tx/s(x) / tx/s(lower FS)
     on every configuration with a `file` twin (fs.writeback_file_twins: the page cache on
     with the file policy over the same lower FS; the thesis' reference for write-back):
       wb_time_ratio_vs_file                wall(x) / wall(file): < 1 is faster than file
@@ -440,9 +492,13 @@ def paired_rows(rows: list[dict]) -> list[dict]:
         lower = fs_mod.lower_kernel_config(fs, names)
         cfg = fs_mod.CONFIGS.get(fs)
         if lower and cfg is not None and cfg.nvstack:
+            t_x, t_l = value.get(run + ("tx_per_second",)), \
+                value.get(run[:-1] + (lower, "tx_per_second"))
             w_x, w_l = value.get(run + ("wall_seconds",)), \
                 value.get(run[:-1] + (lower, "wall_seconds"))
-            if w_x and w_l:
+            if t_x is not None and t_l:       # time-limited loops: throughput, not wall time
+                derived["throughput_ratio_vs_lower_fs"] = t_x / t_l
+            elif t_x is None and w_x and w_l:
                 derived["throughput_ratio_vs_lower_fs"] = w_l / w_x
         twin = wb_twins.get(fs)
         if twin:

@@ -17,8 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .parse import read_csv  # noqa: E402
 from . import fs as fs_mod  # noqa: E402
-from .summary import (BONNIE_METRICS, _meta, _nvram_text, aggregate, improvement,  # noqa: E402
-                      natural, tables)
+from .summary import (BONNIE_METRICS, DURABLE_WORKLOADS, _meta, _nvram_text,  # noqa: E402
+                      aggregate, durability_rows, improvement, natural, tables)
 from .util import slug  # noqa: E402
 
 
@@ -68,9 +68,14 @@ def plot_experiment(csv_path: Path, out_dir: Path) -> list[Path]:
     baseline = _meta(out_dir, exp).get("baseline") or rows[0]["fs"]
     agg = aggregate(rows)
     written = []
+    df = durability_figure(rows, out_dir, baseline, _meta(out_dir, exp).get("fs"))
+    if df:
+        written.append(df)
     for t in tables(rows, baseline):
         if t["workload"] == "bonnie" and t["metric"] in BONNIE_METRICS[1:]:
             continue  # drawn together with put_char below
+        if t["workload"] in DURABLE_WORKLOADS:
+            continue  # the durability figure shows them, on a log scale
         lines = t["lines"]
         series = list(dict.fromkeys(ln["fs"] for ln in lines))
         labels = {ln["fs"]: f"{ln['fs']} ({ln['label']})" if ln["label"] != ln["fs"] else ln["fs"]
@@ -214,6 +219,64 @@ def writeback_figure(rows: list[dict], out_dir: Path,
                  f"{int(m['memory_bytes']) >> 20} MiB{_nvram_text(rows)}", fontsize=9)
     fig.tight_layout()
     path = out_dir / f"{slug(exp)}-writeback.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def durability_figure(rows: list[dict], out_dir: Path, baseline: str,
+                      fs_order: list[str] | None = None) -> Path | None:
+    """The showcase figure: transactions per second of each durable workload (sqlite WAL and
+    rollback journal, Maildir delivery, log append + fdatasync) per configuration on a log
+    scale, the ratio to the baseline written over each bar; beside it the modeled disk's
+    requests per transaction (log scale; the reason for the ratio)."""
+    lines = durability_rows(rows, baseline, fs_order)
+    if not lines:
+        return None
+    fss = list(dict.fromkeys(f for ln in lines for f in ln["fs"]))
+    label = lambda f: (f"{f} ({fs_mod.CONFIGS[f].label})"  # noqa: E731
+                       if f in fs_mod.CONFIGS and fs_mod.CONFIGS[f].label != f else f)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / max(1, len(fss))
+    cmap = plt.get_cmap("tab10")
+    groups = [ln["name"] for ln in lines]
+    for i, f in enumerate(fss):
+        xs = [g + (i - (len(fss) - 1) / 2) * width for g in range(len(lines))]
+        ys = [ln["per_fs"].get(f, {}).get("tx_per_second", 0.0) for ln in lines]
+        a.bar(xs, ys, width, label=label(f), color=cmap(i % 10), edgecolor="black",
+              linewidth=0.4)
+        for x, y, ln in zip(xs, ys, lines):
+            if y <= 0:
+                continue
+            r = ln["ratio"].get(f)
+            txt = f"{y:,.0f}" + (f"\n{r:,.0f}x" if r and f != baseline else "")
+            a.annotate(txt, (x, y), ha="center", va="bottom", fontsize=7,
+                       fontweight="bold" if f != baseline else "normal",
+                       xytext=(0, 2), textcoords="offset points")
+        rq = [ln["per_fs"].get(f, {}).get("dev_requests_per_tx") for ln in lines]
+        b.bar(xs, [max(q, 1e-3) if q is not None else 0.0 for q in rq], width, label=label(f),
+              color=cmap(i % 10), edgecolor="black", linewidth=0.4)
+        for x, q in zip(xs, rq):
+            if q is not None:
+                b.annotate(f"{q:.2g}", (x, max(q, 1e-3)), ha="center", va="bottom", fontsize=7,
+                           xytext=(0, 2), textcoords="offset points")
+    for ax in (a, b):
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(lines)))
+        ax.set_xticklabels(groups, fontsize=8, rotation=12)
+    top = max((ln["per_fs"].get(f, {}).get("tx_per_second", 0.0) for ln in lines for f in fss),
+              default=1.0)
+    a.set_ylim(top=top * 6)
+    a.set_ylabel("acknowledged transactions per second (log)")
+    a.set_title("Transactions per second (ratio to " + baseline + " over the bars)", fontsize=9)
+    a.legend(fontsize=7, loc="upper left")
+    b.set_ylabel("disk requests per transaction (log)")
+    b.set_title("Modeled disk requests per transaction", fontsize=9)
+    m = rows[0]
+    fig.suptitle(f"{m['experiment']}: applications that wait for durability, device "
+                 f"{m['device']} (sleep timing){_nvram_text(rows)}", fontsize=9)
+    fig.tight_layout()
+    path = out_dir / f"{slug(m['experiment'])}-durability.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -154,6 +154,7 @@ class Shell:
         """Start a background daemon; repro.sh gets `argv & VARn=$!`. Returns Popen or None."""
         name = f"{var}{self._counter + 1}"
         self._counter += 1
+        self.last_spawn_var = name
         self._log(f"{self.render(argv)} >{self.render([str(stdout)])} "
                   f"2>{self.render([str(stderr)])} &\n{name}=$!")
         if self.dry_run:

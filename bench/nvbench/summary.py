@@ -402,6 +402,7 @@ def markdown(result_dir: Path) -> str:
                   f"(cgroup per run){nvram}; scale = {m['scale']}; baseline = `{baseline}`; "
                   f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/` (in git packed as "
                   f"`raw.tar.xz`; `bench/run parse` unpacks it).", ""]
+        parts += durability_markdown(rows, baseline, meta.get("fs"))
         parts += tempffs_tables(rows, meta.get("fs"))
         parts += writeback_tables(rows, meta.get("fs"))
         parts += ratio_table(rows, baseline, meta.get("fs"))
@@ -544,6 +545,143 @@ def device_table(rows: list[dict], baseline: str, fs_order: list[str] | None = N
     return out + [""]
 
 
+# ----- durability (the showcase: applications that wait for fsync) ---------------------------
+DURABLE_WORKLOADS = ("sqlite", "maildir", "applog")
+
+
+def durable_name(workload: str, variant: str) -> str:
+    """A reader's name for a durable workload variant."""
+    if workload == "sqlite":
+        mode = variant.split("=", 1)[-1]
+        return ("sqlite WAL" if mode == "wal" else
+                "sqlite rollback journal" if mode == "delete" else f"sqlite {mode}")
+    return {"maildir": "Maildir delivery", "applog": "log append+fdatasync"}.get(workload, workload)
+
+
+DURABLE_COLUMNS = ("tx_per_second", "wall_seconds", "transactions", "dev_requests_per_tx",
+                   "dev_writes_per_tx", "dev_flushes_per_tx", "dev_bytes_written_per_tx",
+                   "dev_busy_ms_per_tx", "lat_p50_us", "lat_p99_us", "nv_writeback.pages_dirty")
+
+
+def durability_rows(rows: list[dict], baseline: str,
+                    fs_order: list[str] | None = None) -> list[dict]:
+    """Per durable workload variant: {name, workload, config, variant, per_fs: {fs: {metric:
+    mean}}, fs (ordered), ratio: {fs: tx/s(fs) / tx/s(baseline)}} (means over repetitions)."""
+    acc: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in rows:
+        if r["status"] != "ok" or r["workload"] not in DURABLE_WORKLOADS \
+                or r["metric"] not in DURABLE_COLUMNS:
+            continue
+        key = (r["workload"], r["config"], r["variant"])
+        acc.setdefault(key, OrderedDict()).setdefault(r["fs"], {}).setdefault(
+            r["metric"], []).append(float(r["value"]))
+    present = _order(rows, "fs")
+    order = [f for f in (fs_order or []) if f in present] + \
+        [f for f in present if f not in (fs_order or [])]
+    out = []
+    rank = {"journal=wal": 0, "journal=delete": 1}
+    for (w, c, v), per in sorted(acc.items(), key=lambda kv: (
+            DURABLE_WORKLOADS.index(kv[0][0]), rank.get(kv[0][2], 2), natural(kv[0][2]))):
+        means = {f: {m: statistics.fmean(x) for m, x in d.items()} for f, d in per.items()}
+        base = means.get(baseline, {}).get("tx_per_second")
+        fss = [f for f in order if f in means]
+        out.append({"name": durable_name(w, v), "workload": w, "config": c, "variant": v,
+                    "per_fs": means, "fs": fss,
+                    "ratio": {f: means[f]["tx_per_second"] / base for f in fss
+                              if base and "tx_per_second" in means[f]}})
+    return out
+
+
+def _kib(x: float | None) -> str:
+    return "" if x is None else f"{x / 1024:.1f}"
+
+
+def durability_markdown(rows: list[dict], baseline: str,
+                        fs_order: list[str] | None = None) -> list[str]:
+    lines = durability_rows(rows, baseline, fs_order)
+    if not lines:
+        return []
+    out = ["### Durable transactions: ext4 alone vs nvstack (disk counters per transaction: "
+           "`nvstack device stat` deltas over the loop and the sync after it)", "",
+           "| workload | fs | tx/s | ratio | wall s | transactions | disk requests/tx | "
+           "writes/tx | flushes/tx | KiB written/tx | disk busy ms/tx | latency p50 / p99 us |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for ln in lines:
+        for f in ln["fs"]:
+            m = ln["per_fs"][f]
+            g = m.get
+            out.append(f"| {ln['name']} | {f} | {_fmt(g('tx_per_second'), ',.0f')} | "
+                       f"{_fmt(ln['ratio'].get(f), '.1f')}x | {_fmt(g('wall_seconds'), '.1f')} | "
+                       f"{_fmt(g('transactions'), ',.0f')} | {_fmt(g('dev_requests_per_tx'), '.2f')} | "
+                       f"{_fmt(g('dev_writes_per_tx'), '.2f')} | {_fmt(g('dev_flushes_per_tx'), '.2f')} | "
+                       f"{_kib(g('dev_bytes_written_per_tx'))} | {_fmt(g('dev_busy_ms_per_tx'), '.2f')} | "
+                       f"{_fmt(g('lat_p50_us'), '.0f')} / {_fmt(g('lat_p99_us'), '.0f')} |")
+    return out + [""]
+
+
+def durability_text(result_dir: Path) -> str:
+    """The durability table `bench/run showcase` prints (plain text)."""
+    csv = result_dir / "showcase.csv"
+    rows = read_csv(csv) if csv.exists() else []
+    if not rows:
+        return "durability: no results"
+    meta = _meta(result_dir, rows[0]["experiment"])
+    baseline = meta.get("baseline") or rows[0]["fs"]
+    lines = durability_rows(rows, baseline, meta.get("fs"))
+    cols = ["workload", "file system", "tx/s", "vs ext4", "wall s", "disk req/tx",
+            "flushes/tx", "KiB written/tx", "p99 latency ms"]
+    table = [cols]
+    for ln in lines:
+        for i, f in enumerate(ln["fs"]):
+            m = ln["per_fs"][f]
+            g = m.get
+            table.append([ln["name"] if i == 0 else "", f, _fmt(g("tx_per_second"), ",.0f"),
+                          _fmt(ln["ratio"].get(f), ",.1f") + "x",
+                          _fmt(g("wall_seconds"), ".1f"), _fmt(g("dev_requests_per_tx"), ".2f"),
+                          _fmt(g("dev_flushes_per_tx"), ".2f"),
+                          _kib(g("dev_bytes_written_per_tx")),
+                          _fmt(g("lat_p99_us") / 1000 if g("lat_p99_us") is not None else None,
+                               ".2f")])
+    m = rows[0]
+    secs = sorted({round(float(r["value"])) for r in rows if r["metric"] == "loop_seconds"})
+    nvram = sorted({int(r["nvram_bytes"]) >> 20 for r in rows if r.get("nvram_bytes")})
+    head = (f"Durable transactions, {'/'.join(map(str, secs)) or '?'} s each, device "
+            f"{m['device']}, fresh ext4 per run; nvstack: its defaults, NVRAM region "
+            f"{'/'.join(map(str, nvram)) or '-'} MiB in /dev/shm")
+    text = [head, ""] + _columns(table)
+    for r in rows:
+        if r["status"] != "ok":
+            text.append(f"{r['fs']} {r['workload']} {r['variant']}: {r['status']}: "
+                        f"{r['reason'][:200]}")
+    text += ["",
+             "Same disk, same durability: every transaction is acknowledged only once it "
+             "survives a power cut.",
+             "ext4 alone: its fsync writes the data and a journal commit and flushes the "
+             "disk's cache, on every transaction.",
+             "nvstack: a write, create or rename returns once it is durable in its NVRAM "
+             "region; the data reaches ext4 later (write-back).",
+             "  Today an fsync of a file ext4 holds (the WAL, the log) still calls ext4's "
+             "fsync, which finds nothing to write",
+             "  and sends one cache flush (the ~1 request/tx, 0 bytes, of those rows); a "
+             "directory fsync (sqlite's rollback journal,",
+             "  the Maildir's fsync of new/) still commits ext4's journal: 2 writes + 2 "
+             "flushes per transaction. NVRAM metadata journaling is the fix.",
+             "Disk counters: the modeled disk over the loop and the sync after it, per "
+             "transaction; dirty pages left in NVRAM are written back later."]
+    return "\n".join(text)
+
+
+def _columns(table: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    out = []
+    for i, r in enumerate(table):
+        out.append("  ".join(c.ljust(widths[j]) if j < 2 else c.rjust(widths[j])
+                             for j, c in enumerate(r)).rstrip())
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
 def showcase_text(result_dir: Path) -> str:
     """The comparison table `bench/run showcase` prints at the end (plain text)."""
     csvs = sorted(result_dir.glob("*.csv"))
@@ -581,11 +719,11 @@ def showcase_text(result_dir: Path) -> str:
     text.append("")
     text.append("wall time = the timed Postmark; disk counters are of the modeled disk "
                 "(nvstack device stat) over the timed Postmark and the sync after it.")
-    text.append("nvstack-ext2-trans passes every operation through to ext2 inside an undo-log "
-                "transaction; nvstack-ext2-tempffs-trans keeps new files in the NVRAM region and "
-                "transforms the least recently used into ext2 (durably: a syncfs per group) when "
-                "the region is full. Both run with the NVRAM page cache for existing files off "
-                "(--cache off).")
+    text.append("Why nvstack is slower here: Postmark never fsyncs, so ext2 keeps its short-lived "
+                "files in volatile memory until it deletes them (and would lose them in a crash), "
+                "while nvstack makes every operation durable in an 18 MiB region that cannot hold "
+                "the file set, and a pressure transform must be durable on disk before its NVRAM "
+                "is freed.")
     return "\n".join(text)
 
 

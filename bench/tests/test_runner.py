@@ -171,8 +171,10 @@ def test_feature_flags_only_when_the_binary_has_them():
 def test_showcase_and_fs_subset(tmp_path):
     from nvbench import cli
     exp = EXPERIMENTS["showcase"]
-    assert exp.fs == ["ext2", "nvstack-ext2-trans", "nvstack-ext2-tempffs-trans"]
+    assert exp.fs == ["ext4-ordered", "nvstack-ext4-defaults"]
     assert exp.device == "hdd-7200"
+    pm = EXPERIMENTS["showcase-postmark"]
+    assert pm.fs == ["ext2", "nvstack-ext2-tempffs-trans"] and pm.device == "hdd-7200"
     assert fs.CONFIGS["nvstack-ext2-trans"].nvstack["consistency"] == "undo"
     assert fs.CONFIGS["nvstack-ext2-tempffs-trans"].nvstack["tempfiles"] == "on"
     out = tmp_path / "tp"

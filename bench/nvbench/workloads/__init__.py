@@ -8,6 +8,7 @@ run's env.json.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,9 +32,9 @@ def scaled(value: float, scale: float, minimum: int = 1) -> int:
 
 
 def get(name: str):
-    from . import bonnie, filedelete, fio, postmark, untar
+    from . import applog, bonnie, filedelete, fio, maildir, postmark, sqlite, untar
     table = {"postmark": postmark, "bonnie": bonnie, "fio": fio, "untar": untar,
-             "filedelete": filedelete}
+             "filedelete": filedelete, "sqlite": sqlite, "maildir": maildir, "applog": applog}
     if name not in table:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(table))}")
     return table[name]
@@ -41,3 +42,17 @@ def get(name: str):
 
 def target_subdir(target: Path, name: str) -> Path:
     return target / f"nvbench-{name}"
+
+
+# durable.py: the transaction loops of sqlite, maildir and applog (standard library only)
+DURABLE_DRIVER = Path(__file__).resolve().parent / "durable.py"
+
+
+def durable_invocation(p: dict, target: Path, extra: list[str]) -> Invocation:
+    """The timed durable.py loop of one of the workloads sqlite, maildir, applog: its
+    directory is made and prepared (`--init`) untimed, through the measured file system."""
+    loc = target_subdir(target, p["kind"])
+    base = [sys.executable, str(DURABLE_DRIVER), p["kind"], "--dir", str(loc), *extra]
+    return Invocation(argv=[*base, "--seconds", str(p["seconds"])],
+                      pre=[["mkdir", "-p", str(loc)], [*base, "--init"]],
+                      tools=[sys.executable])

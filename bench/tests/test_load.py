@@ -1,0 +1,106 @@
+"""The load test's measurements and checks (nvbench/load.py), on real samples: a
+/proc/PID/status, `nvstack stat --json` of a real load run at its end and after the flush, a
+real fsx output. No root, no mounts."""
+
+import json
+
+from nvbench import cli, load
+
+
+def stat(samples, name):
+    return json.loads((samples / name).read_text())
+
+
+def test_parse_status(samples):
+    st = load.parse_status((samples / "proc_status.txt").read_text())
+    assert set(st) == {"VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"}
+    assert st["VmHWM"] >= st["VmRSS"] > 0 and st["VmRSS"] % 1024 == 0
+    assert st["VmRSS"] == st["RssAnon"] + st["RssFile"] + st["RssShmem"]
+
+
+def test_memory_check_bounded_and_growing():
+    flat = [{"t": t, "RssAnon": (12 << 20) + (t % 3) * 4096, "VmHWM": 43 << 20,
+             "VmRSS": 40 << 20, "RssShmem": 24 << 20} for t in range(0, 600)]
+    m = load.memory_check(flat)
+    assert m["ok"] and m["rss_anon_peak"] == (12 << 20) + 8192 and m["vm_hwm_peak"] == 43 << 20
+    assert m["samples"] == 600
+    leak = [{"t": t, "RssAnon": (12 << 20) + t * (100 << 10)} for t in range(0, 600)]
+    m = load.memory_check(leak)
+    assert not m["ok"] and m["rss_anon_peak_last_third"] > m["bound"]
+    assert not load.memory_check(flat[:2])["ok"]
+
+
+def test_error_check_real_end_of_run(samples):
+    end = stat(samples, "nvstack_stat_load_end.json")
+    e = load.error_check(end)
+    # a real run: 1198 WRITE attempts found NVRAM full and were retried after pressure relief;
+    # each aborted its transaction, so they are not errors an application saw
+    assert e["write_retries"] == 1198 == e["transactions_aborted"]
+    assert e["ok"] and not e["data_path_errors"] and not e["errors_over_requests"]
+    assert e["requests_total"] == sum(end["requests"].values())
+    end["nvram"]["transactions_aborted"] = 1197          # a write error that was not a retry
+    assert not load.error_check(end)["ok"]
+    end["nvram"]["transactions_aborted"] = 1198
+    end["errors"]["fsync"] = 1
+    assert load.error_check(end)["data_path_errors"] == {"fsync": 1}
+    end["errors"].pop("fsync")
+    end["errors"]["mkdir"] = end["requests"]["mkdir"] + 1
+    assert load.error_check(end)["errors_over_requests"] == {
+        "mkdir": (end["requests"]["mkdir"] + 1, end["requests"]["mkdir"])}
+
+
+def test_flush_tempfiles_and_pressure_checks(samples):
+    end = stat(samples, "nvstack_stat_load_end.json")
+    fl = stat(samples, "nvstack_stat_load_flushed.json")
+    f = load.flush_check(fl)
+    assert f["ok"] and f["frames_used"] == 0 and f["pages_dirty"] == 0
+    t = load.tempfiles_check(fl)
+    assert t["ok"] and t["created"] == t["deleted_in_nvram"] + t["transformed_total"]
+    p = load.pressure_check({}, end)
+    assert p["ok"] and p["pressure_transforms"] > 0 and p["pages_written_back"] > 0
+    assert not load.pressure_check(end, end)["ok"]        # nothing happened in between
+    fl["writeback"]["pages_dirty"] = 3
+    assert not load.flush_check(fl)["ok"]
+    fl["tempfiles"]["created"] += 1                       # a temp file nobody accounts for
+    assert not load.tempfiles_check(fl)["ok"]
+
+
+def test_fsx_check(samples):
+    text = (samples / "fsx_ok.txt").read_text()
+    assert load.fsx_operations(text) == 13981
+    ok = {"name": "fsx-0", "exit": 0, "output": text, "operations": 13981}
+    assert load.fsx_check([ok])["ok"]
+    bad = {"name": "fsx-1", "exit": 1, "operations": None,
+           "output": "READ BAD DATA: offset = 0x1000, size = 0x2000\nLOG DUMP (3 total "
+                     "operations):\n"}
+    r = load.fsx_check([ok, bad])
+    assert not r["ok"] and [b["name"] for b in r["failed"]] == ["fsx-1"]
+    sneaky = {**ok, "output": text + "\nsize mismatch\n"}       # exit 0 but a mismatch line
+    assert not load.fsx_check([sneaky])["ok"]
+    assert not load.fsx_check([])["ok"]
+
+
+def test_postmark_config_and_cli(tmp_path):
+    cfg = load.postmark_config(tmp_path / "pm-3", 3007)
+    assert f"set location {tmp_path / 'pm-3'}" in cfg and "set seed 3007" in cfg
+    assert cfg.rstrip().endswith("quit")
+    args = cli.build_parser().parse_args(["load", "--out", str(tmp_path), "--duration", "30"])
+    assert args.duration == 30.0 and args.postmarks == 8 and args.fsx_procs == 2
+    assert args.nvram == "32M" and args.timing == "account"
+    assert cli.main(["run", "load", "--out", str(tmp_path)]) == 2
+
+
+def test_summary_text():
+    r = {"status": "failed", "reason": "checks failed: errors", "device": "hdd-7200",
+         "timing": "account", "nvram_bytes": 32 << 20, "dirty_high": 50, "dirty_low": 30,
+         "postmarks": 8, "fsx_processes": 2, "duration_s": 600.0, "wall_seconds": 612.3,
+         "checks": {"errors": {"ok": False, "errors_total": 5, "data_path_errors": {"write": 5}},
+                    "memory": {"ok": True, "vm_hwm_peak": 45 << 20, "rss_shmem_peak": 25 << 20,
+                               "rss_anon_peak": 14 << 20,
+                               "rss_anon_peak_first_third": 13 << 20,
+                               "rss_anon_peak_last_third": 14 << 20, "bound": 32 << 20}},
+         "counters": {"requests_total": 123456}}
+    text = load.summary_text(r)
+    assert text.startswith("# Load test: FAILED (checks failed: errors)")
+    assert "| errors | **NO** |" in text and "data_path_errors {'write': 5}" in text
+    assert "peak VmHWM 45.0 MiB" in text and "requests_total 123,456" in text
