@@ -43,6 +43,14 @@ pub fn run(args: &CheckArgs) -> CliResult {
             return Err(e.into());
         }
     };
+    // A block cache (`device attach --nvram`): every frame and sector verified.
+    let blocks = match device::nvcache::scan(&pool) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("{path}: DAMAGED: {e}");
+            return Err(super::block_cache_error(e));
+        }
+    };
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
     let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
     if report.transactions_rolled_back == 0 {
@@ -74,6 +82,15 @@ pub fn run(args: &CheckArgs) -> CliResult {
         println!(
             "{path}: {} cached file(s) with {pages} dirty page(s) in NVRAM (written back later)",
             cached.len()
+        );
+    }
+    if let Some(b) = &blocks {
+        println!(
+            "{path}: block cache of {} ({} mode): {} sector(s) cached and verified{}",
+            b.image.path,
+            b.mode.as_str(),
+            b.sectors.len(),
+            super::block_cache_summary(b)
         );
     }
     Ok(())
