@@ -203,6 +203,9 @@ pub struct NvCacheStats {
     pub write_requests_absorbed: u64,
     /// Write requests absorbed in part (the rest went to the volatile cache and the model).
     pub write_requests_partly_absorbed: u64,
+    /// Volatile sectors moved into NVRAM when the classifier learned they are metadata
+    /// (FAT: a directory cluster written before its directory was known).
+    pub promoted: u64,
     #[serde(flatten)]
     pub cache: nvcache::Counters,
     pub resident_by_class: std::collections::BTreeMap<&'static str, u64>,
@@ -233,6 +236,7 @@ struct Nv {
     read_requests_hit: u64,
     write_requests_absorbed: u64,
     write_requests_partly: u64,
+    promoted: u64,
 }
 
 #[derive(Debug)]
@@ -374,6 +378,7 @@ impl Engine {
             read_requests_hit: 0,
             write_requests_absorbed: 0,
             write_requests_partly: 0,
+            promoted: 0,
         });
         Ok(())
     }
@@ -598,7 +603,48 @@ impl Engine {
             }
         }
         let nv = self.nv.as_mut().expect("checked");
-        nv.classifier.wrote(lba, &whole, &mut View { cache: &self.cache, nv: Some(&nv.cache) });
+        let became =
+            nv.classifier.wrote(lba, &whole, &mut View { cache: &self.cache, nv: Some(&nv.cache) });
+        if !became.is_empty() {
+            end_ns = end_ns.max(self.promote(arrival, &became)?);
+        }
+        Ok(end_ns)
+    }
+
+    /// Moves volatile copies of sectors that just became metadata into NVRAM (a directory
+    /// cluster written before the classifier knew it as one): afterwards they are as durable
+    /// as if they had been absorbed when written. Returns the latest destage completion.
+    fn promote(&mut self, arrival: Option<u64>, ranges: &[(u64, u64)]) -> io::Result<u64> {
+        let nv = self.nv.as_mut().expect("promote needs the NVRAM cache");
+        let mut sectors: Vec<(u64, [u8; SECTOR], Class)> = Vec::new();
+        for &(first, n) in ranges {
+            for s in first..first + n {
+                if self.cache.is_held(s) && !nv.cache.is_resident(s) {
+                    let mut d = [0u8; SECTOR];
+                    self.cache.read(&mut d, s * SECTOR_BYTES)?;
+                    sectors.push((s, d, nv.classifier.class_of(s)));
+                }
+            }
+        }
+        if sectors.is_empty() {
+            return Ok(0);
+        }
+        let list: Vec<(u64, &[u8], Class)> =
+            sectors.iter().map(|(s, d, c)| (*s, &d[..], *c)).collect();
+        let mut backing = Destage {
+            cache: &mut self.cache,
+            actuator: &mut self.actuator,
+            trace: &mut self.trace,
+            histogram: &mut self.histogram,
+            arrival,
+            end_ns: 0,
+        };
+        nv.cache.absorb(&list, &mut backing).map_err(|e| nv_io(&e))?;
+        let end_ns = backing.end_ns;
+        for &(s, _, _) in &list {
+            self.cache.forget(s, 1);
+        }
+        nv.promoted += list.len() as u64;
         Ok(end_ns)
     }
 
@@ -786,6 +832,7 @@ impl Engine {
                 read_requests_hit: nv.read_requests_hit,
                 write_requests_absorbed: nv.write_requests_absorbed,
                 write_requests_partly_absorbed: nv.write_requests_partly,
+                promoted: nv.promoted,
                 cache: nv.cache.counters().clone(),
                 resident_by_class: nv.cache.resident_by_class(),
                 recovered_sectors: nv.opened.sectors_recovered,

@@ -19,7 +19,7 @@
 //! |---|---|
 //! | `ext.extent_tree` | it starts with the extent magic 0xF30A, `eh_max = (block_size - 12) / 12`, `eh_entries <= eh_max`, `eh_depth <= 5` |
 //! | `ext.xattr` | it starts with 0xEA020000 and `h_blocks = 1` |
-//! | `ext.directory` | it parses as a chain of directory entries covering the block exactly: each `rec_len` a multiple of 4, at least 12, holding its name; live entries name an inode `<= s_inodes_count`, have a file type 1..=7 (with `filetype`) and a name without NUL or '/'; an entry of inode 0 is a deleted entry, an htree node's fake entry, or the metadata_csum tail (`rec_len` 12, type 0xDE, last); and at least one entry is live or the first covers the whole block (an empty block or an htree node). htree roots and nodes parse as such blocks by design of the format. |
+//! | `ext.directory` | it parses as a chain of directory entries covering the block exactly: each `rec_len` a multiple of 4, at least 12, holding its name; live entries name an inode `<= s_inodes_count`, have a file type 1..=7 (with `filetype`) and a name without NUL or '/'; an entry of inode 0 is a deleted entry, an htree node's fake entry, or the metadata_csum tail (`rec_len` 12, type 0xDE, last); and at least one entry is live or the first is an empty entry covering the block (but the tail): an empty block or an htree node. htree roots and nodes parse as such blocks by design of the format. |
 //!
 //! Approximations (each costs speed, never correctness, see `classify`): ext2/ext3 indirect
 //! blocks of regular files are not recognized (no magic: they count as data); a data block
@@ -395,7 +395,7 @@ impl ExtMeta {
         let filetype = self.layout.incompat & INCOMPAT_FILETYPE != 0;
         let mut off = 0;
         let mut live = 0;
-        let mut first_whole = false;
+        let mut first_empty = false;
         while off < bs {
             if off + 8 > bs {
                 return false;
@@ -413,8 +413,10 @@ impl ExtMeta {
             if rec_len < 12 || rec_len % 4 != 0 || off + rec_len > bs || 8 + name_len > rec_len {
                 return false;
             }
-            if off == 0 && rec_len == bs {
-                first_whole = true;
+            // An empty block: one deleted (or htree fake) entry over the block, or over all
+            // of it but the metadata_csum tail.
+            if off == 0 && ino == 0 && name_len == 0 && (rec_len == bs || rec_len == bs - 12) {
+                first_empty = true;
             }
             if ino != 0 {
                 if ino > self.layout.inodes_count || name_len == 0 {
@@ -432,7 +434,7 @@ impl ExtMeta {
             }
             off += rec_len;
         }
-        off == bs && (live > 0 || first_whole)
+        off == bs && (live > 0 || first_empty)
     }
 
     /// The class of every sector of a write (see `Classifier::classify`).

@@ -17,8 +17,15 @@
 //!
 //! One content rule covers the window in which a new directory's first cluster is written
 //! before its parent names it: a data sector that starts a cluster and whose first entry is
-//! "." with the directory attribute is `fat.directory` for that write
-//! ([`FatMeta::classify`]).
+//! "." with the directory attribute is `fat.directory` ([`FatMeta::classify`]), and the
+//! cluster stays a *pending* directory cluster until its parent names it or its first sector
+//! is rewritten without the "." entry.
+//!
+//! [`FatMeta::wrote`] returns the sectors that became metadata (clusters newly known as a
+//! directory's): the engine moves volatile copies of them into NVRAM, so that a directory
+//! cluster written before it was recognized (a driver zeroing a new cluster, then linking
+//! it) is as durable as one written after. Together with the location rules this makes every
+//! metadata write of a completed FAT operation durable - the NVFAT guarantee.
 //!
 //! Designed for reuse by a user-space FAT server: [`FatLayout::parse`] on the boot sector,
 //! [`FatMeta::load`] with any [`SectorSource`], then [`FatMeta::class_of_fat_sector`] /
@@ -215,6 +222,8 @@ pub struct FatMeta {
     dirs: BTreeMap<u32, DirNode>,
     /// Directory cluster -> start cluster of its directory.
     owner: BTreeMap<u32, u32>,
+    /// Clusters whose first sector holds a "." entry but that no directory names yet.
+    pending: BTreeSet<u32>,
 }
 
 impl FatMeta {
@@ -237,7 +246,13 @@ impl FatMeta {
             layout.fat_start(layout.active_fat) * bps,
             (u64::from(layout.fat_sectors) * bps) as usize,
         )?;
-        let mut meta = FatMeta { layout, fat, dirs: BTreeMap::new(), owner: BTreeMap::new() };
+        let mut meta = FatMeta {
+            layout,
+            fat,
+            dirs: BTreeMap::new(),
+            owner: BTreeMap::new(),
+            pending: BTreeSet::new(),
+        };
         let root = meta.root_key();
         meta.walk(root, root, Vec::new(), src);
         Ok(meta)
@@ -468,7 +483,9 @@ impl FatMeta {
             return c;
         }
         match self.layout.cluster_of(s) {
-            Some(c) if self.owner.contains_key(&c) => Class::FatDirectory,
+            Some(c) if self.owner.contains_key(&c) || self.pending.contains(&c) => {
+                Class::FatDirectory
+            }
             _ => Class::Data,
         }
     }
@@ -480,7 +497,6 @@ impl FatMeta {
 
     /// The class of every device sector of a write (location, then the "." content rule).
     pub fn classify(&self, lba: u64, data: &[u8]) -> Vec<Class> {
-        let per = self.layout.lba_per_sector();
         data.chunks_exact(SECTOR_BYTES)
             .enumerate()
             .map(|(i, sector)| {
@@ -489,20 +505,63 @@ impl FatMeta {
                 if class != Class::Data {
                     return class;
                 }
-                let s = d / per;
-                let starts_cluster = d % per == 0
-                    && self
-                        .layout
-                        .cluster_of(s)
-                        .is_some_and(|c| self.layout.cluster_sector(c) == s);
-                let dot = &sector[..11] == b".          " && sector[11] & ATTR_DIRECTORY != 0;
-                if starts_cluster && dot { Class::FatDirectory } else { Class::Data }
+                if self.dot_cluster(d, sector).is_some() {
+                    Class::FatDirectory
+                } else {
+                    Class::Data
+                }
             })
             .collect()
     }
 
+    /// The cluster whose first sector is device sector `lba`, if `sector` (its content) starts
+    /// with a "." directory entry.
+    fn dot_cluster(&self, lba: u64, sector: &[u8]) -> Option<u32> {
+        let per = self.layout.lba_per_sector();
+        if lba % per != 0 {
+            return None;
+        }
+        let s = lba / per;
+        let c = self.layout.cluster_of(s).filter(|&c| self.layout.cluster_sector(c) == s)?;
+        let dot = &sector[..11] == b".          " && sector[11] & ATTR_DIRECTORY != 0;
+        dot.then_some(c)
+    }
+
+    /// Clusters of directories, known or pending.
+    fn dir_clusters(&self) -> BTreeSet<u32> {
+        self.owner.keys().chain(self.pending.iter()).copied().collect()
+    }
+
     /// Updates the map after a write of `data` at device sector `lba` became visible in `src`.
-    pub fn wrote(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) {
+    /// Returns the device sector ranges `(lba, sectors)` that became directory sectors.
+    pub fn wrote(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) -> Vec<(u64, u64)> {
+        let before = self.dir_clusters();
+        self.apply(lba, data, src);
+        // Pending directories: a "." entry written at a cluster start; gone when rewritten.
+        for (i, sector) in data.chunks_exact(SECTOR_BYTES).enumerate() {
+            let d = lba + i as u64;
+            let per = self.layout.lba_per_sector();
+            let Some(c) = self.layout.cluster_of(d / per) else { continue };
+            if self.layout.cluster_sector(c) * per != d {
+                continue;
+            }
+            if self.dot_cluster(d, sector).is_some() && !self.owner.contains_key(&c) {
+                self.pending.insert(c);
+            } else if self.dot_cluster(d, sector).is_none() {
+                self.pending.remove(&c);
+            }
+        }
+        let owner = &self.owner;
+        self.pending.retain(|c| !owner.contains_key(c));
+        let per = self.layout.lba_per_sector();
+        let n = u64::from(self.layout.sectors_per_cluster) * per;
+        self.dir_clusters()
+            .difference(&before)
+            .map(|&c| (self.layout.cluster_sector(c) * per, n))
+            .collect()
+    }
+
+    fn apply(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) {
         let l = self.layout.clone();
         let bps = u64::from(l.bytes_per_sector);
         let start = lba * SECTOR_BYTES as u64;
@@ -634,7 +693,7 @@ mod tests {
         let mut w = dev[root..root + 512].to_vec();
         w[0] = 0xE5;
         dev[root..root + 512].copy_from_slice(&w);
-        m.wrote((root / 512) as u64, &w, &mut dev);
+        assert!(m.wrote((root / 512) as u64, &w, &mut dev).is_empty());
         let keys: Vec<u32> = m.directories().keys().copied().collect();
         assert_eq!(keys, vec![FIXED_ROOT]);
         assert_eq!(class(&m, l.cluster_sector(3)), Class::Data);
@@ -652,18 +711,29 @@ mod tests {
         );
         m.layout.sectors_per_cluster = 1;
         dev[d6..d6 + 512].copy_from_slice(&s6);
+        let became = m.wrote((d6 / 512) as u64, &s6, &mut dev);
+        assert_eq!(became, vec![(l.cluster_sector(6), 1)], "a pending directory cluster");
+        assert_eq!(class(&m, l.cluster_sector(6)), Class::FatDirectory);
         set_fat16(&mut dev, &l, 6, 0xFFFF);
         let mut w = dev[root..root + 512].to_vec();
         w[64..96].copy_from_slice(&dir_entry(b"NEW        ", ATTR_DIRECTORY, 6));
         dev[root..root + 512].copy_from_slice(&w);
-        m.wrote((root / 512) as u64, &w, &mut dev);
+        assert!(m.wrote((root / 512) as u64, &w, &mut dev).is_empty(), "known already");
         assert_eq!(m.directories()[&6].clusters, vec![6]);
+        assert!(m.pending.is_empty());
         let fat = (l.fat_start(0) * 512) as usize;
         set_fat16(&mut dev, &l, 6, 7);
         set_fat16(&mut dev, &l, 7, 0xFFFF);
         let sector = dev[fat..fat + 512].to_vec();
-        m.wrote((fat / 512) as u64, &sector, &mut dev);
+        let became = m.wrote((fat / 512) as u64, &sector, &mut dev);
+        assert_eq!(became, vec![(l.cluster_sector(7), 1)], "the cluster linked to the directory");
         assert_eq!(m.directories()[&6].clusters, vec![6, 7]);
+        // Cluster 9 gets a "." entry and is then overwritten with data: no longer pending.
+        let d9 = l.cluster_sector(9);
+        m.wrote(d9, &s6, &mut dev);
+        assert_eq!(class(&m, d9), Class::FatDirectory);
+        m.wrote(d9, &[0x41u8; 512], &mut dev);
+        assert_eq!(class(&m, d9), Class::Data);
         assert_eq!(class(&m, l.cluster_sector(7)), Class::FatDirectory);
     }
 
@@ -685,6 +755,7 @@ mod tests {
             fat: vec![0; 64],
             dirs: BTreeMap::new(),
             owner: BTreeMap::new(),
+            pending: BTreeSet::new(),
         };
         m.layout.fat_type = FatType::Fat12;
         m.layout.clusters = 100;

@@ -223,8 +223,10 @@ impl Classifier {
 
     /// Updates the map after a write of `data` at `lba` became visible in `src`: a write to a
     /// superblock or boot sector probes again (mkfs, resize), other writes update the
-    /// file system's own structures (group descriptors, FAT, directories).
-    pub fn wrote(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) {
+    /// file system's own structures (group descriptors, FAT, directories). Returns the sector
+    /// ranges `(lba, sectors)` that became metadata through this write (FAT: clusters newly
+    /// known as a directory's), whose volatile copies the engine moves into NVRAM.
+    pub fn wrote(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) -> Vec<(u64, u64)> {
         let sectors = (data.len() / SECTOR_BYTES) as u64;
         // Sectors 0..4 hold the FAT boot sector and the ext superblock.
         let reprobe = lba < 4;
@@ -233,6 +235,7 @@ impl Classifier {
                 if reprobe {
                     *self = Classifier::probe(src);
                 }
+                Vec::new()
             }
             Classifier::Ext(m) => {
                 if reprobe {
@@ -240,12 +243,14 @@ impl Classifier {
                 } else {
                     m.wrote(lba, sectors, src);
                 }
+                Vec::new()
             }
             Classifier::Fat(m) => {
                 if reprobe && !m.layout_unchanged(src) {
                     *self = Classifier::probe(src);
+                    Vec::new()
                 } else {
-                    m.wrote(lba, data, src);
+                    m.wrote(lba, data, src)
                 }
             }
         }
