@@ -730,9 +730,7 @@ impl Engine {
         end_whole: u64,
     ) -> io::Result<()> {
         let nv = self.nv.as_mut().expect("discard_nv needs the NVRAM cache");
-        let whole: Vec<u64> = (first_whole..end_whole.max(first_whole))
-            .filter(|&s| nv.cache.is_resident(s))
-            .collect();
+        let whole = nv.cache.resident_in(first_whole, end_whole.max(first_whole));
         nv.cache.discard(&whole).map_err(|e| nv_io(&e))?;
         let end = offset + len;
         let mut edges = vec![offset / SECTOR_BYTES, (end - 1) / SECTOR_BYTES];

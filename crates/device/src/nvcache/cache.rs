@@ -482,6 +482,18 @@ impl NvCache {
         m
     }
 
+    /// Resident LBNs in `[first, end)`, ascending (by lookup or by a scan of the hash,
+    /// whichever is shorter: a discard of a whole device costs the resident count).
+    pub fn resident_in(&self, first: u64, end: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = if end.saturating_sub(first) > self.index.len() as u64 {
+            self.index.keys().copied().filter(|l| (first..end).contains(l)).collect()
+        } else {
+            (first..end).filter(|l| self.index.contains_key(l)).collect()
+        };
+        v.sort_unstable();
+        v
+    }
+
     /// The LBNs in LRW order (least recently written first).
     pub fn lrw_order(&self) -> Vec<u64> {
         self.lrw.values().copied().collect()
@@ -950,6 +962,8 @@ mod tests {
         let mut c = open(&r, Some(8));
         let mut m = Mem { image: vec![0; IMAGE_SECTORS as usize * SECTOR], ..Mem::default() };
         absorb(&mut c, &mut m, &[(1, 1), (2, 2), (3, 3)]);
+        assert_eq!(c.resident_in(2, 5), vec![2, 3]);
+        assert_eq!(c.resident_in(0, u64::MAX), vec![1, 2, 3], "by a scan of the hash");
         assert_eq!(c.discard(&[2, 3, 4]).unwrap(), 2);
         assert_eq!(c.lrw_order(), vec![1]);
         assert!(m.writes.is_empty());
