@@ -9,6 +9,10 @@
 //!   of the modeled drive, not of the host.)
 //! - [`CachedMedium::discard`]: held sectors in the range are dropped and the range is
 //!   zeroed on the medium at once (a discard is durable immediately; see `docs/device.md`).
+//! - [`CachedMedium::write_through`]: sectors written to the medium at once (durable when it
+//!   returns), dropping any held copy: the NVRAM cache's destage path.
+//! - [`CachedMedium::forget`]: held sectors dropped without being written, because a newer
+//!   copy became durable elsewhere (the NVRAM cache absorbed a write to them).
 //! - [`CachedMedium::cut`]: power failure. Held sectors are dropped, or torn at 512-byte sector
 //!   granularity as a seeded RNG decides, and the cache is empty afterwards.
 //!
@@ -275,6 +279,36 @@ impl<M: Medium> CachedMedium<M> {
         Ok(())
     }
 
+    /// Writes whole sectors `data` at `offset` straight to the medium (durable when it
+    /// returns), dropping held copies of them.
+    pub fn write_through(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        assert!(
+            offset % SECTOR_U64 == 0 && data.len() % SECTOR == 0,
+            "write_through of partial sectors"
+        );
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.forget(offset / SECTOR_U64, data.len() as u64 / SECTOR_U64);
+        self.medium.write_at(data, offset)
+    }
+
+    /// Drops held copies of sectors `[first, first + sectors)` without writing them.
+    pub fn forget(&mut self, first: u64, sectors: u64) {
+        let gone: Vec<u64> =
+            self.held_sectors.range(first..first + sectors).map(|(&s, _)| s).collect();
+        for s in gone {
+            let h = self.held_sectors.remove(&s).expect("just listed");
+            self.order.remove(&h.seq);
+        }
+    }
+
+    /// Whether sector `s` is held (volatile).
+    pub fn is_held(&self, s: u64) -> bool {
+        self.held_sectors.contains_key(&s)
+    }
+
     /// Drops held sectors inside the range and zeroes the range on the medium.
     pub fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
         self.check_range(offset, len)?;
@@ -465,6 +499,20 @@ mod tests {
         c.write(&[3u8; 512], 512).unwrap();
         assert_eq!(c.medium().0[512], 3);
         assert_eq!(c.cut(0, CutMode::Drop).unwrap().held_sectors, 0);
+    }
+
+    #[test]
+    fn write_through_and_forget_drop_held_copies() {
+        let mut c = dev(8, 1 << 20);
+        c.write(&[1u8; 2048], 0).unwrap();
+        c.write_through(&[2u8; 512], 512).unwrap();
+        assert_eq!(c.medium().0[512], 2, "durable at once");
+        assert!(!c.is_held(1) && c.is_held(0));
+        c.forget(2, 2);
+        assert!(!c.is_held(2) && !c.is_held(3) && c.is_held(0));
+        assert_eq!(c.held_bytes(), 512);
+        c.flush().unwrap();
+        assert_eq!((c.medium().0[0], c.medium().0[512], c.medium().0[1024]), (1, 2, 0));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::cache::CutMode;
 use crate::engine::Timing;
 use crate::error::DeviceError;
 use crate::model::presets::{ModelOverrides, Preset};
-use crate::serve::{self, ServeConfig};
+use crate::nvcache::CacheMode;
+use crate::serve::{self, NvramConfig, ServeConfig};
 
 /// Parses a size: bytes, or a number with K, M, G, T (binary multiples; `KiB`/`K`/`k` alike).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -60,6 +61,40 @@ pub struct ServeOptions {
     /// FUSE worker threads (the actuator stays serialized).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// NVRAM block cache (NVFAT): a region file (e.g. /dev/shm/disk.nv) holding a write cache
+    /// of 512-byte sectors in front of the drive. A write it absorbs is durable when it
+    /// returns and costs no disk time; reads of cached sectors come from it; when full, the
+    /// least recently written sector is destaged. Created if missing; recovered at attach
+    /// after a power cut; drained by `device flush` and detach. A region with sectors of
+    /// another image is refused.
+    #[arg(long, value_name = "PATH")]
+    pub nvram: Option<PathBuf>,
+    /// Capacity of the NVRAM cache, e.g. 128K (rounded down to 512-byte sectors). Needed to
+    /// create the region; default: the region's recorded capacity.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "nvram")]
+    pub nvram_cache_size: Option<u64>,
+    /// What the NVRAM cache absorbs: metadata (the file system's metadata sectors, found from
+    /// its own layout: ext2/3/4 and FAT) or all (every write). Default: the region's recorded
+    /// mode, metadata for a new region.
+    #[arg(long, value_enum, requires = "nvram")]
+    pub nvram_cache: Option<CacheMode>,
+}
+
+impl ServeOptions {
+    /// The NVRAM cache settings, if `--nvram` was given.
+    pub fn nvram_config(&self) -> Result<Option<NvramConfig>, DeviceError> {
+        let Some(path) = &self.nvram else { return Ok(None) };
+        let capacity_sectors = match self.nvram_cache_size {
+            Some(b) if b < 512 => {
+                return Err(DeviceError::Invalid(format!(
+                    "--nvram-cache-size {b} is less than one 512-byte sector"
+                )));
+            }
+            Some(b) => Some(b / 512),
+            None => None,
+        };
+        Ok(Some(NvramConfig { path: abs(path), capacity_sectors, mode: self.nvram_cache }))
+    }
 }
 
 fn abs(p: &Path) -> PathBuf {
@@ -86,6 +121,15 @@ impl ServeOptions {
         }
         if let Some(h) = &self.histogram {
             a.extend(["--histogram".to_string(), abs(h).display().to_string()]);
+        }
+        if let Some(p) = &self.nvram {
+            a.extend(["--nvram".to_string(), abs(p).display().to_string()]);
+        }
+        if let Some(n) = self.nvram_cache_size {
+            a.extend(["--nvram-cache-size".to_string(), n.to_string()]);
+        }
+        if let Some(m) = self.nvram_cache {
+            a.extend(["--nvram-cache".to_string(), m.as_str().to_string()]);
         }
         let o = &self.overrides;
         let mut opt = |name: &str, v: Option<String>| {
@@ -171,8 +215,16 @@ pub enum DeviceCommand {
         #[arg(long, value_enum, default_value = "seeded")]
         mode: CutMode,
     },
-    /// Make every volatile write durable now.
+    /// Make every volatile write durable now, and drain the NVRAM cache into the image.
     Flush { mountpoint: PathBuf },
+    /// Offline: recover the NVRAM cache of a detached or power-cut IMAGE and write every cached
+    /// sector into it (then the image alone is the device: for fsck or copying).
+    Drain {
+        image: PathBuf,
+        /// The region given to `attach --nvram`.
+        #[arg(long, value_name = "PATH")]
+        nvram: PathBuf,
+    },
     /// Unmount, remove the loop device, flush and stop the daemon.
     Detach { mountpoint: PathBuf },
 }
@@ -191,6 +243,7 @@ pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
         DeviceCommand::Create { image, size } => attach::create_image(&image, size),
         DeviceCommand::Serve { image, dir, options, foreground } => {
             if foreground {
+                let nvram = options.nvram_config()?;
                 serve::serve(&ServeConfig {
                     image,
                     dir,
@@ -202,6 +255,7 @@ pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
                     volatile_bytes_max: options.volatile_max,
                     lbn_bytes: options.lbn_bytes,
                     threads: options.threads,
+                    nvram,
                 })
             } else {
                 let size = std::fs::metadata(&image)
@@ -257,7 +311,24 @@ pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
         DeviceCommand::ArmCut { mountpoint, after_flushes, after_writes, seed, mode } => {
             attach::arm_cut(&mountpoint, after_flushes, after_writes, seed, mode)
         }
-        DeviceCommand::Flush { mountpoint } => attach::flush(&mountpoint),
+        DeviceCommand::Flush { mountpoint } => {
+            attach::flush(&mountpoint)?;
+            if let Ok(v) = attach::stat(&mountpoint) {
+                let nv = &v["nvcache"];
+                if nv.is_object() {
+                    println!(
+                        "flushed; NVRAM cache drained ({} sectors destaged since attach, {} resident)",
+                        nv["destaged"], nv["sectors_resident"]
+                    );
+                }
+            }
+            Ok(())
+        }
+        DeviceCommand::Drain { image, nvram } => {
+            let n = serve::drain_offline(&image, &nvram)?;
+            println!("drained {n} sector(s) from {} into {}", nvram.display(), image.display());
+            Ok(())
+        }
         DeviceCommand::Detach { mountpoint } => {
             for w in attach::detach(&mountpoint)? {
                 eprintln!("nvstack device: {w}");
@@ -300,6 +371,10 @@ mod tests {
             "t arm-cut /mnt --after-flushes 2 --after-writes 10 --seed 3 --mode scatter",
             "t attach img /mnt --model flash --size 32M --mkfs ext4",
             "t attach img /mnt --model flash --flash-preset k9f1g08 --log-blocks 16 --size 32M",
+            "t attach img /mnt --model hdd-7200 --nvram /dev/shm/nv --nvram-cache-size 128K --nvram-cache metadata",
+            "t attach img /mnt --nvram /dev/shm/nv --nvram-cache all",
+            "t flush /mnt",
+            "t drain img --nvram /dev/shm/nv",
         ];
         for l in lines {
             Top::try_parse_from(l.split_whitespace()).unwrap_or_else(|e| panic!("{l}: {e}"));
@@ -320,6 +395,32 @@ mod tests {
         let DeviceCommand::Serve { options: o2, .. } = again.cmd else { panic!() };
         assert_eq!(o2.overrides, options.overrides);
         assert_eq!((o2.model, o2.timing), (Preset::Hdd15k, Timing::Sleep));
+    }
+
+    #[test]
+    fn nvram_options_round_trip_and_need_nvram() {
+        let top = Top::try_parse_from(
+            "t serve img dir --nvram /dev/shm/x --nvram-cache-size 64K --nvram-cache all"
+                .split_whitespace(),
+        )
+        .unwrap();
+        let DeviceCommand::Serve { options, .. } = top.cmd else { panic!() };
+        let nv = options.nvram_config().unwrap().unwrap();
+        assert_eq!((nv.capacity_sectors, nv.mode), (Some(128), Some(CacheMode::All)));
+        let mut argv = vec!["t".to_string(), "serve".into(), "img".into(), "dir".into()];
+        argv.extend(options.to_args());
+        let again = Top::try_parse_from(argv).unwrap();
+        let DeviceCommand::Serve { options: o2, .. } = again.cmd else { panic!() };
+        assert_eq!(o2.nvram_config().unwrap().unwrap().capacity_sectors, Some(128));
+        for bad in ["t serve img dir --nvram-cache-size 64K", "t serve img dir --nvram-cache all"] {
+            assert!(Top::try_parse_from(bad.split_whitespace()).is_err(), "{bad}");
+        }
+        let tiny = Top::try_parse_from(
+            "t serve img dir --nvram /x --nvram-cache-size 100".split_whitespace(),
+        )
+        .unwrap();
+        let DeviceCommand::Serve { options, .. } = tiny.cmd else { panic!() };
+        assert!(options.nvram_config().is_err());
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub enum DeviceError {
     Daemon(String),
     #[error("this needs root (loop devices, mount): {0}")]
     NotRoot(String),
+    #[error("NVRAM cache {path}: {detail}")]
+    NvCache { path: PathBuf, detail: String },
 }
 
 impl DeviceError {

@@ -16,10 +16,12 @@
 
 pub mod attach;
 pub mod cache;
+pub mod classify;
 pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod nvcache;
 pub mod serve;
 pub mod trace;
 

@@ -4,7 +4,8 @@
 //!   <dir>/disk.img   ino 2  rw-------  the modeled disk (size of the image); opened with
 //!                                       FOPEN_DIRECT_IO so the kernel keeps no second cache
 //!   <dir>/stat.json  ino 3  r--------  counters as JSON (generated per read)
-//!   <dir>/ctl        ino 4  -w-------  one command per write(): `flush`,
+//!   <dir>/ctl        ino 4  -w-------  one command per write(): `flush` (the volatile cache
+//!                                       and the NVRAM cache: `device flush`),
 //!                                       `cut SEED MODE`, `arm-cut FLUSHES WRITES SEED MODE`
 //! ```
 //!
@@ -24,7 +25,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -39,6 +40,7 @@ use crate::engine::{ArmedCut, Engine, EngineConfig, FileMedium, Timing};
 use crate::error::DeviceError;
 use crate::model::Actuator;
 use crate::model::presets::{ModelOverrides, Preset, build_model};
+use crate::nvcache::{self, CacheMode, ImageId};
 
 /// The device file's name in the served directory.
 pub const DISK_FILE: &str = "disk.img";
@@ -65,6 +67,18 @@ pub struct ServeConfig {
     pub volatile_bytes_max: u64,
     pub lbn_bytes: u64,
     pub threads: usize,
+    /// The NVRAM block cache, if any.
+    pub nvram: Option<NvramConfig>,
+}
+
+/// `--nvram PATH --nvram-cache-size SIZE --nvram-cache MODE`.
+#[derive(Debug, Clone)]
+pub struct NvramConfig {
+    pub path: PathBuf,
+    /// Sectors; `None` keeps the region's recorded capacity.
+    pub capacity_sectors: Option<u64>,
+    /// `None` keeps the region's recorded mode (metadata for a new region).
+    pub mode: Option<CacheMode>,
 }
 
 #[derive(Debug)]
@@ -150,7 +164,9 @@ impl DeviceFs {
         let mode = |s: &str| CutMode::parse(s).ok_or_else(|| format!("unknown cut mode {s:?}"));
         let mut e = self.lock();
         match words.as_slice() {
-            ["flush"] => e.flush().map_err(|err| err.to_string()),
+            ["flush"] => {
+                e.flush().and_then(|()| e.drain().map(drop)).map_err(|err| err.to_string())
+            }
             ["cut", seed, m] => e.cut(num(seed)?, mode(m)?).map(|_| ()).map_err(|x| x.to_string()),
             ["arm-cut", f, w, seed, m] => e
                 .arm_cut(ArmedCut {
@@ -378,6 +394,68 @@ impl Filesystem for DeviceFs {
     }
 }
 
+/// Opens (creating or recovering) the NVRAM cache of `image` and puts it in front of the
+/// engine's drive, before anything is served.
+pub fn open_nvcache(
+    engine: &mut Engine,
+    image: &Path,
+    nv: &NvramConfig,
+) -> Result<(), DeviceError> {
+    let id = ImageId::of(image).map_err(|e| DeviceError::io("cannot stat image", image, e))?;
+    let (cache, report) = nvcache::open_file(&nv.path, &id, nv.capacity_sectors, nv.mode)
+        .map_err(|e| DeviceError::NvCache { path: nv.path.clone(), detail: e.to_string() })?;
+    let line = format!(
+        "NVRAM cache {}: {}{} sectors resident ({} recovered, {} transaction(s) rolled back), \
+         capacity {} sectors, mode {}",
+        nv.path.display(),
+        if report.created { "created, " } else { "" },
+        cache.resident_sectors(),
+        report.sectors_recovered,
+        report.transactions_rolled_back,
+        cache.capacity_sectors(),
+        cache.mode().as_str()
+    );
+    engine
+        .attach_nvcache(cache, report, nv.path.display().to_string())
+        .map_err(|e| DeviceError::NvCache { path: nv.path.clone(), detail: e.to_string() })?;
+    println!("{line}, file system {}", engine.filesystem());
+    Ok(())
+}
+
+/// The image file as a destage target (offline drain): plain writes, synced at the end.
+struct ImageBacking<'a>(&'a File);
+
+impl nvcache::Backing for ImageBacking<'_> {
+    fn write_durable(&mut self, lba: u64, data: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.0.write_all_at(data, lba * 512)
+    }
+}
+
+/// `nvstack device drain IMAGE --nvram PATH`: recovers the NVRAM cache of a detached (or cut)
+/// image and writes every cached sector into it, so that the image alone is the device (for
+/// fsck, copying, or attaching without the region). Returns the sectors written.
+pub fn drain_offline(image: &Path, nvram: &Path) -> Result<u64, DeviceError> {
+    let nv_err = |e: nvcache::NvCacheError| DeviceError::NvCache {
+        path: nvram.to_path_buf(),
+        detail: e.to_string(),
+    };
+    if !nvram.exists() {
+        return Err(DeviceError::Invalid(format!("{} does not exist", nvram.display())));
+    }
+    let id = ImageId::of(image).map_err(|e| DeviceError::io("cannot stat image", image, e))?;
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| DeviceError::io("cannot open image", image, e))?;
+    let (mut cache, _) = nvcache::open_file(nvram, &id, None, None).map_err(nv_err)?;
+    let n = cache.drain(&mut ImageBacking(&file)).map_err(nv_err)?;
+    file.sync_all().map_err(|e| DeviceError::io("cannot sync image", image, e))?;
+    cache.close();
+    Ok(n)
+}
+
 /// Serves the image at `cfg.dir` in the foreground until the directory is unmounted, then
 /// shuts the engine down cleanly (flush unless cut, sync, trace and histogram out).
 pub fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
@@ -402,8 +480,11 @@ pub fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
         histogram: cfg.histogram.clone(),
         lbn_bytes: cfg.lbn_bytes,
     };
-    let engine = Engine::new(FileMedium::new(file, size), Actuator::new(model), &engine_cfg)
+    let mut engine = Engine::new(FileMedium::new(file, size), Actuator::new(model), &engine_cfg)
         .map_err(|e| DeviceError::io("cannot create trace/histogram for", &cfg.image, e))?;
+    if let Some(nv) = &cfg.nvram {
+        open_nvcache(&mut engine, &cfg.image, nv)?;
+    }
     let engine = Arc::new(Mutex::new(engine));
     std::fs::create_dir_all(&cfg.dir).map_err(|e| DeviceError::io("cannot create", &cfg.dir, e))?;
     let fs = DeviceFs {

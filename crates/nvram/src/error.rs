@@ -9,6 +9,8 @@ use std::path::PathBuf;
 pub enum Area {
     Superblock,
     StateWord,
+    /// The root area (the anchor records of the layers above).
+    Root,
     UndoSlot(u32),
     Descriptor(u64),
     /// The contents of a frame (e.g. a temp-file record), by frame index.
@@ -20,6 +22,7 @@ impl fmt::Display for Area {
         match self {
             Area::Superblock => write!(f, "superblock"),
             Area::StateWord => write!(f, "state word"),
+            Area::Root => write!(f, "root area"),
             Area::UndoSlot(slot) => write!(f, "undo log slot {slot}"),
             Area::Descriptor(frame) => write!(f, "frame descriptor {frame}"),
             Area::Frame(frame) => write!(f, "frame {frame}"),

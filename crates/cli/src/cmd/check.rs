@@ -28,35 +28,14 @@ pub fn run(args: &CheckArgs) -> CliResult {
             e,
         )));
     }
-    // Temp-file records are part of the region: a damaged one is reported as the mount would.
-    let temps = match engine::tempfs::scan(&pool) {
-        Ok(found) => found,
-        Err(e) => {
-            eprintln!("{path}: DAMAGED: {e}");
-            return Err(e.into());
-        }
-    };
-    let cached = match engine::cache::scan(&pool) {
-        Ok(found) => found,
-        Err(e) => {
-            eprintln!("{path}: DAMAGED: {e}");
-            return Err(e.into());
-        }
-    };
-    let journal = match engine::journal::record::scan(&pool) {
-        Ok(found) => found,
-        Err(e) => {
-            eprintln!("{path}: DAMAGED: {e}");
-            return Err(e.into());
-        }
-    };
-    let dir_times = match engine::overlay::times::scan(&pool) {
-        Ok(found) => found,
-        Err(e) => {
-            eprintln!("{path}: DAMAGED: {e}");
-            return Err(e.into());
-        }
-    };
+    // Every record kind is part of the region: a damaged one is reported as the mount (or the
+    // device's attach) would refuse it.
+    let temps = reported(&path, engine::tempfs::scan(&pool).map_err(Into::into))?;
+    let cached = reported(&path, engine::cache::scan(&pool).map_err(Into::into))?;
+    let journal = reported(&path, engine::journal::record::scan(&pool).map_err(Into::into))?;
+    let dir_times = reported(&path, engine::overlay::times::scan(&pool).map_err(Into::into))?;
+    // A block cache (`device attach --nvram`): every frame and sector verified.
+    let blocks = reported(&path, device::nvcache::scan(&pool).map_err(super::block_cache_error))?;
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
     let frames = format!("{}/{} frames in use", report.frames_used, report.frames_total);
     if report.transactions_rolled_back == 0 {
@@ -105,5 +84,19 @@ pub fn run(args: &CheckArgs) -> CliResult {
             dir_times.len()
         );
     }
+    if let Some(b) = &blocks {
+        println!(
+            "{path}: block cache of {} ({} mode): {} sector(s) cached and verified{}",
+            b.image.path,
+            b.mode.as_str(),
+            b.sectors.len(),
+            super::block_cache_summary(b)
+        );
+    }
     Ok(())
+}
+
+/// Damage found by a scan: said on stderr with the region named, then the error (exit 4).
+fn reported<T>(path: &impl std::fmt::Display, found: CliResult<T>) -> CliResult<T> {
+    found.inspect_err(|e| eprintln!("{path}: DAMAGED: {e}"))
 }

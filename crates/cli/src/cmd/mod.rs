@@ -29,3 +29,20 @@ pub fn dry_open(path: &Path) -> CliResult<(Pool, RecoveryReport)> {
     let region: Arc<dyn Region> = Arc::new(OverlayRegion::new(file));
     Ok(Pool::open(region, Consistency::Undo)?)
 }
+
+/// A block-cache scan error as a CLI error: damage keeps its area (exit 4).
+pub fn block_cache_error(e: device::nvcache::NvCacheError) -> crate::error::CliError {
+    match e {
+        device::nvcache::NvCacheError::Region(r) => crate::error::CliError::Region(r),
+        other => crate::error::CliError::Other(other.to_string()),
+    }
+}
+
+/// ", LBN a..=b; by class: c n, ..." for a non-empty block cache, "" otherwise.
+pub fn block_cache_summary(b: &device::nvcache::Scan) -> String {
+    let (Some(first), Some(last)) = (b.sectors.first(), b.sectors.last()) else {
+        return String::new();
+    };
+    let classes: Vec<String> = b.by_class().iter().map(|(c, n)| format!("{c} {n}")).collect();
+    format!(", LBN {}..={}; by class: {}", first.lbn, last.lbn, classes.join(", "))
+}
