@@ -369,3 +369,55 @@ fn check_and_inspect_list_and_verify_a_block_cache() {
     assert!(format(&plain).status.success());
     assert!(!text(&check(&plain)).contains("block cache"));
 }
+
+/// A region holding one cached file (`size` bytes) with a patch on its page 1; the patch's
+/// frame offset.
+fn region_with_a_patch(dir: &Path) -> (PathBuf, u64) {
+    use engine::cache::patch::{KIND_PATCH, Merged, Patch};
+    use engine::cache::record::{KIND_RECORD, Record};
+    let path = dir.join("region");
+    assert!(format(&path).status.success());
+    let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
+    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let rec = Record {
+        size: 3 * 4096,
+        valid: 3 * 4096,
+        mtime: (1, 0),
+        ctime: (1, 0),
+        serial: 1,
+        handle: vec![7; 12],
+    };
+    let Merged::Patch(one) = Patch::new(1).merge(100, b"patched bytes", 4096) else {
+        panic!("a small write is a patch")
+    };
+    let mut tx = pool.begin();
+    let object = tx.alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 }).unwrap();
+    tx.write(pool.frame_offset(object), &rec.encode());
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_PATCH, owner: object.0, index: 1 }).unwrap();
+    tx.write(pool.frame_offset(frame), &one.encode());
+    tx.commit();
+    let offset = pool.frame_offset(frame);
+    drop(pool);
+    (path, offset)
+}
+
+#[test]
+fn check_and_inspect_list_patches_and_refuse_a_damaged_one_naming_its_frame() {
+    let dir = shm();
+    let (path, offset) = region_with_a_patch(dir.path());
+    let out = check(&path);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("0 dirty page(s) and 1 patch(es)"), "{}", text(&out));
+    let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
+    assert!(text(&out).contains("1 range(s), 13 B"), "{}", text(&out));
+    let layout = layout_of(&path);
+    let frame = (offset - layout.frames_offset) / PAGE_SIZE;
+    flip_byte(&path, offset + 40);
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("DAMAGED") && text(&out).contains(&format!("frame {frame}")),
+        "{}",
+        text(&out)
+    );
+}

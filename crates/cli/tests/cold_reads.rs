@@ -82,6 +82,9 @@ fn partial_writes_into_cold_pages_do_not_stall_temp_file_creates() {
         .args(["mount", lower.to_str().unwrap(), mnt.to_str().unwrap()])
         .args(["--nvram", nvram.to_str().unwrap(), "--size", "64M", "--undo-slots", "2"])
         .args(["--max-dirty-age", "0"])
+        // The blocking fetch is what this test is about (non-blocking writes would make the
+        // partial writes patches that never read: crates/core/tests/nbw.rs).
+        .args(["--nbw", "off"])
         .output()
         .unwrap();
     assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));

@@ -4,7 +4,9 @@
 //!   transformed (`transform.<step>`): no hidden transform file may remain, a rename over an
 //!   existing file never leaves it empty or missing;
 //! - applications rewrite parts of existing lower files and truncate them while the page cache
-//!   writes dirty pages back under pressure and on flush (`writeback.<step>`);
+//!   writes dirty pages back under pressure and on flush (`writeback.<step>`), their partial
+//!   writes becoming patches in each non-blocking-write mode (`nbw.merged` after an
+//!   asynchronous fetch);
 //! - with temp files off, the same namespace workload makes journaled changes of lower objects
 //!   while the metadata journal checkpoints (`checkpoint.<step>`), and the daemon that recovers
 //!   after a kill dies again while it replays the records (`replay.applied`) or checkpoints them.
@@ -633,10 +635,17 @@ fn run_cache_seed(seed: u64, rounds: usize) -> (usize, usize, u64) {
         model.push(vec![content]);
     }
     let (mut kills, mut at_steps, mut written) = (0, 0, 0u64);
+    // Non-blocking writes in each mode that makes patches; the asynchronous ones also die
+    // right after merging a fetched page.
+    let nbw = ["lazy", "async-bg", "async-fg"][(seed % 3) as usize];
+    let mut args = CACHE_MOUNT.to_vec();
+    args.extend(["--nbw", nbw]);
+    let steps: &[&str] =
+        if nbw == "lazy" { &WB_STEPS } else { &[WB_STEPS[0], "nbw.merged", WB_STEPS[1]] };
     for round in 0..rounds {
         let failpoint = (round % 2 == 0)
-            .then(|| format!("{}:{}", WB_STEPS[(round / 2) % WB_STEPS.len()], 1 + rng.below(4)));
-        f.mount_with(failpoint.as_deref(), &CACHE_MOUNT);
+            .then(|| format!("{}:{}", steps[(round / 2) % steps.len()], 1 + rng.below(4)));
+        f.mount_with(failpoint.as_deref(), &args);
         let pid = f.pid().expect("daemon pid");
         let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let killer = failpoint.is_none().then(|| {
@@ -681,7 +690,7 @@ fn run_cache_seed(seed: u64, rounds: usize) -> (usize, usize, u64) {
         }
         kills += 1;
         wait_stale(&f, pid, seed, round);
-        f.mount_with(None, &CACHE_MOUNT);
+        f.mount_with(None, &args);
         verify_files(&f.mnt(), &mut model, &format!("seed {seed} round {round} after recovery"));
         let out = Command::new(BIN).args(["stat", "--json"]).arg(f.mnt()).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -38,7 +38,7 @@ pub mod stats;
 pub mod sync;
 pub mod tempfs;
 
-pub use cache::{CacheConfig, Reason};
+pub use cache::{CacheConfig, Nbw, Reason};
 pub use engine::start::StartError;
 pub use engine::{Engine, EngineConfig, Entry, Failpoints};
 pub use error::{FsError, FsResult};

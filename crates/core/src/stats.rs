@@ -166,6 +166,7 @@ pub struct Stats {
     pub writeback: crate::cache::counters::WritebackStats,
     pub fsync: crate::engine::durability::FsyncStats,
     pub journal: crate::journal::JournalStats,
+    pub nbw: crate::cache::counters::NbwStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -238,6 +239,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         stats.tempfiles = self.temp.stats();
         (stats.cache, stats.writeback) = self.cache.stats();
         stats.fsync = self.fsync_stats();
+        stats.nbw = self.cache.nbw_stats();
         stats.journal = self.journal.stats(pool.journal);
         stats
     }

@@ -21,6 +21,7 @@
 //! | `CachedFile` | one cached file's state; several in record-frame order | yes (its fetches and reads) |
 //! | `Overlay` | the overlay: named temp files by directory, pending directory times | no |
 //! | `CacheFiles` | the map of cached files | no |
+//! | `Fetches` | patched pages waiting for an asynchronous fetch | no |
 //! | `Journal` | the committed records of the metadata journal | no |
 //! | `UndoSlot` | an undo slot held by a running transaction (a token, not a lock) | no |
 //! | `ZoneTables` | the zone information tables | no |
@@ -47,6 +48,7 @@ pub enum Rank {
     CachedFile,
     Overlay,
     CacheFiles,
+    Fetches,
     Journal,
     UndoSlot,
     ZoneTables,

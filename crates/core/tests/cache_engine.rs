@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use engine::{CacheConfig, Engine, EngineConfig, Reason, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
 use lower::{Creds, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
 use nvram::{FormatParams, SimRegion};
 use rand::{Rng, SeedableRng};
@@ -99,7 +99,7 @@ fn a_partial_write_fetches_the_page_and_reads_see_the_cache_over_the_lower_file(
     let lower = MemLower::default();
     let base = pattern(10_000, 1);
     lower_file(&lower, "f", &base);
-    let e = start(&lower, &region(64), CacheConfig::default());
+    let e = start(&lower, &region(64), CacheConfig { nbw: Nbw::Off, ..CacheConfig::default() });
     let (id, fh) = open(&e, "f", libc::O_RDWR);
 
     assert_eq!(e.write(fh, 5000, &[0xee; 100], false).unwrap(), 100);

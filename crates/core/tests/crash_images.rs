@@ -2,8 +2,10 @@
 //! workload (create, write, truncate, rename within and across directories and over temp and
 //! lower files, unlink, transform by flush and by size; writes and truncates of lower files
 //! land in the page cache, written back by pressure rounds under each of the four policies
-//! (seed mod 4) and by flushes) runs on an engine over a simulated region and the in-memory
-//! lower file system. At every fence of the region, the region is
+//! (seed mod 4) and by flushes; writes that cover part of a page not in NVRAM become patches
+//! (non-blocking writes, in the mode seed mod 3) that later writes merge or complete, a fetch
+//! step merges and write-back writes) runs on an engine over a simulated region and the
+//! in-memory lower file system. At every fence of the region, the region is
 //! crashed three ways (nothing unpersisted survives, everything does, a seeded mix) and the
 //! lower file system loses what was not fsynced; an engine started on the images (recovery:
 //! rebuild, finish interrupted transforms) must show the namespace and contents either as
@@ -15,7 +17,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 
-use engine::{CacheConfig, Engine, EngineConfig, Reason, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
 use lower::{Creds, FileKind, LowerFs, MemLower, SetAttr};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -49,6 +51,9 @@ fn config(seed: u64) -> EngineConfig {
             low_pages: 4,
             batch_pages: 4,
             zone_blocks: 4,
+            // Non-blocking writes in every mode that makes patches (seed mod 3); the
+            // asynchronous ones are fetched by the workload's "fetch" step.
+            nbw: [Nbw::Lazy, Nbw::AsyncBg, Nbw::AsyncFg][(seed % 3) as usize],
             ..CacheConfig::default()
         },
         ..EngineConfig::default()
@@ -283,6 +288,11 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
             }
             format!("transform {dir}/{name}")
         }
+        9 => {
+            // The asynchronous fetcher of non-blocking writes: patched pages read and merged.
+            let n = engine.fetch_patches(2);
+            format!("fetch {n}")
+        }
         10 => {
             // Every temp file at once: the group transform (one syncfs per step).
             let _ = engine.flush_tempfiles(&mut |_, _| {});
@@ -307,7 +317,7 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     }
 }
 
-fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
+fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
     let lower = MemLower::default();
     // The lower tree: directory d and a lower file `victim` in both directories, durable.
     let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
@@ -386,16 +396,26 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
     region.set_fence_hook(None);
     let st = engine.stats();
     eprintln!(
-        "seed {seed} ({}): {} temp files transformed, {} cache writes hit, {} fetches, {} pages written back in {} batches",
+        "seed {seed} ({}): {} temp files transformed, {} cache writes hit, {} fetches, {} patches ({} completed without a read, {} fetched, {} written back), {} pages written back in {} batches",
         st.writeback.policy,
         st.tempfiles.transformed_total,
         st.cache.hits,
         st.cache.fetches,
+        st.nbw.patches_created,
+        st.nbw.pages_completed_without_fetch,
+        st.nbw.fetches_async,
+        st.nbw.fetches_on_writeback,
         st.writeback.pages_written,
         st.writeback.batches
     );
     let s = state.lock().unwrap();
-    Ok((s.points, s.images, st.writeback.pages_written))
+    Ok((
+        s.points,
+        s.images,
+        st.writeback.pages_written,
+        st.nbw.patches_created,
+        st.nbw.fetches_async,
+    ))
 }
 
 #[test]
@@ -404,18 +424,23 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
         Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
         Err(_) => (1..=10).collect(),
     };
-    let (mut points, mut images, mut written) = (0, 0, 0);
+    let (mut points, mut images, mut written, mut patches, mut fetched) = (0, 0, 0, 0, 0);
     for seed in seeds {
-        let (p, i, w) = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
-        points += p;
-        images += i;
-        written += w;
+        let got = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
+        points += got.0;
+        images += got.1;
+        written += got.2;
+        patches += got.3;
+        fetched += got.4;
     }
     eprintln!(
         "crash images: {points} crash points (fences), {images} images recovered and compared; {written} pages written back"
     );
     assert!(points > 500, "too few crash points: {points}");
     assert!(written > 0, "the workload never wrote back a page");
+    if std::env::var_os("NVSTACK_SEED").is_none() {
+        assert!(patches > 0 && fetched > 0, "patches {patches}, fetched {fetched}");
+    }
 }
 
 /// The directories' mtimes as the mount shows them.

@@ -49,6 +49,7 @@ fn code_table(name: &str) -> Option<&'static [Field]> {
         "directory-times record" => engine::overlay::times::LAYOUT,
         "cached-file record" => engine::cache::record::LAYOUT,
         "redo record" => engine::journal::record::LAYOUT,
+        "patch" => engine::cache::patch::LAYOUT,
         _ => return None,
     })
 }
@@ -67,6 +68,7 @@ fn every_byte_table_in_the_design_document_is_the_codes() {
         "directory-times record",
         "cached-file record",
         "redo record",
+        "patch",
     ] {
         assert!(names.contains(&expected), "docs/design.md has no table marked {expected:?}");
     }

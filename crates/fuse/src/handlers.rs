@@ -269,7 +269,12 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.engine.write(fh.0, offset, data, kill) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                reply.written(n as u32);
+                // --nbw async-fg: the pages this write patched are fetched now, after the
+                // writer has its answer.
+                self.engine.after_write_answered();
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -64,8 +64,10 @@ pub fn run(args: &CheckArgs) -> CliResult {
     }
     if !cached.is_empty() {
         let pages: usize = cached.iter().map(|c| c.pages.len()).sum();
+        let patches: usize = cached.iter().map(|c| c.patches.len()).sum();
         println!(
-            "{path}: {} cached file(s) with {pages} dirty page(s) in NVRAM (written back later)",
+            "{path}: {} cached file(s) with {pages} dirty page(s) and {patches} patch(es) in \
+             NVRAM (written back later)",
             cached.len()
         );
     }

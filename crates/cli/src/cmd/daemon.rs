@@ -139,6 +139,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     });
     install_signal_handler(mountpoint.to_path_buf());
     let aging = start_aging(args, &engine);
+    let fetcher = start_fetcher(args, &engine);
 
     eprintln!("nvstack: {note}; mounted {} on {}", lower_dir.display(), mountpoint.display());
     if args.daemon {
@@ -151,7 +152,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // engine) and the timer, then close the engine, which marks the region clean.
     let _ = super::control::request(&socket_path, "quit");
     control_thread.join().ok();
-    if let Some((stop, thread)) = aging {
+    for (stop, thread) in aging.into_iter().chain(fetcher) {
         stop.store(true, Ordering::Relaxed);
         thread.join().ok();
     }
@@ -266,6 +267,28 @@ fn start_aging(
             std::thread::sleep(Duration::from_millis(500));
             if let Err(e) = engine.tick() {
                 eprintln!("nvstack: timed checkpoint or write-back failed: {e}");
+            }
+        }
+    });
+    Some((stop, thread))
+}
+
+/// `--nbw async-bg`: the background fetcher - patched pages are read from the lower file and
+/// merged, 64 at a time, polling every 2 ms while there are none. Stopped by setting the flag.
+fn start_fetcher(
+    args: &MountArgs,
+    engine: &Arc<Engine<PosixLower>>,
+) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
+    if args.nbw != super::mount::NbwArg::AsyncBg {
+        return None;
+    }
+    let engine = Arc::clone(engine);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            if engine.fetch_patches(64) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
             }
         }
     });

@@ -243,6 +243,7 @@ fn cached_json(cached: &CliResult<Vec<engine::cache::Found>>) -> serde_json::Val
         Ok(list) => serde_json::json!({
             "files": list.len(),
             "dirty_pages": list.iter().map(|c| c.pages.len()).sum::<usize>(),
+            "patches": list.iter().map(|c| c.patches.len()).sum::<usize>(),
             "records": list
                 .iter()
                 .take(MAX_LISTED)
@@ -252,6 +253,14 @@ fn cached_json(cached: &CliResult<Vec<engine::cache::Found>>) -> serde_json::Val
                     "size": c.rec.size,
                     "valid": c.rec.valid,
                     "dirty_pages": c.pages.len(),
+                    "patches": c.patches.iter().take(MAX_LISTED).map(|(page, (frame, p))| {
+                        serde_json::json!({
+                            "page": page,
+                            "frame": frame.0,
+                            "ranges": p.ranges,
+                            "bytes": p.len(),
+                        })
+                    }).collect::<Vec<_>>(),
                     "handle": c.rec.handle.iter().fold(String::new(), |mut h, b| {
                         use std::fmt::Write;
                         let _ = write!(h, "{b:02x}");
@@ -268,7 +277,22 @@ fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
     match cached {
         Ok(list) => {
             let pages: usize = list.iter().map(|c| c.pages.len()).sum();
-            println!("page cache  {} file(s) with {pages} dirty page(s) in NVRAM", list.len());
+            let patches: usize = list.iter().map(|c| c.patches.len()).sum();
+            println!(
+                "page cache  {} file(s) with {pages} dirty page(s) and {patches} patch(es) in NVRAM",
+                list.len()
+            );
+            for c in list {
+                for (page, (frame, p)) in c.patches.iter().take(20) {
+                    println!(
+                        "  patch     frame {:<8} file frame {} page {page}: {} range(s), {} B",
+                        frame.0,
+                        c.frame.0,
+                        p.ranges.len(),
+                        p.len()
+                    );
+                }
+            }
         }
         Err(e) => println!("page cache  unreadable: {e}"),
     }

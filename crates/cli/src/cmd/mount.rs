@@ -153,6 +153,19 @@ pub struct MountArgs {
     /// `--consistency none`, which has no journal.
     #[arg(long, default_value_t = 5, value_name = "SECONDS")]
     pub checkpoint_interval: u64,
+    /// Non-blocking writes (FAST'15): a write to part of a page that is not in NVRAM becomes a
+    /// *patch* in NVRAM (durable and atomic when the write returns) instead of waiting for the
+    /// page to be read from the disk. When the page is read and merged: `lazy` - only when
+    /// needed (a read the patch does not cover reads the lower file; write-back writes just
+    /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
+    /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
+    /// (the blocking baseline).
+    #[arg(long, value_enum, default_value = "lazy")]
+    pub nbw: NbwArg,
+    /// Patches in NVRAM at most (one 4 KiB frame each); beyond, a partial write reads its page
+    /// first, as with --nbw off. Default: 64M or an eighth of the region, the smaller.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub nbw_patch_limit: Option<u64>,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
     #[serde(skip)]
@@ -175,6 +188,26 @@ impl WritebackArg {
             WritebackArg::Recency => "recency",
             WritebackArg::Location => "location",
             WritebackArg::Relo => "relo",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NbwArg {
+    Off,
+    AsyncFg,
+    AsyncBg,
+    Lazy,
+}
+
+impl NbwArg {
+    pub fn mode(self) -> engine::Nbw {
+        match self {
+            NbwArg::Off => engine::Nbw::Off,
+            NbwArg::AsyncFg => engine::Nbw::AsyncFg,
+            NbwArg::AsyncBg => engine::Nbw::AsyncBg,
+            NbwArg::Lazy => engine::Nbw::Lazy,
         }
     }
 }
@@ -250,6 +283,8 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             batch_pages: args.writeback_batch,
             max_dirty_age: args.max_dirty_age,
             writeback_on_unmount: !args.keep_dirty,
+            nbw: args.nbw.mode(),
+            patch_limit: args.nbw_patch_limit.map_or(u64::MAX, |b| (b / 4096).max(1)),
         },
         temp: engine::TempConfig {
             enabled: args.tempfiles == OnOff::On,

@@ -93,6 +93,22 @@ fn print_caches(value: &serde_json::Value) {
             wb["inter_request_distance_blocks"],
             wb["syncs"]
         );
+        let n = &value["nbw"];
+        println!(
+            "nbw ({}): {} patches created, {} in NVRAM ({} B); {} completed without a read; \
+             fetches: {} async, {} on read, {} on write-back; {} reads from patches; {} writes \
+             waited",
+            n["mode"].as_str().unwrap_or("?"),
+            n["patches_created"],
+            n["patches"],
+            n["patch_bytes"],
+            n["pages_completed_without_fetch"],
+            n["fetches_async"],
+            n["fetches_on_read"],
+            n["fetches_on_writeback"],
+            n["reads_served_from_patches"],
+            n["writer_waits"]
+        );
     }
 }
 

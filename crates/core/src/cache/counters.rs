@@ -1,4 +1,5 @@
-//! Counters of the page cache and of write-back (`nvstack stat --json`: `cache`, `writeback`).
+//! Counters of the page cache, of write-back and of non-blocking writes (`nvstack stat --json`:
+//! `cache`, `writeback`, `nbw`).
 //! Relaxed atomics: observations, not synchronisation.
 
 use std::collections::BTreeMap;
@@ -104,5 +105,111 @@ impl CacheCounters {
                     .collect(),
             },
         )
+    }
+}
+
+/// Why a partial write to a page not in NVRAM still read the page first (`nbw.writer_waits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// `--nbw off`.
+    Off,
+    /// The patch limit was reached.
+    PatchLimit,
+    /// The page's patch would not fit its frame (too many fragments).
+    Fragmented,
+    /// The page reaches past `valid` (the last page below a truncate): only a part of it is
+    /// read, and no patch rule covers the part beyond.
+    PastValid,
+}
+
+pub const WAITS: [Wait; 4] = [Wait::Off, Wait::PatchLimit, Wait::Fragmented, Wait::PastValid];
+
+impl Wait {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Off => "off",
+            Wait::PatchLimit => "patch_limit",
+            Wait::Fragmented => "fragmented",
+            Wait::PastValid => "past_valid",
+        }
+    }
+}
+
+/// Counters of non-blocking writes (`nvstack stat --json`: `nbw`).
+#[derive(Debug, Default)]
+pub struct NbwCounters {
+    pub patches_created: AtomicU64,
+    /// Patches in NVRAM now, and the bytes they hold.
+    pub patches: AtomicU64,
+    pub patch_bytes: AtomicU64,
+    pub pages_completed_without_fetch: AtomicU64,
+    pub fetches_async: AtomicU64,
+    pub fetches_on_read: AtomicU64,
+    pub fetches_on_writeback: AtomicU64,
+    pub reads_served_from_patches: AtomicU64,
+    pub writer_waits: [AtomicU64; WAITS.len()],
+}
+
+/// `nvstack stat --json`: `nbw`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct NbwStats {
+    pub mode: String,
+    pub patch_limit: u64,
+    /// Partial writes to pages not in NVRAM that became patches (no read).
+    pub patches_created: u64,
+    /// Patches in NVRAM now (one frame each) and the bytes they hold.
+    pub patches: u64,
+    pub patch_bytes: u64,
+    /// Patches that later writes completed to a whole page: never read at all.
+    pub pages_completed_without_fetch: u64,
+    /// Pages fetched and merged by the asynchronous modes (foreground or background).
+    pub fetches_async: u64,
+    /// Reads of a patched page not covered by its patch (they read the lower file).
+    pub fetches_on_read: u64,
+    /// Patched pages written back (only the patched bytes are written; the lower file system
+    /// reads the rest of its block if it does not hold it).
+    pub fetches_on_writeback: u64,
+    /// Reads of patched pages served from the patch alone.
+    pub reads_served_from_patches: u64,
+    /// Partial writes that still read their page first, and why.
+    pub writer_waits: u64,
+    pub writer_wait_reasons: BTreeMap<&'static str, u64>,
+}
+
+impl NbwCounters {
+    pub fn snapshot(&self, config: &CacheConfig) -> NbwStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let reasons: BTreeMap<&'static str, u64> =
+            WAITS.iter().map(|&w| (w.name(), get(&self.writer_waits[w as usize]))).collect();
+        NbwStats {
+            mode: config.nbw.name().to_string(),
+            patch_limit: config.patch_limit,
+            patches_created: get(&self.patches_created),
+            patches: get(&self.patches),
+            patch_bytes: get(&self.patch_bytes),
+            pages_completed_without_fetch: get(&self.pages_completed_without_fetch),
+            fetches_async: get(&self.fetches_async),
+            fetches_on_read: get(&self.fetches_on_read),
+            fetches_on_writeback: get(&self.fetches_on_writeback),
+            reads_served_from_patches: get(&self.reads_served_from_patches),
+            writer_waits: reasons.values().sum(),
+            writer_wait_reasons: reasons,
+        }
+    }
+
+    /// A patch of `bytes` joined (`+`) or left NVRAM.
+    pub fn patch_added(&self, bytes: usize) {
+        inc(&self.patches);
+        self.patch_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn patch_removed(&self, bytes: usize) {
+        dec(&self.patches);
+        self.patch_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn patch_resized(&self, old: usize, new: usize) {
+        self.patch_bytes.fetch_add(new as u64, Ordering::Relaxed);
+        self.patch_bytes.fetch_sub(old as u64, Ordering::Relaxed);
     }
 }

@@ -8,7 +8,8 @@
 //! bookkeeping), `ops.rs` (write, read, attributes, truncate, seek through the cache, and
 //! coherence with operations on the lower file), `writeback.rs` (rounds and batches),
 //! `policy/` (the zone information tables and the four policies), `recovery.rs` (the records
-//! found again at mount), `counters.rs`.
+//! found again at mount), `patch.rs` (non-blocking writes: patches of pages not in NVRAM),
+//! `counters.rs`.
 //!
 //! Locks (ranks in `sync.rs`): a file's state (`CachedFile`) is held across the lower reads of
 //! `read` and of a write's fetches (so that a write-back cannot free a page between the lower
@@ -18,14 +19,16 @@
 //! (`ZoneTables`) are short locks taken after a file's state, never held across a lower call.
 
 pub mod counters;
+mod nbw;
 mod ops;
+pub mod patch;
 pub mod policy;
 pub mod record;
 pub mod recovery;
 pub mod state;
 mod writeback;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -58,6 +61,38 @@ pub struct CacheConfig {
     pub max_dirty_age: u64,
     /// Write back every dirty page at unmount (default) or keep them in NVRAM.
     pub writeback_on_unmount: bool,
+    /// Non-blocking writes (`--nbw`): what a partial write to a page not in NVRAM does.
+    pub nbw: Nbw,
+    /// Patches in NVRAM at most (`--nbw-patch-limit`, in frames); beyond it a partial write
+    /// fetches its page, as with `--nbw off`.
+    pub patch_limit: u64,
+}
+
+/// Non-blocking writes (the FAST'15 paper; design.md section 11.8): a partial write to a page
+/// that is not in NVRAM becomes a *patch* instead of waiting for the page to be read; the modes
+/// differ in when the page is fetched and merged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nbw {
+    /// No patches: the page is read first (the blocking baseline).
+    Off,
+    /// The page is fetched right after the write is answered, by the thread that served it.
+    AsyncFg,
+    /// The page is fetched by a background fetcher (the daemon's thread).
+    AsyncBg,
+    /// Never fetched for the patch's sake: reads not covered by it read the lower file, and
+    /// write-back writes only the patched bytes.
+    Lazy,
+}
+
+impl Nbw {
+    pub fn name(self) -> &'static str {
+        match self {
+            Nbw::Off => "off",
+            Nbw::AsyncFg => "async-fg",
+            Nbw::AsyncBg => "async-bg",
+            Nbw::Lazy => "lazy",
+        }
+    }
 }
 
 impl Default for CacheConfig {
@@ -71,6 +106,8 @@ impl Default for CacheConfig {
             batch_pages: 256,
             max_dirty_age: 0,
             writeback_on_unmount: true,
+            nbw: Nbw::Lazy,
+            patch_limit: u64::MAX,
         }
     }
 }
@@ -143,6 +180,7 @@ pub struct PageCache<N, F> {
     /// The zone information tables (rank `ZoneTables`).
     tables: Mutex<Tables>,
     counters: CacheCounters,
+    nbw: counters::NbwCounters,
     next_serial: AtomicU64,
     /// Striped by lower key (rank `Stripe`): held by whatever reads the lower size to create a
     /// record and by operations that change a lower file's data directly (fallocate,
@@ -153,6 +191,9 @@ pub struct PageCache<N, F> {
     round: Mutex<History>,
     /// The cache clock: page versions and recency ticks.
     clock: AtomicU64,
+    /// Patched pages waiting for an asynchronous fetch, as (record frame, page) (rank
+    /// `Fetches`; bounded by the patch limit: one entry per patch).
+    fetches: Mutex<VecDeque<(u64, u64)>>,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -171,10 +212,12 @@ impl<N, F> PageCache<N, F> {
                 },
             ),
             counters: CacheCounters::default(),
+            nbw: counters::NbwCounters::default(),
             next_serial: AtomicU64::new(1),
             stripes: std::array::from_fn(|_| Mutex::new(Rank::Stripe, ())),
             round: Mutex::new(Rank::Round, History::default()),
             clock: AtomicU64::new(1),
+            fetches: Mutex::new(Rank::Fetches, VecDeque::new()),
         }
     }
 
@@ -195,6 +238,11 @@ impl<N, F> PageCache<N, F> {
     /// `nvstack stat`: the `cache` and `writeback` objects.
     pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
         self.counters.snapshot(&self.config, self.policy.name())
+    }
+
+    /// `nvstack stat`: the `nbw` object.
+    pub fn nbw_stats(&self) -> counters::NbwStats {
+        self.nbw.snapshot(&self.config)
     }
 
     /// A record was created for `cf` (its transaction committed).

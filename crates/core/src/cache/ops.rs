@@ -24,7 +24,7 @@ use txn::FrameTag;
 
 use super::counters::inc;
 use super::policy::{Loc, PageKey, ZoneTable};
-use super::record::{KIND_PAGE, KIND_RECORD, MAX_HANDLE, Record};
+use super::record::{KIND_RECORD, MAX_HANDLE, Record};
 use super::state::{self, CachedFile, PageMeta};
 use super::{PAGE, Reason};
 use crate::engine::Engine;
@@ -33,13 +33,6 @@ use crate::error::{FsError, FsResult, answer};
 use crate::stats::Counters;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
-
-/// A page a cached write adds to NVRAM, prepared before its transaction.
-struct FreshPage {
-    page: u64,
-    bytes: Vec<u8>,
-    loc: Loc,
-}
 
 impl<L: LowerFs> Engine<L> {
     /// The cached file of `key`, if it has a record.
@@ -106,7 +99,11 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// FIEMAP of the lower file, cached in the state until a write-back changes it.
-    fn extents<'s>(&self, cf: &Cached<L>, st: &'s mut state::CacheState) -> &'s [lower::Extent] {
+    pub(super) fn extents<'s>(
+        &self,
+        cf: &Cached<L>,
+        st: &'s mut state::CacheState,
+    ) -> &'s [lower::Extent] {
         if st.extents.is_none() {
             // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
             // (file, page): location-aware policies then work on logical runs.
@@ -119,9 +116,10 @@ impl<L: LowerFs> Engine<L> {
     /// A cached write of `data` at `offset` (see the module docs). On error nothing changed.
     ///
     /// Three phases under the file's lock: (1) without a transaction, the pages the write
-    /// adds are prepared - partial ones fetched from the lower file, all located, their lower
-    /// space reserved (every lower call happens here: no undo slot is held while a disk
-    /// works); (2) one transaction writes NVRAM only and commits; (3) the volatile mirror.
+    /// adds are planned (`nbw.rs`: new dirty pages - partial ones fetched from the lower file -
+    /// or patches), located, their lower space reserved (every lower call happens here: no
+    /// undo slot is held while a disk works); (2) one transaction writes NVRAM only and
+    /// commits; (3) the volatile mirror.
     pub(crate) fn cached_write(
         &self,
         otx: &mut OpTx<'_>,
@@ -134,8 +132,9 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None); // written back and freed meanwhile: look it up again
         }
         let end = offset.checked_add(data.len() as u64).ok_or(answer(libc::EFBIG))?;
-        let fresh = self.prepare_pages(cf, &mut st, offset, data)?;
-        let unmapped = fresh.iter().filter(|f| matches!(f.loc, Loc::Logical { .. })).count();
+        let plans = self.plan_write(cf, &mut st, offset, data)?;
+        let unmapped =
+            plans.iter().filter(|p| p.is_new() && matches!(p.loc(), Loc::Logical { .. })).count();
         self.reserve(unmapped as u64)?;
         // Phase 2: NVRAM only.
         let pool = &self.pool;
@@ -145,10 +144,12 @@ impl<L: LowerFs> Engine<L> {
         rec.mtime = now;
         rec.ctime = now;
         let mut touched: Vec<u64> = Vec::new();
-        let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
+        let written = (|| -> Result<Vec<Option<txn::FrameId>>, txn::TxError> {
             let tx = otx.tx();
             for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
-                if let Some(meta) = st.pages.get(&page) {
+                if let Some(meta) = st.pages.get(&page)
+                    && !st.patches.contains_key(&page)
+                {
                     tx.update(
                         pool.frame_offset(meta.frame) + in_page as u64,
                         &data[done..done + n],
@@ -156,13 +157,7 @@ impl<L: LowerFs> Engine<L> {
                     touched.push(page);
                 }
             }
-            let mut frames = Vec::with_capacity(fresh.len());
-            for f in &fresh {
-                let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: f.page };
-                let frame = tx.alloc_frame(tag)?;
-                tx.write(pool.frame_offset(frame), &f.bytes);
-                frames.push(frame);
-            }
+            let frames = self.write_plans(tx, cf.object, &plans)?;
             tx.update(pool.frame_offset(cf.object), &rec.encode())?;
             Ok(frames)
         })();
@@ -170,9 +165,24 @@ impl<L: LowerFs> Engine<L> {
         let frames = otx.end(written.map_err(FsError::from))?;
         st.rec = rec;
         self.space.add(unmapped as u64);
-        // Phase 3: the volatile mirror.
+        self.mirror_write(cf, &mut st, touched, plans, frames, now.0);
+        Ok(Some(data.len()))
+    }
+
+    /// Phase 3 of a cached write: the volatile mirror of what its transaction committed.
+    fn mirror_write(
+        &self,
+        cf: &Cached<L>,
+        st: &mut state::CacheState,
+        touched: Vec<u64>,
+        plans: Vec<super::nbw::Plan>,
+        frames: Vec<Option<txn::FrameId>>,
+        now: i64,
+    ) {
+        use super::nbw::Plan;
         let c = &self.cache.counters;
         let tick = self.cache.tick();
+        let mut queued = Vec::new();
         let mut t = self.cache.tables();
         for page in touched {
             let meta = st.pages.get_mut(&page).expect("touched page is dirty");
@@ -180,65 +190,59 @@ impl<L: LowerFs> Engine<L> {
             state::accessed(&mut t, c, meta, tick);
             inc(&c.hits);
         }
-        for (f, frame) in fresh.into_iter().zip(frames) {
+        for (plan, frame) in plans.into_iter().zip(frames) {
+            let page = plan.page();
+            if !plan.is_new() {
+                // The page's patch, rewritten in place or replaced by a whole page.
+                let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
+                meta.version = tick;
+                state::accessed(&mut t, c, meta, tick);
+                let old = st.patches.remove(&page).map_or(0, |p| p.len());
+                match plan {
+                    Plan::Page { .. } => {
+                        meta.frame = frame.expect("a new page frame");
+                        self.cache.nbw.patch_removed(old);
+                    }
+                    Plan::Patch { patch, .. } => {
+                        self.cache.nbw.patch_resized(old, patch.len());
+                        st.patches.insert(page, patch);
+                        queued.push(page);
+                    }
+                }
+                continue;
+            }
             // Another file's write may have taken this block meanwhile (its location came from
             // an older FIEMAP: blocks move when a write-back cuts a file): one page per
             // location, so this one goes to its logical place. (The space was reserved by
             // the location seen in phase 1; only placement changes.)
-            let reserved = matches!(f.loc, Loc::Logical { .. });
-            let loc = if t.all.contains(f.loc) {
-                Loc::Logical { object: cf.object.0, index: f.page }
+            let reserved = matches!(plan.loc(), Loc::Logical { .. });
+            let loc = if t.all.contains(plan.loc()) {
+                Loc::Logical { object: cf.object.0, index: page }
             } else {
-                f.loc
+                plan.loc()
             };
             let meta = PageMeta {
-                frame,
+                frame: frame.expect("a new frame"),
                 active: false,
                 referenced: true,
                 version: tick,
                 last_use: tick,
-                dirtied_at: now.0,
+                dirtied_at: now,
                 loc,
                 reserved,
             };
-            state::add_page(&mut t, c, PageKey { object: cf.object.0, index: f.page }, &meta);
+            state::add_page(&mut t, c, PageKey { object: cf.object.0, index: page }, &meta);
             st.unmapped += u64::from(meta.reserved);
-            st.pages.insert(f.page, meta);
-        }
-        Ok(Some(data.len()))
-    }
-
-    /// Phase 1 of a cached write: the content of every page the write adds to NVRAM (a
-    /// partial page not in NVRAM is *fetched* from the lower file first - the blocking
-    /// baseline; bytes at or beyond `valid` are zero) and its location.
-    fn prepare_pages(
-        &self,
-        cf: &Cached<L>,
-        st: &mut state::CacheState,
-        offset: u64,
-        data: &[u8],
-    ) -> FsResult<Vec<FreshPage>> {
-        let mut fresh = Vec::new();
-        for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
-            if st.pages.contains_key(&page) {
-                continue;
+            st.pages.insert(page, meta);
+            if let Plan::Patch { patch, .. } = plan {
+                inc(&self.cache.nbw.patches_created);
+                self.cache.nbw.patch_added(patch.len());
+                st.patches.insert(page, patch);
+                queued.push(page);
             }
-            let mut bytes = vec![0u8; PAGE as usize];
-            let base = page * PAGE;
-            if n < PAGE as usize && base < st.rec.valid {
-                let want = (st.rec.valid - base).min(PAGE) as usize;
-                let io = self.cache_io(cf)?;
-                self.lower.read_full(io, base, &mut bytes[..want])?;
-                inc(&self.cache.counters.fetches);
-            }
-            bytes[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-            let loc = {
-                let extents = self.extents(cf, st);
-                state::locate(extents, cf.object.0, page, &self.cache.tables().all)
-            };
-            fresh.push(FreshPage { page, bytes, loc });
         }
-        Ok(fresh)
+        drop(t);
+        self.queue_fetches(cf.object.0, queued);
     }
 
     /// Reads through the cache: the lower file's bytes below `valid`, zeros up to the size,
@@ -262,7 +266,30 @@ impl<L: LowerFs> Engine<L> {
         let buf = &mut buf[..len];
         let first = offset / PAGE;
         let last = (offset + len as u64 - 1) / PAGE;
-        let all_dirty = (first..=last).all(|p| st.pages.contains_key(&p));
+        // The part of page `p` this read wants, as offsets in the page.
+        let wanted = |p: u64| {
+            let from = (p * PAGE).max(offset) - p * PAGE;
+            let to = ((p + 1) * PAGE).min(offset + len as u64) - p * PAGE;
+            (from as usize, to as usize)
+        };
+        // Served from NVRAM alone: every page dirty, or patched over what the read wants.
+        let in_nvram = |p: u64| {
+            st.pages.contains_key(&p)
+                && st.patches.get(&p).is_none_or(|patch| {
+                    let (from, to) = wanted(p);
+                    patch.covers(from, to)
+                })
+        };
+        let all_dirty = (first..=last).all(in_nvram);
+        let nbw = &self.cache.nbw;
+        for (&p, patch) in st.patches.range(first..=last) {
+            let (from, to) = wanted(p);
+            inc(if patch.covers(from, to) {
+                &nbw.reads_served_from_patches
+            } else {
+                &nbw.fetches_on_read
+            });
+        }
         let mut from_lower = 0usize;
         if !all_dirty && offset < st.rec.valid {
             let want = ((st.rec.valid - offset) as usize).min(len);
@@ -293,14 +320,25 @@ impl<L: LowerFs> Engine<L> {
         let tick = self.cache.tick();
         let c = &self.cache.counters;
         let mut t = None;
-        for (&page, meta) in st.pages.range_mut(first..=last) {
+        let state::CacheState { pages, patches, .. } = &mut *st;
+        for (&page, meta) in pages.range_mut(first..=last) {
             let start = (page * PAGE).max(offset);
             let stop = ((page + 1) * PAGE).min(offset + len as u64);
             let at = (start - offset) as usize;
-            self.pool.read(
-                self.pool.frame_offset(meta.frame) + (start - page * PAGE),
-                &mut buf[at..at + (stop - start) as usize],
-            );
+            if let Some(patch) = patches.get(&page) {
+                // The patched bytes over the lower ones read above.
+                let base = (page * PAGE) as usize;
+                let mut whole = [0u8; PAGE as usize];
+                let (lo, hi) = ((start as usize) - base, (stop as usize) - base);
+                whole[lo..hi].copy_from_slice(&buf[at..at + (hi - lo)]);
+                patch.apply(&mut whole);
+                buf[at..at + (hi - lo)].copy_from_slice(&whole[lo..hi]);
+            } else {
+                self.pool.read(
+                    self.pool.frame_offset(meta.frame) + (start - page * PAGE),
+                    &mut buf[at..at + (stop - start) as usize],
+                );
+            }
             let t = t.get_or_insert_with(|| self.cache.tables());
             state::accessed(t, c, meta, tick);
             inc(&c.hits);
@@ -400,12 +438,29 @@ impl<L: LowerFs> Engine<L> {
         let old = st.rec.size;
         let now = self.lower.now();
         let first_gone = size.div_ceil(PAGE);
-        let gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
+        let mut gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
+        // The last page's patch loses what lies at or beyond the new size (P5): rewritten, or
+        // freed when nothing is left of it.
+        let tail = size / PAGE;
+        let clipped = match st.patches.get(&tail) {
+            Some(p) if size < old && size % PAGE != 0 => {
+                match p.merge(0, &[], (size % PAGE) as usize) {
+                    super::patch::Merged::Patch(q) if !q.is_empty() => Some(Some(q)),
+                    _ => {
+                        gone.push(tail);
+                        Some(None)
+                    }
+                }
+            }
+            _ => None,
+        };
         let mut rec = st.rec.clone();
         let result = (|| -> Result<(), txn::TxError> {
-            if size < old && size % PAGE != 0 {
+            if let Some(Some(q)) = &clipped {
+                otx.tx().update(pool.frame_offset(st.pages[&tail].frame), &q.encode())?;
+            } else if size < old && size % PAGE != 0 && clipped.is_none() {
                 // C3: the tail of the last page reads as zeros if the file grows again.
-                if let Some(meta) = st.pages.get(&(size / PAGE)) {
+                if let Some(meta) = st.pages.get(&tail) {
                     let from = size % PAGE;
                     let to = PAGE.min(old - (size / PAGE) * PAGE);
                     otx.tx().update(
@@ -428,6 +483,12 @@ impl<L: LowerFs> Engine<L> {
         otx.end(result)?;
         st.rec = rec;
         st.shrunk_to = st.shrunk_to.min(size);
+        if let Some(Some(q)) = clipped {
+            let old = st.patches.insert(tail, q.clone()).map_or(0, |p| p.len());
+            self.cache.nbw.patch_resized(old, q.len());
+            st.pages.get_mut(&tail).expect("patched page").version = self.cache.tick();
+        }
+        self.patches_gone(&mut st, gone.iter().copied());
         let gone: Vec<PageMeta> =
             gone.iter().map(|p| st.pages.remove(p).expect("page listed above")).collect();
         self.pages_clean(&mut st, &gone);
@@ -527,6 +588,8 @@ impl<L: LowerFs> Engine<L> {
         pages: &std::collections::BTreeMap<u64, PageMeta>,
     ) {
         self.pages_clean(st, pages.values());
+        let patched: Vec<u64> = st.patches.keys().copied().collect();
+        self.patches_gone(st, patched);
         st.gone = true;
         self.cache.remove(cf);
     }

@@ -10,6 +10,7 @@ use lower::{Errno, LowerFs};
 use txn::FrameId;
 
 use super::PAGE;
+use super::patch::{KIND_PATCH, Patch};
 use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
 use super::state::{self, CachedFile, PageMeta};
@@ -23,10 +24,13 @@ pub struct Found {
     pub frame: FrameId,
     pub rec: Record,
     pub pages: BTreeMap<u64, FrameId>,
+    /// Patched pages (non-blocking writes): frame and patch.
+    pub patches: BTreeMap<u64, (FrameId, Patch)>,
 }
 
-/// Reads every cached-file record and dirty page of the region (after recovery rolled back
-/// unfinished transactions) and checks C1-C3. Damage is reported with the frame named.
+/// Reads every cached-file record, dirty page and patch of the region (after recovery rolled
+/// back unfinished transactions) and checks C1-C3, P4 and P5. Damage is reported with the
+/// frame named.
 pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
     let mut records: BTreeMap<u64, Found> = BTreeMap::new();
     let mut pages = Vec::new();
@@ -36,9 +40,10 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
                 let b = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
                 let rec = Record::decode(&b)
                     .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
-                records.insert(frame.0, Found { frame, rec, pages: BTreeMap::new() });
+                let (pages, patches) = (BTreeMap::new(), BTreeMap::new());
+                records.insert(frame.0, Found { frame, rec, pages, patches });
             }
-            record::KIND_PAGE => pages.push((frame, tag)),
+            record::KIND_PAGE | KIND_PATCH => pages.push((frame, tag)),
             _ => {}
         }
     }
@@ -49,6 +54,19 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
         };
         if tag.index >= found.rec.size.div_ceil(PAGE) {
             return Err(corrupt("cached page beyond the file size (C3)"));
+        }
+        if found.pages.contains_key(&tag.index) || found.patches.contains_key(&tag.index) {
+            return Err(corrupt("two frames for one cached page"));
+        }
+        if tag.kind == KIND_PATCH {
+            let b = pool.read_vec(pool.frame_offset(frame), PAGE as usize);
+            let patch = Patch::decode(&b, tag.index).map_err(corrupt)?;
+            let end = patch.ranges.last().map_or(0, |&(o, n)| u64::from(o) + u64::from(n));
+            if tag.index * PAGE + end > found.rec.size {
+                return Err(corrupt("patch reaching beyond the file size (P5)"));
+            }
+            found.patches.insert(tag.index, (frame, patch));
+            continue;
         }
         found.pages.insert(tag.index, frame);
     }
@@ -63,7 +81,12 @@ impl<L: LowerFs> Engine<L> {
         let found = scan(&self.pool)?;
         let now = self.lower.now().0;
         let mut next_serial = 1;
-        for Found { frame: object, rec, pages: frames } in found {
+        for Found { frame: object, rec, pages: mut frames, patches } in found {
+            let mut patched = BTreeMap::new();
+            for (index, (frame, patch)) in patches {
+                frames.insert(index, frame);
+                patched.insert(index, patch);
+            }
             next_serial = next_serial.max(rec.serial + 1);
             let node = match self.lower.find_file(&rec.handle, self.max_walk) {
                 Ok(node) => node,
@@ -120,6 +143,13 @@ impl<L: LowerFs> Engine<L> {
                 );
                 st.pages.insert(index, meta);
             }
+            for patch in patched.values() {
+                self.cache.nbw.patch_added(patch.len());
+            }
+            drop(t);
+            // The asynchronous modes fetch what they had not fetched before the stop.
+            self.queue_fetches(object.0, patched.keys().copied());
+            st.patches = patched;
             st.extents = Some(extents);
             st.unmapped = reserved;
             self.space.add(reserved);

@@ -10,6 +10,7 @@ use txn::FrameId;
 
 use super::PAGE;
 use super::counters::{CacheCounters, dec, inc};
+use super::patch::Patch;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::Record;
 use crate::sync::{Mutex, MutexGuard, Rank};
@@ -40,7 +41,10 @@ pub struct PageMeta {
 #[derive(Debug)]
 pub struct CacheState {
     pub rec: Record,
+    /// Pages in NVRAM: dirty pages and patched pages (a patched page's frame holds its patch).
     pub pages: BTreeMap<u64, PageMeta>,
+    /// The patches of patched pages (a subset of `pages`' keys), decoded.
+    pub patches: BTreeMap<u64, Patch>,
     /// FIEMAP of the lower file, fetched on demand, dropped when a write-back changed the
     /// lower file's allocation.
     pub extents: Option<Vec<Extent>>,
@@ -81,6 +85,7 @@ impl<N, F> CachedFile<N, F> {
                 CacheState {
                     rec,
                     pages: BTreeMap::new(),
+                    patches: BTreeMap::new(),
                     extents: None,
                     shrunk_to: size,
                     gone: false,

@@ -61,9 +61,12 @@ struct BatchFile<L: LowerFs> {
     /// The file for `repeated_pages`: a hash of its file handle, which names one file for its
     /// whole life (an inode number is reused by the next file created).
     file_id: u64,
-    /// (page index, location, version), ascending by index; `data` holds them in this order.
+    /// (page index, location, version), ascending by index; `data` holds them in this order
+    /// (a zero block for a patched page).
     pages: Vec<(u64, Loc, u64)>,
     data: Vec<Block>,
+    /// The patches of the patched pages among `pages`: only their bytes are written.
+    patches: BTreeMap<u64, super::patch::Patch>,
 }
 
 fn bytes(blocks: &[Block]) -> &[u8] {
@@ -413,11 +416,16 @@ impl<L: LowerFs> Engine<L> {
                 },
                 pages: Vec::new(),
                 data: Vec::new(),
+                patches: BTreeMap::new(),
             };
             for index in indices {
                 let Some(meta) = st.pages.get(&index) else { continue };
                 let mut block = Block([0; PAGE as usize]);
-                self.pool.read(self.pool.frame_offset(meta.frame), &mut block.0);
+                if let Some(patch) = st.patches.get(&index) {
+                    job.patches.insert(index, patch.clone());
+                } else {
+                    self.pool.read(self.pool.frame_offset(meta.frame), &mut block.0);
+                }
                 job.pages.push((index, meta.loc, meta.version));
                 job.data.push(block);
             }
@@ -440,12 +448,16 @@ impl<L: LowerFs> Engine<L> {
                 self.lower.setattr(&job.cf.node, Some(io), &set)?;
             }
         }
-        // Every page of the batch in ascending location order; runs become one request.
+        // Every whole page of the batch in ascending location order; runs become one request.
         let mut order: Vec<(Loc, usize, usize)> = jobs
             .iter()
             .enumerate()
             .flat_map(|(j, job)| {
-                job.pages.iter().enumerate().map(move |(p, &(_, loc, _))| (loc, j, p))
+                job.pages
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (index, _, _))| !job.patches.contains_key(index))
+                    .map(move |(p, &(_, loc, _))| (loc, j, p))
             })
             .collect();
         order.sort_unstable();
@@ -467,6 +479,13 @@ impl<L: LowerFs> Engine<L> {
             }
             self.write_run(history, &jobs[j], p, run, loc)?;
             i += run;
+        }
+        // Patched pages: only the patched bytes (the lower file system reads the rest of its
+        // block if it does not hold it: the page's fetch, done by the write-back).
+        for job in jobs {
+            for (&index, patch) in &job.patches {
+                self.write_patch(history, job, index, patch)?;
+            }
         }
         // Size and mtime as the record says, then durable.
         for job in jobs {
@@ -532,6 +551,40 @@ impl<L: LowerFs> Engine<L> {
         Ok(())
     }
 
+    /// The byte ranges of one patched page, buffered (they are not block-aligned).
+    fn write_patch(
+        &self,
+        history: &mut History,
+        job: &BatchFile<L>,
+        index: u64,
+        patch: &super::patch::Patch,
+    ) -> FsResult<()> {
+        let io = self.cache_io(&job.cf)?;
+        let c = &self.cache.counters;
+        for &(o, n) in &patch.ranges {
+            let (o, n) = (usize::from(o), usize::from(n));
+            let mut done = 0;
+            while done < n {
+                let at = index * PAGE + (o + done) as u64;
+                match self.lower.write(io, at, &patch.bytes[o + done..o + n])? {
+                    0 => return Err(Errno(libc::EIO).into()),
+                    k => done += k,
+                }
+            }
+            inc(&c.requests);
+            Counters::add(&self.counters.lower_bytes_written, n as u64);
+        }
+        inc(&c.pages_written);
+        inc(&self.cache.nbw.fetches_on_writeback);
+        let id = (job.file_id, index);
+        if history.written.contains(&id) {
+            inc(&c.repeated_pages);
+        } else if history.written.len() < MAX_REMEMBERED {
+            history.written.insert(id);
+        }
+        Ok(())
+    }
+
     /// Step 3: one transaction over every file of the batch, all locked in object order.
     fn commit_batch(&self, jobs: &[BatchFile<L>]) -> FsResult<u64> {
         // Jobs are in record-frame order (`snapshot`), the order several file locks are taken.
@@ -582,6 +635,7 @@ impl<L: LowerFs> Engine<L> {
                 continue;
             }
             let mut gone_pages = BTreeMap::new();
+            self.patches_gone(st, clean.iter().copied());
             for index in clean {
                 let meta = st.pages.remove(&index).expect("page freed above");
                 gone_pages.insert(index, meta);

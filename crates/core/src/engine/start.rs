@@ -82,6 +82,10 @@ impl<L: LowerFs> Engine<L> {
             config.cache.high_pages = frames * 8 / 10;
             config.cache.low_pages = frames * 6 / 10;
         }
+        if config.cache.patch_limit == u64::MAX {
+            // The paper's 64 MiB of patch memory, at most an eighth of the region.
+            config.cache.patch_limit = (frames / 8).min(16_384);
+        }
         let root_key = lower.key(lower.root());
         // The journal names objects by file handle; without handles, changes are synced in
         // the lower file system instead.

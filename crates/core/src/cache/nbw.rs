@@ -1,0 +1,288 @@
+//! Non-blocking writes, engine side (design.md section 11.8; the FAST'15 paper): a write that
+//! covers part of a page that is not in NVRAM becomes a *patch* (`patch.rs`) inside the
+//! write's transaction instead of waiting for the page to be read from the lower file, so the
+//! write returns at NVRAM speed, atomic and durable as every other write.
+//!
+//! Rules (the content rule of section 11.1 gains the patch layer: a byte a patch covers is
+//! the patch's, the others are the lower file's below `valid`, else zero):
+//! - a patch is made only for a page that lies wholly below `valid` (a page reaching past it
+//!   needs at most a partial read, and its tail is zero by the rule anyway) and while fewer
+//!   than `patch_limit` patches exist; otherwise the page is fetched first, as with `--nbw
+//!   off`, and the reason is counted (`nbw.writer_waits`);
+//! - later writes to the page merge into its patch; one that completes the page turns it into
+//!   a dirty page without any read; one that would fragment the patch past its frame fetches;
+//! - `async-fg` and `async-bg` fetch patched pages after the write was answered (`fetch_patches`),
+//!   merging the patch in one transaction (a new dirty-page frame replaces the patch frame);
+//!   `lazy` never fetches for the patch's sake;
+//! - a read the patches cover is served from them; others read the lower file and overlay the
+//!   patch (that read is the page's fetch: `nbw.fetches_on_read`);
+//! - write-back writes only the patched bytes (`writeback.rs`); truncate drops or clips
+//!   patches like pages (P5: nothing at or beyond the size).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use lower::LowerFs;
+use txn::{FrameId, FrameTag};
+
+use super::counters::{Wait, inc};
+use super::ops::Cached;
+use super::patch::{KIND_PATCH, Merged, Patch};
+use super::policy::Loc;
+use super::record::KIND_PAGE;
+use super::state::{self, CacheState};
+use super::{Nbw, PAGE};
+use crate::engine::Engine;
+use crate::error::FsResult;
+
+/// Queued fetches at most (a limit on the queue; a page not queued stays a patch, as in lazy).
+const MAX_QUEUED: usize = 1 << 16;
+
+/// What a cached write does to one page that is not already a whole dirty page in NVRAM,
+/// decided before its transaction (every lower read happens then).
+pub(super) enum Plan {
+    /// A new dirty page; `replaces` is the frame of the page's patch, freed in the same
+    /// transaction.
+    Page { page: u64, bytes: Box<[u8; PAGE as usize]>, loc: Loc, replaces: Option<FrameId> },
+    /// A new patch (`frame: None`) or the page's patch rewritten in place.
+    Patch { page: u64, patch: Patch, loc: Loc, frame: Option<FrameId> },
+}
+
+impl Plan {
+    pub(super) fn page(&self) -> u64 {
+        match self {
+            Plan::Page { page, .. } | Plan::Patch { page, .. } => *page,
+        }
+    }
+
+    pub(super) fn loc(&self) -> Loc {
+        match self {
+            Plan::Page { loc, .. } | Plan::Patch { loc, .. } => *loc,
+        }
+    }
+
+    /// A page new to NVRAM (it takes a place in the zone tables).
+    pub(super) fn is_new(&self) -> bool {
+        matches!(self, Plan::Page { replaces: None, .. } | Plan::Patch { frame: None, .. })
+    }
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// Phase 1 of a cached write (`ops.rs`): the plan of every page of `offset..+data` that is
+    /// not a whole dirty page already. Partial pages not in NVRAM become patches where the
+    /// rules allow, else are fetched (`cache.fetches`).
+    pub(super) fn plan_write(
+        &self,
+        cf: &Cached<L>,
+        st: &mut CacheState,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<Vec<Plan>> {
+        let size_after = st.rec.size.max(offset + data.len() as u64);
+        let mode = self.cache.config.nbw;
+        let mut plans = Vec::new();
+        for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
+            let piece = &data[done..done + n];
+            let base = page * PAGE;
+            let limit = (size_after - base).min(PAGE) as usize;
+            if let Some(p) = st.patches.get(&page) {
+                let meta = st.pages[&page];
+                let replaces = Some(meta.frame);
+                plans.push(match p.merge(in_page, piece, limit) {
+                    Merged::Patch(patch) => {
+                        Plan::Patch { page, patch, loc: meta.loc, frame: Some(meta.frame) }
+                    }
+                    Merged::Page(bytes) => {
+                        inc(&self.cache.nbw.pages_completed_without_fetch);
+                        Plan::Page { page, bytes, loc: meta.loc, replaces }
+                    }
+                    Merged::TooLarge => {
+                        self.wait_for(Wait::Fragmented);
+                        let mut bytes = self.fetch_page(cf, st, page)?;
+                        p.apply(&mut bytes[..]);
+                        bytes[in_page..in_page + n].copy_from_slice(piece);
+                        Plan::Page { page, bytes, loc: meta.loc, replaces }
+                    }
+                });
+                continue;
+            }
+            if st.pages.contains_key(&page) {
+                continue; // a whole dirty page: updated in place
+            }
+            let loc = {
+                let extents = self.extents(cf, st);
+                state::locate(extents, cf.object.0, page, &self.cache.tables().all)
+            };
+            let mut bytes = Box::new([0u8; PAGE as usize]);
+            if n < PAGE as usize && base < st.rec.valid {
+                let below = base + PAGE <= st.rec.valid;
+                let planned = plans.iter().filter(|p| matches!(p, Plan::Patch { .. })).count();
+                let patches = self.cache.nbw.patches.load(Ordering::Relaxed) + planned as u64;
+                let room = patches < self.cache.config.patch_limit;
+                // (A write of nearly a whole page does not fit a patch frame: it fetches.)
+                let merged = (mode != Nbw::Off && below && room)
+                    .then(|| Patch::new(page).merge(in_page, piece, limit));
+                if let Some(Merged::Patch(patch)) = merged {
+                    plans.push(Plan::Patch { page, patch, loc, frame: None });
+                    continue;
+                }
+                self.wait_for(match (mode, below, room) {
+                    (Nbw::Off, _, _) => Wait::Off,
+                    (_, false, _) => Wait::PastValid,
+                    (_, _, false) => Wait::PatchLimit,
+                    _ => Wait::Fragmented,
+                });
+                bytes = self.fetch_page(cf, st, page)?;
+            }
+            bytes[in_page..in_page + n].copy_from_slice(piece);
+            plans.push(Plan::Page { page, bytes, loc, replaces: None });
+        }
+        Ok(plans)
+    }
+
+    fn wait_for(&self, why: Wait) {
+        inc(&self.cache.nbw.writer_waits[why as usize]);
+    }
+
+    /// The page as the lower file holds it: bytes below `valid`, zeros beyond
+    /// (`cache.fetches`).
+    pub(super) fn fetch_page(
+        &self,
+        cf: &Cached<L>,
+        st: &CacheState,
+        page: u64,
+    ) -> FsResult<Box<[u8; PAGE as usize]>> {
+        let mut bytes = Box::new([0u8; PAGE as usize]);
+        let base = page * PAGE;
+        if base < st.rec.valid {
+            let want = (st.rec.valid - base).min(PAGE) as usize;
+            let io = self.cache_io(cf)?;
+            self.lower.read_full(io, base, &mut bytes[..want])?;
+            inc(&self.cache.counters.fetches);
+        }
+        Ok(bytes)
+    }
+
+    /// After a write's commit: its new and changed patches wait for an asynchronous fetch
+    /// (`async-fg`, `async-bg`).
+    pub(super) fn queue_fetches(&self, object: u64, pages: impl IntoIterator<Item = u64>) {
+        if !matches!(self.cache.config.nbw, Nbw::AsyncFg | Nbw::AsyncBg) {
+            return;
+        }
+        let mut q = self.cache.fetches.lock();
+        for page in pages {
+            if q.len() < MAX_QUEUED {
+                q.push_back((object, page));
+            }
+        }
+    }
+
+    /// `async-fg`: called by the thread that served a write, after it answered: the patches
+    /// queued so far are fetched now (the writer does not wait for them).
+    pub fn after_write_answered(&self) {
+        if self.cache.config.nbw == Nbw::AsyncFg {
+            self.fetch_patches(usize::MAX);
+        }
+    }
+
+    /// Fetches and merges up to `max` queued patched pages (the asynchronous modes; the
+    /// background fetcher of `async-bg` calls it in a loop); returns how many were merged.
+    /// A failed fetch leaves the patch (it is still correct) and says so on stderr.
+    pub fn fetch_patches(&self, max: usize) -> usize {
+        let mut merged = 0;
+        for _ in 0..max {
+            let Some((object, page)) = self.cache.fetches.lock().pop_front() else { break };
+            let Some(cf) = self.cache.by_object(object) else { continue };
+            match self.complete_patch(&cf, page) {
+                Ok(true) => {
+                    merged += 1;
+                    inc(&self.cache.nbw.fetches_async);
+                }
+                Ok(false) => {}
+                Err(e) => eprintln!("nvstack: fetching a patched page: {e}"),
+            }
+        }
+        merged
+    }
+
+    /// Patched pages waiting for an asynchronous fetch.
+    pub fn fetches_queued(&self) -> usize {
+        self.cache.fetches.lock().len()
+    }
+
+    /// Reads page `page` of `cf` from the lower file, applies its patch and makes it a dirty
+    /// page (one transaction: a new page frame, the patch frame freed). `false` when the page
+    /// has no patch (any more).
+    pub(super) fn complete_patch(&self, cf: &Arc<Cached<L>>, page: u64) -> FsResult<bool> {
+        let mut st = cf.lock();
+        if st.gone {
+            return Ok(false);
+        }
+        let Some(patch) = st.patches.get(&page).cloned() else { return Ok(false) };
+        let old = st.pages[&page].frame;
+        let mut bytes = self.fetch_page(cf, &st, page)?;
+        patch.apply(&mut bytes[..]);
+        let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: page };
+        let frame = self.atomically(|tx| {
+            let frame = tx.alloc_frame(tag)?;
+            tx.write(self.pool.frame_offset(frame), &bytes[..]);
+            tx.free_frame(old)?;
+            Ok(frame)
+        })?;
+        let tick = self.cache.tick();
+        let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
+        meta.frame = frame;
+        // The content did not change, but a write-back that copied the patch must not free
+        // the page it no longer knows.
+        meta.version = tick;
+        st.patches.remove(&page);
+        self.cache.nbw.patch_removed(patch.len());
+        self.fail("nbw.merged");
+        Ok(true)
+    }
+
+    /// The patches of pages that left NVRAM (their transaction committed).
+    pub(super) fn patches_gone(&self, st: &mut CacheState, pages: impl IntoIterator<Item = u64>) {
+        for page in pages {
+            if let Some(p) = st.patches.remove(&page) {
+                self.cache.nbw.patch_removed(p.len());
+            }
+        }
+    }
+
+    /// Phase 2 of a cached write for its plans (inside the write's transaction): the frames
+    /// of new pages and patches, in plan order (`None` for a patch rewritten in place).
+    pub(super) fn write_plans(
+        &self,
+        tx: &mut txn::Tx<'_>,
+        object: FrameId,
+        plans: &[Plan],
+    ) -> Result<Vec<Option<FrameId>>, txn::TxError> {
+        let pool = &self.pool;
+        let mut frames = Vec::with_capacity(plans.len());
+        for plan in plans {
+            match plan {
+                Plan::Page { page, bytes, replaces, .. } => {
+                    let tag = FrameTag { kind: KIND_PAGE, owner: object.0, index: *page };
+                    let frame = tx.alloc_frame(tag)?;
+                    tx.write(pool.frame_offset(frame), &bytes[..]);
+                    if let Some(old) = replaces {
+                        tx.free_frame(*old)?;
+                    }
+                    frames.push(Some(frame));
+                }
+                Plan::Patch { patch, frame: Some(f), .. } => {
+                    tx.update(pool.frame_offset(*f), &patch.encode())?;
+                    frames.push(None);
+                }
+                Plan::Patch { page, patch, frame: None, .. } => {
+                    let tag = FrameTag { kind: KIND_PATCH, owner: object.0, index: *page };
+                    let frame = tx.alloc_frame(tag)?;
+                    tx.write(pool.frame_offset(frame), &patch.encode());
+                    frames.push(Some(frame));
+                }
+            }
+        }
+        Ok(frames)
+    }
+}

@@ -1,0 +1,273 @@
+//! Non-blocking writes (design.md section 11.8) at the engine's boundary, over the in-memory
+//! lower file system with temp files off: partial writes to pages not in NVRAM become patches
+//! without reading the page; reads the patches cover are served without the lower file;
+//! later writes merge or complete a patch; truncates clip it; the asynchronous fetch merges
+//! it; write-back writes only its bytes; a restart finds it again; the patch limit and
+//! fragmentation fall back to reading the page - and a seeded model of small unaligned writes,
+//! reads, truncates, fetches, write-backs and restarts in every mode agrees with the engine at
+//! every step and with the lower file after the last write-back.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
+use lower::{Creds, LowerFs, MemLower, SetAttr};
+use nvram::{FormatParams, SimRegion};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use txn::{Consistency, Pool};
+
+const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
+const PAGE: usize = 4096;
+
+fn region(frames: u64) -> Arc<SimRegion> {
+    let params = FormatParams {
+        region_size: 12288 + 4 * 65536 + 4096 + frames * 4096,
+        undo_slots: 4,
+        undo_slot_size: 65536,
+    };
+    let region = Arc::new(SimRegion::new(params.region_size));
+    Pool::format(&*region, params).unwrap();
+    region
+}
+
+fn start(lower: &MemLower, region: &Arc<SimRegion>, cache: CacheConfig) -> Engine<MemLower> {
+    let pool = Pool::open(region.clone(), Consistency::Undo).unwrap().0;
+    let config = EngineConfig {
+        temp: TempConfig { enabled: false, ..TempConfig::default() },
+        cache,
+        ..EngineConfig::default()
+    };
+    Engine::new(lower.clone(), pool, config).unwrap()
+}
+
+fn nbw(mode: Nbw) -> CacheConfig {
+    CacheConfig { nbw: mode, writeback_on_unmount: false, ..CacheConfig::default() }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+fn lower_file(lower: &MemLower, content: &[u8]) {
+    let (_, _, f) =
+        lower.create(&ROOT, lower.root(), OsStr::new("f"), 0o644, libc::O_RDWR).unwrap();
+    lower.write(&f, 0, content).unwrap();
+    lower.sync_all();
+}
+
+fn lower_content(lower: &MemLower) -> Vec<u8> {
+    let (node, attr) = lower.lookup(lower.root(), OsStr::new("f")).unwrap();
+    let f = lower.open(&node, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0u8; attr.size as usize];
+    let got = lower.read(&f, 0, &mut buf).unwrap();
+    buf.truncate(got);
+    buf
+}
+
+fn open(e: &Engine<MemLower>) -> (u64, u64) {
+    let id = e.lookup(e.root_id(), OsStr::new("f")).unwrap().node_id;
+    (id, e.open(id, libc::O_RDWR).unwrap())
+}
+
+fn read(e: &Engine<MemLower>, fh: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    e.read(fh, offset, len, |d| out.extend_from_slice(d)).unwrap();
+    out
+}
+
+fn write(e: &Engine<MemLower>, fh: u64, offset: usize, data: &[u8], model: &mut Vec<u8>) {
+    assert_eq!(e.write(fh, offset as u64, data, false).unwrap(), data.len());
+    if model.len() < offset + data.len() {
+        model.resize(offset + data.len(), 0);
+    }
+    model[offset..offset + data.len()].copy_from_slice(data);
+}
+
+#[test]
+fn a_partial_write_to_a_cold_page_is_a_patch_and_never_reads_it() {
+    let lower = MemLower::default();
+    let mut model = pattern(10 * PAGE, 1);
+    lower_file(&lower, &model);
+    let e = start(&lower, &region(128), nbw(Nbw::Lazy));
+    let (_, fh) = open(&e);
+    write(&e, fh, 5000, &[0xee; 100], &mut model);
+    write(&e, fh, 5200, &[0xdd; 50], &mut model); // merges into the page's patch
+    write(&e, fh, 3 * PAGE + 7, b"xyz", &mut model);
+    let st = e.stats();
+    assert_eq!((st.cache.fetches, st.nbw.patches_created, st.nbw.patches), (0, 2, 2));
+    assert_eq!(st.nbw.patch_bytes, 153);
+    // Covered by the patch: no lower read.
+    let before = st.lower.bytes_read;
+    assert_eq!(read(&e, fh, 5010, 40), vec![0xee; 40]);
+    let st = e.stats();
+    assert_eq!((st.lower.bytes_read, st.nbw.reads_served_from_patches), (before, 1));
+    // Not covered: the lower bytes with the patch over them.
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    assert!(e.stats().nbw.fetches_on_read >= 2);
+    // Completing the page turns the patch into a dirty page without any read.
+    write(&e, fh, 3 * PAGE, &[0x55; 7], &mut model);
+    write(&e, fh, 3 * PAGE + 10, &[0x66; PAGE - 10], &mut model);
+    let st = e.stats();
+    assert_eq!((st.nbw.pages_completed_without_fetch, st.nbw.patches, st.cache.fetches), (1, 1, 0));
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    assert_eq!(lower_content(&lower), pattern(10 * PAGE, 1), "nothing reached the lower file");
+    // Write-back writes only the patched bytes; the lower file is then the content.
+    let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert!(err.is_none(), "{err:?}");
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.nbw.patch_bytes, st.nbw.fetches_on_writeback), (0, 0, 1));
+    assert_eq!(lower_content(&lower), model);
+    e.check_cache().unwrap();
+}
+
+#[test]
+fn a_truncate_clips_a_patch_and_a_restart_finds_it_again() {
+    let lower = MemLower::default();
+    let mut model = pattern(8 * PAGE, 2);
+    lower_file(&lower, &model);
+    let r = region(128);
+    let e = start(&lower, &r, nbw(Nbw::Lazy));
+    let (id, fh) = open(&e);
+    write(&e, fh, 2 * PAGE + 100, &[1; 300], &mut model);
+    write(&e, fh, 5 * PAGE + 10, &[2; 20], &mut model);
+    // Cut inside the second patch: its bytes at and beyond the size go (P5).
+    let set = SetAttr { size: Some((5 * PAGE + 20) as u64), ..SetAttr::default() };
+    e.setattr(id, Some(fh), &set, false).unwrap();
+    model.truncate(5 * PAGE + 20);
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    assert_eq!(e.stats().nbw.patch_bytes, 310);
+    // Grown again: zeros beyond the cut, whatever the lower file still holds there.
+    write(&e, fh, 6 * PAGE, b"end", &mut model);
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    e.release(fh).unwrap();
+    e.forget(id, 1);
+    e.shutdown();
+    let e = start(&lower, &r, nbw(Nbw::Lazy));
+    let (_, fh) = open(&e);
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.nbw.patch_bytes), (2, 310), "patches found at start");
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    e.check_cache().unwrap();
+    let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert!(err.is_none());
+    assert_eq!(lower_content(&lower), model);
+}
+
+#[test]
+fn the_asynchronous_fetch_merges_a_patch_into_a_dirty_page() {
+    let lower = MemLower::default();
+    let mut model = pattern(4 * PAGE, 3);
+    lower_file(&lower, &model);
+    let e = start(&lower, &region(128), nbw(Nbw::AsyncBg));
+    let (_, fh) = open(&e);
+    write(&e, fh, 100, &[9; 10], &mut model);
+    write(&e, fh, PAGE + 100, &[8; 10], &mut model);
+    assert_eq!(e.fetches_queued(), 2);
+    assert_eq!(e.fetch_patches(usize::MAX), 2);
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.nbw.fetches_async, st.cache.fetches), (0, 2, 2));
+    assert_eq!(st.writeback.pages_dirty, 2);
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    e.check_cache().unwrap();
+}
+
+#[test]
+fn at_the_patch_limit_and_when_fragmented_the_writer_reads_the_page() {
+    let lower = MemLower::default();
+    let mut model = pattern(16 * PAGE, 4);
+    lower_file(&lower, &model);
+    let e = start(&lower, &region(128), CacheConfig { patch_limit: 2, ..nbw(Nbw::Lazy) });
+    let (_, fh) = open(&e);
+    for p in 0..4 {
+        write(&e, fh, p * PAGE + 1, b"ab", &mut model);
+    }
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.cache.fetches), (2, 2));
+    assert_eq!(st.nbw.writer_wait_reasons["patch_limit"], 2);
+    // 65 fragments do not fit one patch (MAX_RANGES = 64): the page is read and merged.
+    for i in 0..65 {
+        write(&e, fh, i * 8, b"z", &mut model);
+    }
+    let st = e.stats();
+    assert_eq!(st.nbw.writer_wait_reasons["fragmented"], 1);
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    e.check_cache().unwrap();
+}
+
+/// A seeded model of one file under every mode: small unaligned writes (mostly below 4 KiB),
+/// reads compared at random places, truncates, fetches, write-backs, restarts.
+#[test]
+fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
+    for (seed, mode) in [(1, Nbw::Lazy), (2, Nbw::AsyncBg), (3, Nbw::AsyncFg), (4, Nbw::Off)] {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let lower = MemLower::default();
+        let mut model = pattern(64 * PAGE, seed as u8);
+        lower_file(&lower, &model);
+        let r = region(256);
+        let mut e = start(&lower, &r, CacheConfig { patch_limit: 24, ..nbw(mode) });
+        let (mut id, mut fh) = open(&e);
+        // Counters of the engines before the last restart.
+        let (mut created, mut fetched) = (0, 0);
+        for step in 0..1500 {
+            match rng.random_range(0..100) {
+                0..70 => {
+                    let len =
+                        [1, 7, 128, 512, 1000, 2048, 4000, 4096, 5000][rng.random_range(0..9)];
+                    let off = rng.random_range(0..70 * PAGE);
+                    let byte: u8 = rng.random();
+                    write(&e, fh, off, &vec![byte; len], &mut model);
+                    if mode == Nbw::AsyncFg {
+                        e.after_write_answered();
+                    }
+                }
+                70..85 => {
+                    let off = rng.random_range(0..model.len() + 100);
+                    let len = rng.random_range(1..3 * PAGE);
+                    let got = read(&e, fh, off as u64, len as u32);
+                    let end = (off + len).min(model.len());
+                    let want = if off < model.len() { &model[off..end] } else { &[][..] };
+                    assert_eq!(got, want, "seed {seed} step {step}: read {off}+{len}");
+                }
+                85..89 => {
+                    let size = rng.random_range(0..72 * PAGE);
+                    let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
+                    e.setattr(id, Some(fh), &set, false).unwrap();
+                    model.resize(size, 0);
+                }
+                89..94 => {
+                    e.fetch_patches(rng.random_range(1..8));
+                }
+                94..98 => {
+                    let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+                    assert!(err.is_none(), "seed {seed} step {step}: {err:?}");
+                }
+                _ => {
+                    let st = e.stats().nbw;
+                    (created, fetched) = (created + st.patches_created, fetched + st.fetches_async);
+                    e.release(fh).unwrap();
+                    e.forget(id, 1);
+                    e.shutdown();
+                    e = start(&lower, &r, CacheConfig { patch_limit: 24, ..nbw(mode) });
+                    (id, fh) = open(&e);
+                }
+            }
+            if step % 50 == 0 {
+                e.check_cache().unwrap_or_else(|m| panic!("seed {seed} step {step}: {m}"));
+                assert_eq!(read(&e, fh, 0, 1 << 20).len(), model.len());
+            }
+        }
+        assert_eq!(read(&e, fh, 0, 1 << 20), model, "seed {seed}: the whole file");
+        let st = e.stats().nbw;
+        (created, fetched) = (created + st.patches_created, fetched + st.fetches_async);
+        match mode {
+            Nbw::Off => assert_eq!(created, 0),
+            Nbw::Lazy => assert!(created > 50 && fetched == 0, "seed {seed}: {created} {fetched}"),
+            _ => assert!(created > 50 && fetched > 20, "seed {seed}: {created} {fetched}"),
+        }
+        let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+        assert!(err.is_none());
+        assert_eq!(lower_content(&lower), model, "seed {seed}: the lower file after write-back");
+        eprintln!("{mode:?}: {created} patches, {fetched} fetched asynchronously; {st:?}");
+    }
+}
