@@ -56,12 +56,18 @@ fn open_region(path: &Path, options: MmapOptions) -> MmapRegion {
     }
 }
 
-/// A region with one committed frame and one transaction that never ended (the process "died").
-fn region_with_unfinished_transaction(dir: &Path) -> PathBuf {
+/// A region formatted in `dir` and opened.
+fn formatted(dir: &Path) -> (PathBuf, Pool) {
     let path = dir.join("region");
     assert!(format(&path).status.success());
     let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
     let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    (path, pool)
+}
+
+/// A region with one committed frame and one transaction that never ended (the process "died").
+fn region_with_unfinished_transaction(dir: &Path) -> PathBuf {
+    let (path, pool) = formatted(dir);
     let mut tx = pool.begin();
     let frame = tx.alloc_frame(FrameTag { kind: 1, owner: 1, index: 0 }).unwrap();
     tx.write(pool.frame_offset(frame), b"committed");
@@ -255,10 +261,7 @@ fn the_demo_runs_and_recovers() {
 /// leaves them), and the frame of the second.
 fn region_with_journal_records(dir: &Path) -> (PathBuf, u64) {
     use engine::journal::record::{KIND_REDO, Op, Redo};
-    let path = dir.join("region");
-    assert!(format(&path).status.success());
-    let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
-    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let (path, pool) = formatted(dir);
     let mut offset = 0;
     for (seq, op, name) in [(7, Op::Mkdir, "spool"), (8, Op::Create, "message")] {
         let mut redo = Redo::new(op);
@@ -375,10 +378,7 @@ fn check_and_inspect_list_and_verify_a_block_cache() {
 fn region_with_a_patch(dir: &Path) -> (PathBuf, u64) {
     use engine::cache::patch::{KIND_PATCH, Merged, Patch};
     use engine::cache::record::{KIND_RECORD, Record};
-    let path = dir.join("region");
-    assert!(format(&path).status.success());
-    let region: Arc<dyn Region> = Arc::new(open_region(&path, MmapOptions::default()));
-    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let (path, pool) = formatted(dir);
     let rec = Record {
         size: 3 * 4096,
         valid: 3 * 4096,

@@ -5,30 +5,22 @@
 //! files' pages dropped, recovery of dirty pages after a restart, the operations that need the
 //! lower file clean (O_DIRECT, fallocate, copy_file_range), --max-dirty-age, and a full NVRAM.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::region;
 use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
 use lower::{Creds, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
-use nvram::{FormatParams, SimRegion};
+use nvram::SimRegion;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use txn::{Consistency, Pool};
 
 const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
 const PAGE: usize = 4096;
-
-fn region(frames: u64) -> Arc<SimRegion> {
-    let params = FormatParams {
-        region_size: 12288 + 4 * 65536 + 4096 + frames * 4096,
-        undo_slots: 4,
-        undo_slot_size: 65536,
-    };
-    let region = Arc::new(SimRegion::new(params.region_size));
-    Pool::format(&*region, params).unwrap();
-    region
-}
 
 fn config(cache: CacheConfig) -> EngineConfig {
     EngineConfig {

@@ -220,6 +220,35 @@ fn check_point(s: &mut Sweep, point: &nvram::CrashPoint<'_>) -> Result<(), Strin
     Ok(())
 }
 
+/// The lower tree of the workloads: directory d and, with `victims`, a lower file `victim` in
+/// both directories, durable.
+fn lower_tree(victims: bool) -> MemLower {
+    let lower = MemLower::default();
+    let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
+    for dir in [lower.root(), &d].into_iter().filter(|_| victims) {
+        let (_, _, f) =
+            lower.create(&ROOT, dir, OsStr::new("victim"), 0o644, libc::O_RDWR).unwrap();
+        lower.write(&f, 0, b"lower victim").unwrap();
+    }
+    lower.sync_all();
+    lower
+}
+
+/// An engine over a fresh simulated region in `mode`, and the ids of the root and of d.
+fn start_fresh(
+    lower: &MemLower,
+    mode: Consistency,
+    seed: u64,
+) -> (Arc<SimRegion>, Engine<MemLower>, [u64; 2]) {
+    let region = Arc::new(SimRegion::new(params().region_size));
+    Pool::format(&*region, params()).unwrap();
+    let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+    let engine = Engine::new(lower.clone(), pool, config(seed)).unwrap();
+    let dirs =
+        [engine.root_id(), engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id];
+    (region, engine, dirs)
+}
+
 /// The seeded generator of the workload (replayable by seed).
 struct Rng(rand_chacha::ChaCha8Rng);
 impl Rng {
@@ -318,21 +347,8 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
 }
 
 fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
-    let lower = MemLower::default();
-    // The lower tree: directory d and a lower file `victim` in both directories, durable.
-    let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
-    for dir in [lower.root(), &d] {
-        let (_, _, f) =
-            lower.create(&ROOT, dir, OsStr::new("victim"), 0o644, libc::O_RDWR).unwrap();
-        lower.write(&f, 0, b"lower victim").unwrap();
-    }
-    lower.sync_all();
-    let region = Arc::new(SimRegion::new(params().region_size));
-    Pool::format(&*region, params()).unwrap();
-    let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
-    let engine = Engine::new(lower.clone(), pool, config(seed)).map_err(|e| e.to_string())?;
-    let dir_d = engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id;
-    let dirs = [engine.root_id(), dir_d];
+    let lower = lower_tree(true);
+    let (region, engine, dirs) = start_fresh(&lower, Consistency::Undo, seed);
     let state =
         Arc::new(Mutex::new(Sweep { seed, lower: Some(lower.clone()), ..Sweep::default() }));
     state.lock().unwrap().before = view(&engine)?;
@@ -469,15 +485,8 @@ fn every_crash_point_of_a_temp_namespace_change_keeps_the_directory_mtime() {
     };
     let (mut points, mut changed) = (0usize, 0usize);
     for seed in seeds {
-        let lower = MemLower::default();
-        lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap();
-        lower.sync_all();
-        let region = Arc::new(SimRegion::new(params().region_size));
-        Pool::format(&*region, params()).unwrap();
-        let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
-        let engine = Engine::new(lower.clone(), pool, config(seed)).unwrap();
-        let dirs =
-            [engine.root_id(), engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id];
+        let lower = lower_tree(false);
+        let (region, engine, dirs) = start_fresh(&lower, Consistency::Undo, seed);
         let seen: Seen = Arc::new(Mutex::new((false, Vec::new())));
         let hook_seen = Arc::clone(&seen);
         let hook_lower = lower.clone();
@@ -580,20 +589,8 @@ fn every_crash_point_in_journal_mode_recovers_to_a_state_since_the_last_group_co
     };
     let (mut points, mut lost_ops) = (0usize, 0usize);
     for seed in seeds {
-        let lower = MemLower::default();
-        let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
-        for dir in [lower.root(), &d] {
-            let (_, _, f) =
-                lower.create(&ROOT, dir, OsStr::new("victim"), 0o644, libc::O_RDWR).unwrap();
-            lower.write(&f, 0, b"lower victim").unwrap();
-        }
-        lower.sync_all();
-        let region = Arc::new(SimRegion::new(params().region_size));
-        Pool::format(&*region, params()).unwrap();
-        let (pool, _) = Pool::open(region.clone(), Consistency::Journal).unwrap();
-        let engine = Engine::new(lower.clone(), pool, config(seed)).unwrap();
-        let dirs =
-            [engine.root_id(), engine.lookup(engine.root_id(), OsStr::new("d")).unwrap().node_id];
+        let lower = lower_tree(true);
+        let (region, engine, dirs) = start_fresh(&lower, Consistency::Journal, seed);
         let seen: Seen = Arc::new(Mutex::new((false, Vec::new())));
         let hook_seen = Arc::clone(&seen);
         let hook_lower = lower.clone();

@@ -7,29 +7,21 @@
 //! reads, truncates, fetches, write-backs and restarts in every mode agrees with the engine at
 //! every step and with the lower file after the last write-back.
 
+mod common;
+
 use std::ffi::OsStr;
 use std::sync::Arc;
 
+use common::region;
 use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
 use lower::{Creds, LowerFs, MemLower, SetAttr};
-use nvram::{FormatParams, SimRegion};
+use nvram::SimRegion;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use txn::{Consistency, Pool};
 
 const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
 const PAGE: usize = 4096;
-
-fn region(frames: u64) -> Arc<SimRegion> {
-    let params = FormatParams {
-        region_size: 12288 + 4 * 65536 + 4096 + frames * 4096,
-        undo_slots: 4,
-        undo_slot_size: 65536,
-    };
-    let region = Arc::new(SimRegion::new(params.region_size));
-    Pool::format(&*region, params).unwrap();
-    region
-}
 
 fn start(lower: &MemLower, region: &Arc<SimRegion>, cache: CacheConfig) -> Engine<MemLower> {
     let pool = Pool::open(region.clone(), Consistency::Undo).unwrap().0;

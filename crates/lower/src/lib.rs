@@ -175,40 +175,7 @@ pub fn walk_for_dir<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) ->
 
 /// Breadth-first search from the root for an object of any kind whose file handle is `handle`.
 pub fn walk_for_any<L: LowerFs + ?Sized>(fs: &L, handle: &[u8], limit: usize) -> Result<L::Node> {
-    let (root, _) = fs.lookup(fs.root(), OsStr::new("."))?;
-    if fs.file_handle(&root)? == handle {
-        return Ok(root);
-    }
-    let root_dev = fs.key(fs.root()).0;
-    let mut queue = std::collections::VecDeque::from([root]);
-    let mut visited = 0usize;
-    while let Some(dir) = queue.pop_front() {
-        visited += 1;
-        if visited > limit {
-            break;
-        }
-        let stream = fs.opendir(&dir)?;
-        let mut names = Vec::new();
-        fs.readdir(&stream, 0, &mut |e| {
-            if e.name != "." && e.name != ".." {
-                names.push(e.name);
-            }
-            true
-        })?;
-        for name in names {
-            let Ok((node, attr)) = fs.lookup(&dir, &name) else { continue };
-            if fs.key(&node).0 != root_dev {
-                continue;
-            }
-            if fs.file_handle(&node)? == handle {
-                return Ok(node);
-            }
-            if attr.kind() == FileKind::Directory {
-                queue.push_back(node);
-            }
-        }
-    }
-    Err(Errno(libc::ENOENT))
+    walk(fs, limit, |_| true, |node, _| Ok(fs.file_handle(node)? == handle))
 }
 
 /// Breadth-first search from the root for the object of kind `want` with `handle`, visiting
@@ -219,8 +186,34 @@ pub fn walk_for_handle<L: LowerFs + ?Sized>(
     limit: usize,
     want: FileKind,
 ) -> Result<L::Node> {
+    walk(
+        fs,
+        limit,
+        |kind| matches!(kind, Some(FileKind::Directory) | None) || kind == Some(want),
+        |node, kind| {
+            if kind != want {
+                return Ok(false);
+            }
+            let found = match want {
+                FileKind::Directory => fs.dir_handle(node)?,
+                _ => fs.file_handle(node)?,
+            };
+            Ok(found == handle)
+        },
+    )
+}
+
+/// Breadth-first search from the root (included) for the first object `is_it` accepts, over
+/// the entries `look_at` accepts by their kind (unknown: `None`), on the root's file system
+/// only, visiting at most `limit` directories.
+fn walk<L: LowerFs + ?Sized>(
+    fs: &L,
+    limit: usize,
+    look_at: impl Fn(Option<FileKind>) -> bool,
+    is_it: impl Fn(&L::Node, FileKind) -> Result<bool>,
+) -> Result<L::Node> {
     let (root, _) = fs.lookup(fs.root(), OsStr::new("."))?;
-    if want == FileKind::Directory && fs.dir_handle(&root)? == handle {
+    if is_it(&root, FileKind::Directory)? {
         return Ok(root);
     }
     let root_dev = fs.key(fs.root()).0;
@@ -234,8 +227,7 @@ pub fn walk_for_handle<L: LowerFs + ?Sized>(
         let stream = fs.opendir(&dir)?;
         let mut names = Vec::new();
         fs.readdir(&stream, 0, &mut |e| {
-            let wanted = matches!(e.kind, Some(FileKind::Directory) | None) || e.kind == Some(want);
-            if e.name != "." && e.name != ".." && wanted {
+            if e.name != "." && e.name != ".." && look_at(e.kind) {
                 names.push(e.name);
             }
             true
@@ -245,11 +237,7 @@ pub fn walk_for_handle<L: LowerFs + ?Sized>(
             if fs.key(&node).0 != root_dev {
                 continue;
             }
-            let found = match want {
-                FileKind::Directory => fs.dir_handle(&node),
-                _ => fs.file_handle(&node),
-            };
-            if attr.kind() == want && found? == handle {
+            if is_it(&node, attr.kind())? {
                 return Ok(node);
             }
             if attr.kind() == FileKind::Directory {

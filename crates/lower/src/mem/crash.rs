@@ -154,21 +154,7 @@ impl MemLower {
     /// state (rule 7).
     #[must_use]
     pub fn crash_with(&self, seed: u64) -> MemLower {
-        let st = self.fs.lock();
-        let mut rng = SplitMix64(seed);
-        let inos: BTreeSet<u64> = st.live.keys().chain(st.durable.keys()).copied().collect();
-        let mut versions = BTreeMap::new();
-        for ino in inos {
-            let version = match (st.durable.get(&ino), st.live.get(&ino)) {
-                (Some(d), Some(l)) => mix(d, l, &mut rng),
-                (None, Some(l)) => mix(&l.skeleton(), l, &mut rng),
-                (Some(d), None) => d.clone(),
-                (None, None) => unreachable!("from the union of both"),
-            };
-            versions.insert(ino, version);
-        }
-        drop(st);
-        self.image(versions)
+        self.crash_mixed(seed, false)
     }
 
     /// A power cut of a journaling file system (ext4, xfs, btrfs): its namespace commits in
@@ -177,28 +163,28 @@ impl MemLower {
     /// model), while file data and attributes are a seeded per-object mix as in `crash_with`.
     #[must_use]
     pub fn crash_ordered(&self, seed: u64) -> MemLower {
+        self.crash_mixed(seed, true)
+    }
+
+    /// `crash_with` (`ordered` false) or `crash_ordered`: files a seeded per-object mix;
+    /// directories too, or all as of the last sync or all as now.
+    fn crash_mixed(&self, seed: u64, ordered: bool) -> MemLower {
         let st = self.fs.lock();
         let mut rng = SplitMix64(seed);
-        let names_live = rng.coin();
+        let names_live = ordered && rng.coin();
         let inos: BTreeSet<u64> = st.live.keys().chain(st.durable.keys()).copied().collect();
         let mut versions = BTreeMap::new();
         for ino in inos {
             let (durable, live) = (st.durable.get(&ino), st.live.get(&ino));
             let is_dir = live.or(durable).is_some_and(|i| i.kind() == FileKind::Directory);
-            let version = if is_dir {
-                match (durable, live) {
-                    (_, Some(l)) if names_live => l.clone(),
-                    (Some(d), _) => d.clone(),
-                    (None, Some(l)) => l.skeleton(),
-                    (None, None) => unreachable!("from the union of both"),
-                }
-            } else {
-                match (durable, live) {
-                    (Some(d), Some(l)) => mix(d, l, &mut rng),
-                    (None, Some(l)) => mix(&l.skeleton(), l, &mut rng),
-                    (Some(d), None) => d.clone(),
-                    (None, None) => unreachable!("from the union of both"),
-                }
+            let version = match (durable, live) {
+                (_, Some(l)) if ordered && is_dir && names_live => l.clone(),
+                (Some(d), _) if ordered && is_dir => d.clone(),
+                (None, Some(l)) if ordered && is_dir => l.skeleton(),
+                (Some(d), Some(l)) => mix(d, l, &mut rng),
+                (None, Some(l)) => mix(&l.skeleton(), l, &mut rng),
+                (Some(d), None) => d.clone(),
+                (None, None) => unreachable!("from the union of both"),
             };
             versions.insert(ino, version);
         }
