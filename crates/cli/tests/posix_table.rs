@@ -1,5 +1,5 @@
 //! The POSIX conformance table (`nvstack-posixtest`, crate `crates/posixtest`) on the plain lower
-//! file system and on an nvstack mount over the same file system, in every consistency mode:
+//! file system and on an nvstack mount over the same file system, in every consistency mode and non-blocking-write mode:
 //! the normalized results of every case must be identical, except for the cases listed with a
 //! reason in `crates/posixtest/known-differences.txt`.
 //!
@@ -138,7 +138,7 @@ struct NvMount {
 }
 
 impl NvMount {
-    fn new(lower: &Path, mnt: &Path, consistency: &str, tempfiles: &str) -> NvMount {
+    fn new(lower: &Path, mnt: &Path, consistency: &str, tempfiles: &str, nbw: &str) -> NvMount {
         let shm =
             tempfile::Builder::new().prefix("nvstack-posix-table").tempdir_in("/dev/shm").unwrap();
         let nvram = shm.path().join("region");
@@ -148,7 +148,8 @@ impl NvMount {
             .arg(mnt)
             .arg("--nvram")
             .arg(&nvram)
-            .args(["--size", "64M", "--consistency", consistency, "--tempfiles", tempfiles]));
+            .args(["--size", "64M", "--consistency", consistency, "--tempfiles", tempfiles])
+            .args(["--nbw", nbw]));
         let out = text(&o);
         assert!(
             !out.contains("unrecognized subcommand"),
@@ -227,8 +228,17 @@ fn posix_table_mount_matches_lower() {
     )
     .unwrap();
     let mut failures = Vec::new();
-    for (mode, tempfiles) in [("undo", "on"), ("none", "on"), ("undo", "off"), ("journal", "on")] {
-        let config = format!("{mode}-tempfiles-{tempfiles}");
+    // With temp files off every file is a lower file: its partial writes are patches in the
+    // non-blocking-write modes (lazy by default, async-bg) or fetches (off).
+    for (mode, tempfiles, nbw) in [
+        ("undo", "on", "lazy"),
+        ("none", "on", "lazy"),
+        ("undo", "off", "lazy"),
+        ("journal", "on", "lazy"),
+        ("undo", "off", "off"),
+        ("undo", "off", "async-bg"),
+    ] {
+        let config = format!("{mode}-tempfiles-{tempfiles}-nbw-{nbw}");
         let (lower, mnt) =
             (root.join(format!("lower-{config}")), root.join(format!("mnt-{config}")));
         for d in [&lower, &mnt] {
@@ -237,7 +247,7 @@ fn posix_table_mount_matches_lower() {
         }
         let out = results.path().join(format!("mount-{config}.jsonl"));
         {
-            let _mount = NvMount::new(&lower, &mnt, mode, tempfiles);
+            let _mount = NvMount::new(&lower, &mnt, mode, tempfiles, nbw);
             table(&runner, &mnt, &out);
         }
         let o = run(Command::new(&runner)
@@ -246,9 +256,10 @@ fn posix_table_mount_matches_lower() {
             .arg(&out)
             .arg("--known")
             .arg(if tempfiles == "on" { &known_temp } else { &known }));
-        eprintln!("--consistency {mode} --tempfiles {tempfiles}:\n{}", text(&o));
+        let what = format!("--consistency {mode} --tempfiles {tempfiles} --nbw {nbw}");
+        eprintln!("{what}:\n{}", text(&o));
         if !o.status.success() {
-            failures.push(format!("--consistency {mode} --tempfiles {tempfiles}:\n{}", text(&o)));
+            failures.push(format!("{what}:\n{}", text(&o)));
         }
     }
     assert!(failures.is_empty(), "the mount differs from the lower ext4:\n{}", failures.join("\n"));
