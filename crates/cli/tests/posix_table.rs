@@ -1,7 +1,7 @@
 //! The POSIX conformance table (`nvstack-posixtest`, crate `crates/posixtest`) on the plain lower
 //! file system and on an nvstack mount over the same file system, in every consistency mode
-//! and non-blocking-write mode: the normalized results of every case must be identical, except for the cases listed with a
-//! reason in `crates/posixtest/known-differences.txt`.
+//! and non-blocking-write mode: the normalized results of every case must be identical,
+//! except for the cases listed with a reason in `crates/posixtest/known-differences.txt`.
 //!
 //! The file system is a fresh ext4 on a loop device (a plain directory under /tmp when loop
 //! devices or mkfs.ext4 are unavailable; the test says so). Needs root and /dev/fuse.
