@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="hdd-7200")
     p.add_argument("--timing", choices=["sleep", "account"], default="account")
     p.add_argument("--nvram", default="256M")
+    p.add_argument("--flush-after-init", action="store_true", help="nvstack: `nvstack flush` "
+                   "after the application's files are made (their creation is then in the "
+                   "lower FS before the cut: a diagnostic variant, named ...-flushed)")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"))
     p.add_argument("--echo", action="store_true")
     p = sub.add_parser("load", help="the load test (not in CI): 8 Postmark instances and 2 fsx "
@@ -315,13 +318,24 @@ def cmd_powercut(args) -> int:
                                  device=args.device, timing=args.timing,
                                  workdir=args.workdir.resolve(),
                                  nvram_bytes=parse_size(args.nvram), cut_after=args.cut_after,
-                                 seed=seed, name=f"{fs_name}-{run_app}-seed{seed}",
-                                 echo=args.echo)
+                                 seed=seed, name=f"{fs_name}-{run_app}-seed{seed}"
+                                 + ("-flushed" if args.flush_after_init else ""),
+                                 flush_after_init=args.flush_after_init, echo=args.echo)
                 print(powercut.text([r]), flush=True)
                 results.append(r)
     archive.pack(out)
+    # a later invocation adds its cuts to the ones already there (same cut: replaced)
+    try:
+        doc = json.loads((out / "powercut.json").read_text())
+    except (OSError, ValueError):
+        doc = {"commands": [], "results": []}
+    key = lambda r: (r["fs"], r.get("app"), r.get("seed"),          # noqa: E731
+                     r.get("flush_after_init", False))
+    new = {key(r) for r in results}
+    results = [r for r in doc.get("results", []) if key(r) not in new] + results
+    commands = doc.get("commands", []) + [" ".join(sys.argv)]
     (out / "powercut.json").write_text(json.dumps(
-        {"command": " ".join(sys.argv), "results": results}, indent=2, sort_keys=True,
+        {"commands": commands, "results": results}, indent=2, sort_keys=True,
         default=str) + "\n")
     print(summary.powercut_text(results))
     summary.write(out)

@@ -125,7 +125,12 @@ def goals(lines: list[dict], recovery: list[dict]) -> list[dict]:
                             "value": ln["speedup"][f], "target": PAPER_GOAL,
                             "met": ln["speedup"][f] >= PAPER_GOAL})
     for rr in recovery_rows(recovery):
-        if rr["ratio"] is not None:
+        if rr["fs"].startswith("nvstack") and rr["status"] != "ok":
+            out.append({"goal": f"recovery <= {RECOVERY_GOAL:g}x ext4 data=journal replay",
+                        "device": rr["device"], "fs": rr["fs"], "value": None,
+                        "target": RECOVERY_GOAL, "met": False,
+                        "row": "recovery, full journal: FAILED (" + rr["reason"][:80] + ")"})
+        elif rr["ratio"] is not None:
             out.append({"goal": f"recovery <= {RECOVERY_GOAL:g}x ext4 data=journal replay",
                         "device": rr["device"], "fs": rr["fs"],
                         "row": "recovery, full journal" + (", lower FS lost every change"
@@ -164,8 +169,16 @@ def load_powercut(result_dir: Path) -> list[dict]:
         return []
 
 
-def _f(x, spec: str) -> str:
-    return "" if x is None else format(x, spec)
+# the per-operation columns after "KiB written/op" is inserted at index 2 (metric, format)
+PER_OP_CELLS = (("dev_requests_per_op", ".3f"), ("dev_flushes_per_op", ".3f"),
+                ("dev_busy_ms_per_op", ".3f"), ("nv_fsync_calls_per_op", ".2f"),
+                ("nv_fsync_waited_on_lower_per_op", ".3f"), ("nv_requests_per_op", ".1f"),
+                ("cpu_daemon_us_per_op", ",.0f"), ("cpu_app_us_per_op", ",.0f"),
+                ("host_cpu_busy_pct", ".0f"))
+
+
+def _f(x, spec: str, suffix: str = "") -> str:
+    return "" if x is None else format(x, spec) + suffix
 
 
 def markdown(rows: list[dict], result_dir: Path) -> list[str]:
@@ -186,17 +199,13 @@ def markdown(rows: list[dict], result_dir: Path) -> list[str]:
                 g = ln["per_fs"][f].get
                 base = " (baseline)" if f == ln["baseline"] else ""
                 kib = g("dev_bytes_written_per_op")
-                out.append(
-                    f"| {ln['name']} | {f}{base} | {_f(g('ops_per_second'), ',.0f')} | "
-                    f"{_f(ln['speedup'].get(f), ',.1f')}x | {_f(g('wall_seconds'), '.2f')} | "
-                    f"{_f(g('durable_seconds'), '.2f')} | "
-                    f"{_f(ln['speedup_wall'].get(f), ',.2f')}x | "
-                    f"{_f(g('dev_requests_per_op'), '.3f')} | {_f(g('dev_flushes_per_op'), '.3f')} | "
-                    f"{_f(kib / 1024 if kib is not None else None, '.2f')} | "
-                    f"{_f(g('dev_busy_ms_per_op'), '.3f')} | {_f(g('nv_fsync_calls_per_op'), '.2f')} | "
-                    f"{_f(g('nv_fsync_waited_on_lower_per_op'), '.3f')} | "
-                    f"{_f(g('nv_requests_per_op'), '.1f')} | {_f(g('cpu_daemon_us_per_op'), ',.0f')} | "
-                    f"{_f(g('cpu_app_us_per_op'), ',.0f')} | {_f(g('host_cpu_busy_pct'), '.0f')} |")
+                cells = [_f(g("ops_per_second"), ",.0f"), _f(ln["speedup"].get(f), ",.1f", "x"),
+                         _f(g("wall_seconds"), ".2f"), _f(g("durable_seconds"), ".2f"),
+                         _f(ln["speedup_wall"].get(f), ",.2f", "x")]
+                cells += [_f(g(m), spec) for m, spec in PER_OP_CELLS[:2]]
+                cells.append(_f(kib / 1024 if kib is not None else None, ".2f"))
+                cells += [_f(g(m), spec) for m, spec in PER_OP_CELLS[2:]]
+                out.append(f"| {ln['name']} | {f}{base} | " + " | ".join(cells) + " |")
         out.append("")
     if rec:
         out += recovery_markdown(rec)
@@ -208,7 +217,7 @@ def markdown(rows: list[dict], result_dir: Path) -> list[str]:
                 "|---|---|---|---|---:|---:|---|"]
         for g in gl:
             out.append(f"| {g['goal']} | {g['device']} | {g['row']} | {g['fs']} | "
-                       f"{g['value']:,.2f}x | {g['target']:g}x | "
+                       f"{_f(g['value'], ',.2f', 'x') or 'failed'} | {g['target']:g}x | "
                        f"{'yes' if g['met'] else '**no**'} |")
         out.append("")
     pc = load_powercut(result_dir)
@@ -222,8 +231,9 @@ def recovery_markdown(results: list[dict]) -> list[str]:
            "SIGKILL + `device cut`)", "",
            "| device | fs | fill | journal before the cut | ext4 journal blocks to replay | "
            "attach after the cut s | clean attach s | ext4 replay s | nvstack recovery mount s "
-           "| records replayed | recovery s | vs ext4 data=journal replay | status |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| records replayed | recovery s | vs ext4 data=journal replay | disk requests / busy s "
+           "at power on | status |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in recovery_rows(results):
         fill = (f"{r.get('fill_mib')} MiB data" if r.get("fill") == "data" else
                 f"{r.get('fill_ops', '')} metadata ops")
@@ -241,8 +251,18 @@ def recovery_markdown(results: list[dict]) -> list[str]:
                    f"{_f(r.get('ext4_replay_seconds'), '.2f')} | "
                    f"{_f(r.get('recovery_mount_seconds'), '.2f')} | "
                    f"{_f(r.get('replayed_at_mount'), ',')} | {_f(r['seconds'], '.2f')} | "
-                   f"{_f(r['ratio'], '.2f')}x | {r['status']} {r['reason'][:120]} |")
+                   f"{_f(r['ratio'], '.2f', 'x')} | {_disk(r)} | "
+                   f"{r['status']} {r['reason'][:300]} |")
     return out + [""]
+
+
+def _disk(r: dict) -> str:
+    """The modeled disk's requests and busy seconds from power on to the end of recovery (the
+    attach, ext4's replay and, for nvstack, its recovery mount)."""
+    d = r.get("device_after_recovery") or r.get("device_after_attach") or {}
+    if "requests" not in d:
+        return ""
+    return f"{d['requests']:,} / {d.get('busy_ms', 0) / 1000:.2f}"
 
 
 def powercut_markdown(results: list[dict]) -> list[str]:

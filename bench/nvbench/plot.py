@@ -277,13 +277,9 @@ def durability_figure(rows: list[dict], out_dir: Path, baseline: str,
     b.set_ylabel("disk requests per transaction (log)")
     b.set_title("Modeled disk requests per transaction", fontsize=9)
     m = rows[0]
-    fig.suptitle(f"{m['experiment']}: applications that wait for durability, device "
-                 f"{m['device']} (sleep timing){_nvram_text(rows)}", fontsize=9)
-    fig.tight_layout()
-    path = out_dir / f"{slug(m['experiment'])}-durability.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / f"{slug(m['experiment'])}-durability.png",
+                 f"{m['experiment']}: applications that wait for durability, device "
+                 f"{m['device']} (sleep timing){_nvram_text(rows)}")
 
 
 def speedup_figure(rows: list[dict], out_dir: Path) -> Path | None:
@@ -326,10 +322,14 @@ def speedup_figure(rows: list[dict], out_dir: Path) -> Path | None:
         ax.set_title(f"{dev} (sleep timing): red dashes = issue 13's goal", fontsize=9)
         ax.legend(fontsize=7, loc="upper right")
     m = rows[0]
-    fig.suptitle(f"{m['experiment']}: nvstack over ext4 vs ext4 alone, same device, same "
-                 f"durability{_nvram_text(rows)}", fontsize=9)
+    return _save(fig, out_dir / f"{slug(m['experiment'])}-speedup.png",
+                 f"{m['experiment']}: nvstack over ext4 vs ext4 alone, same device, same "
+                 f"durability{_nvram_text(rows)}")
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path = out_dir / f"{slug(m['experiment'])}-speedup.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -23,7 +23,9 @@ configuration (ext4 alone, or nvstack over ext4 in a consistency mode) and one a
      and `e2fsck -fn` of the image.
 
 The applications (APPS): sqlite3 synchronous=FULL in WAL and in rollback-journal (DELETE)
-mode (a transaction = COMMIT returned); the Maildir delivery (write tmp/N, fsync, rename into
+mode (a transaction = COMMIT returned), and DELETE with synchronous=EXTRA (FULL does not sync
+the unlink of the rollback journal that commits a DELETE-mode transaction; EXTRA fsyncs the
+directory after it); the Maildir delivery (write tmp/N, fsync, rename into
 new/, fsync new/); the editor (write doc.txt.tmp, fsync, rename over doc.txt; `editor` acks
 when the rename returned, which nvstack's undo mode makes durable, `editor-dirsync` after an
 fsync of the directory too, which is what ext4 and nvstack's journal mode promise).
@@ -46,7 +48,7 @@ from pathlib import Path
 from . import fs as fs_mod
 from . import nvstack
 from .shell import Shell
-from .util import BenchError, fmt_size, slug
+from .util import BenchError, failure_recorded, fmt_size, slug
 from .workloads import DURABLE_DRIVER
 from .workloads.durable import read_acks
 
@@ -57,6 +59,8 @@ KILL_WAIT_S = 10
 APPS: dict[str, tuple[str, list[str], str]] = {
     "sqlite-wal": ("sqlite", ["--journal-mode", "wal"], "sqlite-check"),
     "sqlite-delete": ("sqlite", ["--journal-mode", "delete"], "sqlite-check"),
+    "sqlite-delete-extra": ("sqlite", ["--journal-mode", "delete", "--synchronous", "extra"],
+                            "sqlite-check"),
     "maildir": ("maildir", [], "maildir-check"),
     "editor": ("editor", [], "editor-check"),
     "editor-dirsync": ("editor", ["--dir-fsync"], "editor-check"),
@@ -222,6 +226,18 @@ class Stack:
             sh.run(["fusermount3", "-uz", str(self.mnt)], check=False)
         return out
 
+    def device_stat(self) -> dict:
+        """`nvstack device stat --json` of the disk: requests, bytes, busy time since it was
+        attached ({} if it fails)."""
+        res = self.sh.run([self.nv, "device", "stat", str(self.lower_mnt), "--json"],
+                          check=False, timeout=60)
+        try:
+            doc = json.loads(res.stdout)
+        except ValueError:
+            return {}
+        return {k: doc[k] for k in ("requests", "reads", "writes", "flushes", "bytes_read",
+                                    "bytes_written", "busy_ms") if k in doc}
+
     def stat(self) -> dict:
         """`nvstack stat --json` of the mount ({} if it fails)."""
         res = self.sh.run([self.nv, "stat", str(self.mnt), "--json"], check=False, timeout=60)
@@ -290,10 +306,13 @@ class Stack:
 def run(out: Path, fs_name: str, *, app: str = "sqlite-wal", device: str = "hdd-7200",
         timing: str = "sleep", workdir: Path = Path("/var/tmp/nvbench-work"),
         nvram_bytes: int = 256 << 20, disk_bytes: int = 1 << 30, cut_after: float = 8.0,
-        seed: int = 1, name: str | None = None, echo: bool = False) -> dict:
+        seed: int = 1, name: str | None = None, flush_after_init: bool = False,
+        echo: bool = False) -> dict:
     """One power-cut run of `app` on `fs_name` (a kernel ext4 configuration or nvstack over
     one); writes OUT/<name>/result.json (returned; name = the configuration's by default),
-    repro.sh and the raw outputs."""
+    repro.sh and the raw outputs. `flush_after_init` (nvstack): `nvstack flush` once the
+    application's directory and files are made, so the cut finds them in the lower file
+    system (no replay of their creation; a diagnostic variant)."""
     kind, extra, check_kind = APPS[app]
     cfg = fs_mod.CONFIGS[fs_name]
     rundir = out / slug(name or fs_name)
@@ -301,9 +320,10 @@ def run(out: Path, fs_name: str, *, app: str = "sqlite-wal", device: str = "hdd-
     result = {"fs": fs_name, "label": cfg.label, "app": app, "device": device, "timing": timing,
               "consistency": (cfg.nvstack or {}).get("consistency"),
               "journal_mode": extra[1] if kind == "sqlite" else None,
-              "synchronous": "FULL" if kind == "sqlite" else None, "cut_after_s": cut_after,
+              "synchronous": (extra[3].upper() if len(extra) > 3 else "FULL")
+              if kind == "sqlite" else None, "cut_after_s": cut_after,
               "seed": seed, "nvram_bytes": nvram_bytes if cfg.nvstack else None,
-              "status": "ok", "reason": ""}
+              "flush_after_init": flush_after_init, "status": "ok", "reason": ""}
     why = Stack.missing(fs_name)
     if why:
         result.update(status="skipped", reason=why)
@@ -316,65 +336,63 @@ def run(out: Path, fs_name: str, *, app: str = "sqlite-wal", device: str = "hdd-
     appdir = stack.target / f"nvbench-{kind}"
     driver_argv = [sys.executable, str(DURABLE_DRIVER), kind, "--dir", str(appdir), *extra]
     try:
-        acks.unlink(missing_ok=True)
-        stack.create()
-        sh.run(["mkdir", "-p", str(appdir)])
-        sh.run([*driver_argv, "--init"], timeout=120)
-        sh.note(f"the application ({app}): transactions until the power cut, acknowledged "
-                f"ids -> {acks}")
-        driver = stack.spawn([*driver_argv, "--seconds", str(cut_after + 300), "--acks",
-                              str(acks)], "driver")
-        sh.log_only(f"sleep {cut_after}")
-        t_end = time.monotonic() + cut_after
-        while time.monotonic() < t_end:
-            if driver.poll() is not None:
-                raise BenchError(f"the {app} loop ended before the power cut (exit "
-                                 f"{driver.returncode}): {_tail(rundir / 'driver.stdout')} "
-                                 f"{_tail(rundir / 'driver.stderr')}")
-            time.sleep(0.05)
-        result.update(stack.cut(seed))
-        acked = read_acks(str(acks))
-        result["acknowledged_before_cut"] = len(acked)
-        result["tx_per_second_before_cut"] = round(len(acked) / cut_after, 1)
-        sh.note("power on: re-attach the image (ext4 replays its journal), mount nvstack again "
-                "(recovery)")
-        result["reattach_seconds"] = round(stack.reattach(), 2)
-        if cfg.nvstack:
-            result["recovery_mount_seconds"] = round(stack.mount_nvstack("recovery"), 2)
-        chk = sh.run([sys.executable, str(DURABLE_DRIVER), check_kind, "--dir", str(appdir),
-                      "--acks", str(acks)], check=False, timeout=600)
-        (rundir / "check.json").write_text(chk.stdout)
-        try:
-            check = json.loads(chk.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise BenchError(f"{check_kind} printed no result (exit {chk.returncode}): "
-                             f"{chk.stderr.strip()[-500:]}") from None
-        result["check"] = check
-        if check.get("error"):
-            raise BenchError(f"after the power cut: {check['error']}")
-        result.update(integrity_ok=check["integrity_ok"], acknowledged=check["acknowledged"],
-                      survived=check["survived"], lost=check["lost"], extra=check["extra"],
-                      present=check["present"])
-        result.update(stack.shutdown_checks())
-        problems = []
-        if not check["integrity_ok"]:
-            problems.append(f"integrity: {check.get('integrity_check') or check}")
-        if check["lost"]:
-            problems.append(f"{check['lost']} acknowledged transactions lost "
-                            f"(first: {check['lost_ids'][:5]})")
-        if check["unexpected"]:
-            problems.append(f"{check['unexpected']} transactions that were never issued")
-        if cfg.nvstack and result.get("nvstack_check_exit") != 0:
-            problems.append(f"nvstack check exit {result.get('nvstack_check_exit')}")
-        if result.get("e2fsck_exit") != 0:
-            problems.append(f"e2fsck -fn exit {result.get('e2fsck_exit')}")
-        if problems:
-            result.update(status="failed", reason="; ".join(problems))
-    except BenchError as exc:
-        result.update(status="failed", reason=str(exc)[:2000])
-    except BaseException:
-        result.update(status="failed", reason="interrupted (Ctrl-C or signal)")
-        raise
+        with failure_recorded(result):
+            acks.unlink(missing_ok=True)
+            stack.create()
+            sh.run(["mkdir", "-p", str(appdir)])
+            sh.run([*driver_argv, "--init"], timeout=120)
+            if flush_after_init and cfg.nvstack:
+                sh.run([stack.nv, "flush", str(stack.mnt)], timeout=600)
+            sh.note(f"the application ({app}): transactions until the power cut, acknowledged "
+                    f"ids -> {acks}")
+            driver = stack.spawn([*driver_argv, "--seconds", str(cut_after + 300), "--acks",
+                                  str(acks)], "driver")
+            sh.log_only(f"sleep {cut_after}")
+            t_end = time.monotonic() + cut_after
+            while time.monotonic() < t_end:
+                if driver.poll() is not None:
+                    raise BenchError(f"the {app} loop ended before the power cut (exit "
+                                     f"{driver.returncode}): {_tail(rundir / 'driver.stdout')} "
+                                     f"{_tail(rundir / 'driver.stderr')}")
+                time.sleep(0.05)
+            result.update(stack.cut(seed))
+            acked = read_acks(str(acks))
+            result["acknowledged_before_cut"] = len(acked)
+            result["tx_per_second_before_cut"] = round(len(acked) / cut_after, 1)
+            sh.note("power on: re-attach the image (ext4 replays its journal), mount nvstack again "
+                    "(recovery)")
+            result["reattach_seconds"] = round(stack.reattach(), 2)
+            if cfg.nvstack:
+                result["recovery_mount_seconds"] = round(stack.mount_nvstack("recovery"), 2)
+            chk = sh.run([sys.executable, str(DURABLE_DRIVER), check_kind, "--dir", str(appdir),
+                          "--acks", str(acks)], check=False, timeout=600)
+            (rundir / "check.json").write_text(chk.stdout)
+            try:
+                check = json.loads(chk.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise BenchError(f"{check_kind} printed no result (exit {chk.returncode}): "
+                                 f"{chk.stderr.strip()[-500:]}") from None
+            result["check"] = check
+            if check.get("error"):
+                raise BenchError(f"after the power cut: {check['error']}")
+            result.update(integrity_ok=check["integrity_ok"], acknowledged=check["acknowledged"],
+                          survived=check["survived"], lost=check["lost"], extra=check["extra"],
+                          present=check["present"])
+            result.update(stack.shutdown_checks())
+            problems = []
+            if not check["integrity_ok"]:
+                problems.append(f"integrity: {check.get('integrity_check') or check}")
+            if check["lost"]:
+                problems.append(f"{check['lost']} acknowledged transactions lost "
+                                f"(first: {check['lost_ids'][:5]})")
+            if check["unexpected"]:
+                problems.append(f"{check['unexpected']} transactions that were never issued")
+            if cfg.nvstack and result.get("nvstack_check_exit") != 0:
+                problems.append(f"nvstack check exit {result.get('nvstack_check_exit')}")
+            if result.get("e2fsck_exit") != 0:
+                problems.append(f"e2fsck -fn exit {result.get('e2fsck_exit')}")
+            if problems:
+                result.update(status="failed", reason="; ".join(problems))
     finally:
         stack.teardown()
         if acks.exists():
@@ -390,8 +408,9 @@ def _write(path: Path, obj) -> None:
 
 
 def _what(r: dict) -> str:
-    if r.get("app") in (None, "sqlite-wal", "sqlite-delete"):
-        return f"sqlite journal_mode={r.get('journal_mode') or 'wal'} synchronous=FULL"
+    if r.get("app") in (None, "sqlite-wal", "sqlite-delete", "sqlite-delete-extra"):
+        return (f"sqlite journal_mode={r.get('journal_mode') or 'wal'} "
+                f"synchronous={r.get('synchronous') or 'FULL'}")
     return r["app"]
 
 

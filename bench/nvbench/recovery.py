@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from .powercut import Stack, _write
-from .util import BenchError, slug
+from .util import BenchError, failure_recorded, slug
 
 FILL_OPS = 8100                    # 8100 x 4 KiB records = 31.6 MiB < --journal-size 32M
 FILL_JOURNAL_FRACTION = 0.75       # ext4 data=journal: data written, as a share of its journal
@@ -74,7 +74,8 @@ import os, stat, sys
 d, n = sys.argv[1], int(sys.argv[2])
 names = set(os.listdir(d))
 want = {"b%05d" % i for i in range(n // 3)}
-bad = [x for x in want if x not in names or stat.S_IMODE(os.stat(os.path.join(d, x)).st_mode) != 0o750]
+mode = lambda x: stat.S_IMODE(os.stat(os.path.join(d, x)).st_mode)
+bad = [x for x in want if x not in names or mode(x) != 0o750]
 left = [x for x in names if x.startswith("a")]
 print(len(want) - len(bad), len(bad), len(left))
 """
@@ -123,71 +124,69 @@ def run(out: Path, fs_name: str, *, device: str, timing: str = "sleep",
     tree = stack.target / "nvbench-recovery"
     data_journal = "data=journal" in cfg.mount_options.split(",")
     try:
-        stack.create()
-        if data_journal:
-            mib = int(journal_bytes * FILL_JOURNAL_FRACTION) >> 20
-            sh.note(f"fill: {mib} MiB of file data through the journal, then sync")
-            sh.run(["mkdir", "-p", str(tree)])
-            sh.run([py, "-c", _DATA_FILL, str(tree / "fill.dat"), str(mib)], timeout=1200)
-            result.update(fill="data", fill_mib=mib)
-        else:
+        with failure_recorded(result):
+            stack.create()
+            if data_journal:
+                mib = int(journal_bytes * FILL_JOURNAL_FRACTION) >> 20
+                sh.note(f"fill: {mib} MiB of file data through the journal, then sync")
+                sh.run(["mkdir", "-p", str(tree)])
+                sh.run([py, "-c", _DATA_FILL, str(tree / "fill.dat"), str(mib)], timeout=1200)
+                result.update(fill="data", fill_mib=mib)
+            else:
+                if cfg.nvstack:
+                    # start from an empty journal: a checkpoint (which also starts the
+                    # --checkpoint-interval clock: before the first one a record is checkpointed
+                    # at the next tick) with the fill's directory in it unless tree_in_journal
+                    if not tree_in_journal:
+                        sh.run(["mkdir", "-p", str(tree)])
+                    sh.run([stack.nv, "flush", str(stack.mnt)], timeout=600)
+                sh.note(f"fill: {fill_ops} journaled metadata operations, then fsync")
+                res = sh.run([py, "-c", _META_FILL, str(tree), str(fill_ops)], timeout=1200,
+                             time_it=True)
+                result.update(fill="metadata", fill_ops=fill_ops // 3 * 3,
+                              fill_seconds=round(res.seconds, 2))
+            if not cfg.nvstack:
+                sh.run(["sync"])          # ext4's journal: full of committed transactions
+            else:
+                st = stack.stat()
+                jr = st.get("journal") or {}
+                result.update(journal_records_before_cut=jr.get("records"),
+                              journal_bytes_before_cut=jr.get("bytes"),
+                              journal_checkpoints_before_cut=jr.get("checkpoints"))
+            result.update(stack.cut(seed))
+            dump = sh.run(["debugfs", "-R", "logdump", str(stack.lay.image)], check=False,
+                          timeout=300)
+            (rundir / "logdump.txt").write_text("\n".join(
+                (dump.stdout + dump.stderr).splitlines()[-40:]) + "\n")
+            result["ext4_journal_blocks_to_replay"] = logdump_blocks(dump.stdout)
+            sh.note("power on: the image attached again (ext4 replays its journal)")
+            result["reattach_seconds"] = round(stack.reattach(), 3)
+            result["device_after_attach"] = stack.device_stat()
             if cfg.nvstack:
-                # start from an empty journal: a checkpoint (which also starts the
-                # --checkpoint-interval clock: before the first one a record is checkpointed
-                # at the next tick) with the fill's directory in it unless tree_in_journal
-                if not tree_in_journal:
-                    sh.run(["mkdir", "-p", str(tree)])
-                sh.run([stack.nv, "flush", str(stack.mnt)], timeout=600)
-            sh.note(f"fill: {fill_ops} journaled metadata operations, then fsync")
-            res = sh.run([py, "-c", _META_FILL, str(tree), str(fill_ops)], timeout=1200,
-                         time_it=True)
-            result.update(fill="metadata", fill_ops=fill_ops // 3 * 3,
-                          fill_seconds=round(res.seconds, 2))
-        if not cfg.nvstack:
-            sh.run(["sync"])          # ext4's journal: full of committed transactions
-        else:
-            st = stack.stat()
-            jr = st.get("journal") or {}
-            result.update(journal_records_before_cut=jr.get("records"),
-                          journal_bytes_before_cut=jr.get("bytes"),
-                          journal_checkpoints_before_cut=jr.get("checkpoints"))
-        result.update(stack.cut(seed))
-        dump = sh.run(["debugfs", "-R", "logdump", str(stack.lay.image)], check=False,
-                      timeout=300)
-        (rundir / "logdump.txt").write_text("\n".join(
-            (dump.stdout + dump.stderr).splitlines()[-40:]) + "\n")
-        result["ext4_journal_blocks_to_replay"] = logdump_blocks(dump.stdout)
-        sh.note("power on: the image attached again (ext4 replays its journal)")
-        result["reattach_seconds"] = round(stack.reattach(), 3)
-        if cfg.nvstack:
-            sh.note("nvstack mount: region recovery, replay of the metadata journal, checkpoint")
-            result["recovery_mount_seconds"] = round(stack.mount_nvstack("recovery"), 3)
-            jr = stack.stat().get("journal") or {}
-            result.update(replayed_at_mount=jr.get("replayed_at_mount"),
-                          journal_records_after_mount=jr.get("records"),
-                          checkpoint_ms_total=jr.get("checkpoint_ms_total"))
-        if not data_journal:
-            chk = sh.run([py, "-c", _CHECK_TREE, str(tree), str(fill_ops)], check=False)
-            good, bad, left = (int(x) for x in chk.stdout.split())
-            result.update(tree_dirs_ok=good, tree_dirs_wrong=bad, tree_dirs_unrenamed=left)
-            if bad or left:
-                raise BenchError(f"after recovery {bad} directories wrong, {left} not renamed")
-        result.update(stack.shutdown_checks())
-        sh.note("the same image attached once more, nothing to replay: the baseline")
-        result["clean_attach_seconds"] = round(stack.reattach(), 3)
-        stack.detach()
-        result["ext4_replay_seconds"] = round(result["reattach_seconds"] -
-                                              result["clean_attach_seconds"], 3)
-        result["recovery_seconds"] = result.get("recovery_mount_seconds",
-                                                result["ext4_replay_seconds"])
-        if result.get("e2fsck_exit") != 0 or result.get("nvstack_check_exit", 0) != 0:
-            result.update(status="failed", reason=f"e2fsck -fn exit {result.get('e2fsck_exit')}"
-                          f", nvstack check exit {result.get('nvstack_check_exit')}")
-    except BenchError as exc:
-        result.update(status="failed", reason=str(exc)[:2000])
-    except BaseException:
-        result.update(status="failed", reason="interrupted (Ctrl-C or signal)")
-        raise
+                sh.note("nvstack mount: region recovery, metadata journal replay, checkpoint")
+                result["recovery_mount_seconds"] = round(stack.mount_nvstack("recovery"), 3)
+                result["device_after_recovery"] = stack.device_stat()
+                jr = stack.stat().get("journal") or {}
+                result.update(replayed_at_mount=jr.get("replayed_at_mount"),
+                              journal_records_after_mount=jr.get("records"),
+                              checkpoint_ms_total=jr.get("checkpoint_ms_total"))
+            if not data_journal:
+                chk = sh.run([py, "-c", _CHECK_TREE, str(tree), str(fill_ops)], check=False)
+                good, bad, left = (int(x) for x in chk.stdout.split())
+                result.update(tree_dirs_ok=good, tree_dirs_wrong=bad, tree_dirs_unrenamed=left)
+                if bad or left:
+                    raise BenchError(f"after recovery {bad} directories wrong, {left} not renamed")
+            result.update(stack.shutdown_checks())
+            sh.note("the same image attached once more, nothing to replay: the baseline")
+            result["clean_attach_seconds"] = round(stack.reattach(), 3)
+            stack.detach()
+            result["ext4_replay_seconds"] = round(result["reattach_seconds"] -
+                                                  result["clean_attach_seconds"], 3)
+            result["recovery_seconds"] = result.get("recovery_mount_seconds",
+                                                    result["ext4_replay_seconds"])
+            if result.get("e2fsck_exit") != 0 or result.get("nvstack_check_exit", 0) != 0:
+                result.update(status="failed", reason=f"e2fsck -fn exit {result.get('e2fsck_exit')}"
+                              f", nvstack check exit {result.get('nvstack_check_exit')}")
     finally:
         stack.teardown()
         _write(rundir / "result.json", result)

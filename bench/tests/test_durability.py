@@ -24,12 +24,7 @@ def drive(*args) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.fixture(autouse=True)
-def no_nvstack(monkeypatch):
-    monkeypatch.setenv("NVSTACK_BIN", "/nonexistent/nvstack")
-    nvstack.probe(refresh=True)
-    yield
-    nvstack._cache = None
+pytestmark = pytest.mark.usefixtures("no_nvstack")
 
 
 # ----- the loops and the checks after a crash ---------------------------------------------------
@@ -96,7 +91,7 @@ def test_sync_point(tmp_path):
     assert workloads.sync_point_argv(Path("/m"))[2:] == ["sync-point", "--dir", "/m"]
 
 
-# ----- workload configurations ---------------------------------------------------------------------
+# ----- workload configurations ----------------------------------------------------------------
 def test_new_workload_configs(tmp_path):
     (_, p), = filecreate.variants("fsync", 1.0)
     inv = filecreate.invocation(p, Path("/m"), tmp_path)

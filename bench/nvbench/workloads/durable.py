@@ -11,8 +11,10 @@ One *transaction* is what the application waits for before it tells its client "
   sqlite   BEGIN; INSERT one row (id, 100-byte payload); COMMIT, with PRAGMA synchronous=FULL
            and journal_mode WAL (the commit appends to the -wal file and fsyncs it) or DELETE
            (a rollback journal is created, written and fsynced, its directory fsynced, the
-           database written and fsynced, the journal deleted). Python's sqlite3 module with
-           isolation_level=None: the transaction is exactly the three statements.
+           database written and fsynced, the journal deleted: the commit point, which FULL
+           does not sync - `--synchronous extra` fsyncs the directory after it too, sqlite's
+           setting for a commit that must survive a power loss right after it). Python's
+           sqlite3 module with isolation_level=None: the transaction is exactly the three statements.
   maildir  a mail delivery: create tmp/N, write the message, fsync it, rename tmp/N to new/N,
            fsync the directory new/ (the rename is durable only then).
   applog   an application log: append one 512-byte record (O_APPEND) and fdatasync.
@@ -129,21 +131,21 @@ def loop(kind: str, one_tx, args, params: dict) -> int:
 
 
 # ----- sqlite --------------------------------------------------------------------------------
-def sqlite_open(path: str, journal_mode: str):
+def sqlite_open(path: str, journal_mode: str, synchronous: str = "FULL"):
     import sqlite3
     con = sqlite3.connect(path, isolation_level=None)   # we issue BEGIN/COMMIT ourselves
     mode = con.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
     if mode.lower() != journal_mode.lower():
         raise RuntimeError(f"sqlite refused journal_mode={journal_mode} (got {mode})")
-    con.execute("PRAGMA synchronous=FULL")
+    con.execute(f"PRAGMA synchronous={synchronous}")
     return con
 
 
 def run_sqlite(args) -> int:
     db = os.path.join(args.dir, "bench.db")
-    params = {"journal_mode": args.journal_mode, "synchronous": "FULL",
+    params = {"journal_mode": args.journal_mode, "synchronous": args.synchronous.upper(),
               "payload_bytes": PAYLOAD_BYTES, "db": db}
-    con = sqlite_open(db, args.journal_mode)
+    con = sqlite_open(db, args.journal_mode, args.synchronous)
     if args.init:
         con.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, payload BLOB NOT NULL)")
         con.close()
@@ -343,6 +345,9 @@ def run_sqlite_check(args) -> int:
     if not os.path.exists(db):
         print(json.dumps({"kind": "sqlite-check", "error": f"{db} does not exist"}))
         return 1
+    # a rollback journal left behind (DELETE mode: its unlink, the commit point, was lost)
+    # makes sqlite roll the last transaction back when it opens the database
+    hot = os.path.getsize(db + "-journal") if os.path.exists(db + "-journal") else None
     try:
         con = sqlite3.connect(db, isolation_level=None)
         integrity = [r[0] for r in con.execute("PRAGMA integrity_check")]
@@ -353,7 +358,8 @@ def run_sqlite_check(args) -> int:
         print(json.dumps({"kind": "sqlite-check", "error": f"{type(exc).__name__}: {exc}"}))
         return 1
     return _check_result("sqlite-check", args, present, integrity_check=integrity[:10],
-                         integrity_ok=integrity == ["ok"], journal_mode=mode)
+                         integrity_ok=integrity == ["ok"], journal_mode=mode,
+                         rollback_journal_bytes_at_open=hot)
 
 
 def _check_result(kind: str, args, present: list[int], **extra) -> int:
@@ -413,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(write + fsync), outside the file system under test")
     ap.add_argument("--journal-mode", default="wal", choices=["wal", "delete"],
                     help="sqlite journal mode (synchronous=FULL always)")
+    ap.add_argument("--synchronous", default="full", choices=["full", "extra"],
+                    help="sqlite PRAGMA synchronous (EXTRA also fsyncs the directory after "
+                    "the rollback journal's unlink, the commit point of DELETE mode)")
     ap.add_argument("--first-id", type=int, default=1, help="first transaction id (at least "
                     "one more than the highest already present)")
     ap.add_argument("--dir-fsync", action="store_true", help="editor: fsync the directory "
