@@ -360,8 +360,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                baselines={f"{w}:{c}": "ext4-journal" for w, c in DURABILITY_PAPER},
                overrides={"seconds": 5.0}, sync_point=True, reps=1, memory="1G",
                nvram="256M", scale=1.0, device="hdd-7200,ssd", disk="2G",
-               estimate="~25 min (54 runs; bench/run durability adds the recovery "
-                        "measurement)", notes=DURABILITY_NOTES),
+               estimate="9 min measured for the 54 runs; bench/run durability adds 16 "
+                        "recovery runs (6-8 min measured)", notes=DURABILITY_NOTES),
     Experiment("durability-quick", "the durability experiment shrunk for a smoke run (both "
                "devices, 1 s loops, counts x 0.1, untar of Linux's kernel/ only)",
                ["ext4-ordered", "ext4-journal", *DURABILITY_NV],
@@ -375,7 +375,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                           for w, c in DURABILITY_PAPER[:2] + [("untar", "linux-kernel")]},
                overrides={"seconds": 1.0}, sync_point=True, reps=1, memory="1G",
                nvram="256M", scale=0.1, device="hdd-7200,ssd", disk="2G",
-               estimate="~5 min", notes=DURABILITY_NOTES),
+               estimate="3.5 min measured for the 54 runs", notes=DURABILITY_NOTES),
     Experiment("fuse-tax-knobs", "nvstack none: command-line knobs (max_write 128K, "
                "attr/entry timeout 0) vs defaults and passthrough_hp",
                ["passthrough_hp", "nvstack-none", "nvstack-none-mw128k", "nvstack-none-notimeout"],

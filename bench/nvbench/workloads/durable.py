@@ -14,7 +14,8 @@ One *transaction* is what the application waits for before it tells its client "
            database written and fsynced, the journal deleted: the commit point, which FULL
            does not sync - `--synchronous extra` fsyncs the directory after it too, sqlite's
            setting for a commit that must survive a power loss right after it). Python's
-           sqlite3 module with isolation_level=None: the transaction is exactly the three statements.
+           sqlite3 module with isolation_level=None: the transaction is exactly the three
+           statements.
   maildir  a mail delivery: create tmp/N, write the message, fsync it, rename tmp/N to new/N,
            fsync the directory new/ (the rename is durable only then).
   applog   an application log: append one 512-byte record (O_APPEND) and fdatasync.
