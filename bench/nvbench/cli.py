@@ -324,22 +324,16 @@ def cmd_powercut(args) -> int:
                 print(powercut.text([r]), flush=True)
                 results.append(r)
     archive.pack(out)
-    # a later invocation adds its cuts to the ones already there (same cut: replaced)
     try:
         doc = json.loads((out / "powercut.json").read_text())
     except (OSError, ValueError):
-        doc = {"commands": [], "results": []}
-    key = lambda r: (r["fs"], r.get("app"), r.get("seed"),          # noqa: E731
-                     r.get("flush_after_init", False))
-    new = {key(r) for r in results}
-    results = [r for r in doc.get("results", []) if key(r) not in new] + results
-    commands = doc.get("commands", []) + [" ".join(sys.argv)]
-    (out / "powercut.json").write_text(json.dumps(
-        {"commands": commands, "results": results}, indent=2, sort_keys=True,
-        default=str) + "\n")
-    print(summary.powercut_text(results))
+        doc = {}
+    doc = powercut.merge(doc, results, " ".join(sys.argv))
+    (out / "powercut.json").write_text(json.dumps(doc, indent=2, sort_keys=True,
+                                                  default=str) + "\n")
+    print(summary.powercut_text(doc["results"]))
     summary.write(out)
-    return 1 if any(r["status"] != "ok" for r in results) else 0
+    return 1 if any(r["status"] != "ok" for r in results) else 0  # this invocation's cuts
 
 
 def cmd_showcase(args) -> int:

@@ -271,11 +271,13 @@ def powercut_markdown(results: list[dict]) -> list[str]:
     out = [f"### Power cuts with real applications: {len(results)} cuts, {len(ok)} passed, "
            f"{acked:,} acknowledged commits, "
            f"{sum(r.get('lost', 0) for r in results)} lost", "",
-           "| fs | application | seed | cut mode | acknowledged | survived | lost | in flight "
-           "found | data whole | recovery mount s | nvstack check | e2fsck | status |",
-           "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+           "| fs | application | seed | killed first | cut mode | acknowledged | survived | lost "
+           "| in flight found | data whole | recovery mount s | nvstack check | e2fsck | status |",
+           "|---|---|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in results:
-        out.append(f"| {r['fs']} | {r.get('app', 'sqlite-wal')} | {r.get('seed')} | "
+        first = (r.get("kill_order") or "daemon, application").split(",")[0]
+        app = r.get("app", "sqlite-wal") + (" (flushed)" if r.get("flush_after_init") else "")
+        out.append(f"| {r['fs']} | {app} | {r.get('seed')} | {first} | "
                    f"{r.get('cut_mode', '')} | {_f(r.get('acknowledged'), ',')} | "
                    f"{_f(r.get('survived'), ',')} | {_f(r.get('lost'), ',')} | "
                    f"{_f(r.get('extra'), ',')} | "

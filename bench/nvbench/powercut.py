@@ -9,8 +9,8 @@ configuration (ext4 alone, or nvstack over ext4 in a consistency mode) and one a
   2. run the application's loop with `--acks` = a file in /dev/shm, outside the file system
      under test: the id of every transaction the application was told is durable, written and
      fsynced before the next transaction begins;
-  3. after `cut_after` seconds, the power cut: SIGKILL the nvstack daemon (stacked) and the
-     application, then `nvstack device cut` (the disk's volatile cache is dropped or torn by
+  3. after `cut_after` seconds, the power cut: SIGKILL the application, then the nvstack
+     daemon (stacked), then `nvstack device cut` (the disk's volatile cache is dropped or torn by
      the seed; the kernel FS is unmounted without anything more reaching the image; the
      dead FUSE mount is detached lazily);
   4. power on: re-attach the same image (the kernel replays ext4's journal at mount) and
@@ -53,6 +53,8 @@ from .workloads import DURABLE_DRIVER
 from .workloads.durable import read_acks
 
 MOUNT_WAIT_S = 60          # a daemon (or its recovery) must have mounted by then
+# Stack.cut's order (results before it recorded this were cut daemon first, then application)
+KILL_ORDER = "application, daemon"
 KILL_WAIT_S = 10
 
 # application -> (durable.py kind, its extra arguments, the check after recovery)
@@ -199,16 +201,22 @@ class Stack:
         return proc
 
     def cut(self, seed: int) -> dict:
-        """Everything stops at once: SIGKILL the daemon and the applications, drop or tear the
-        disk's volatile cache (`device cut`). Returns what the cut reported."""
+        """Everything stops at once: SIGKILL the applications, then the daemon, then drop or
+        tear the disk's volatile cache (`device cut`). Returns what the cut reported.
+
+        The applications die first: an application that outlives the daemon sees the mount
+        fail and may still acknowledge - sqlite's unixDelete treats a directory it cannot open
+        (ENOTCONN) as synced, so a DELETE-mode COMMIT whose journal unlink reached the daemon
+        returns success without its directory fsync. Requests in flight when the application
+        dies may still complete in the daemon: as if the power failed a moment later."""
         sh = self.sh
-        sh.note("power cut: the daemon and the application die, the disk loses its cache")
-        if self.cfg.nvstack:
-            sh.log_only(f"kill -KILL ${self.daemon_var}")
-            _kill(self.daemon)
+        sh.note("power cut: the application and the daemon die, the disk loses its cache")
         for proc, var in self.procs:
             sh.log_only(f"kill -KILL ${var}")
             _kill(proc)
+        if self.cfg.nvstack:
+            sh.log_only(f"kill -KILL ${self.daemon_var}")
+            _kill(self.daemon)
         cut = sh.run([self.nv, "device", "cut", str(self.lower_mnt), "--seed", str(seed)],
                      check=False, timeout=300)
         self.attached = False
@@ -323,7 +331,8 @@ def run(out: Path, fs_name: str, *, app: str = "sqlite-wal", device: str = "hdd-
               "synchronous": (extra[3].upper() if len(extra) > 3 else "FULL")
               if kind == "sqlite" else None, "cut_after_s": cut_after,
               "seed": seed, "nvram_bytes": nvram_bytes if cfg.nvstack else None,
-              "flush_after_init": flush_after_init, "status": "ok", "reason": ""}
+              "flush_after_init": flush_after_init, "kill_order": KILL_ORDER,
+              "status": "ok", "reason": ""}
     why = Stack.missing(fs_name)
     if why:
         result.update(status="skipped", reason=why)
@@ -401,6 +410,17 @@ def run(out: Path, fs_name: str, *, app: str = "sqlite-wal", device: str = "hdd-
         _write(rundir / "result.json", result)
         stack.write_repro(f"power cut of {fs_name} during {app}; run as root")
     return result
+
+
+def merge(doc: dict, results: list[dict], command: str) -> dict:
+    """OUT/powercut.json after one more `bench/run powercut`: its cuts join the ones already
+    there (a cut of the same configuration, application, seed and variant is replaced), its
+    command joins the commands."""
+    def key(r: dict) -> tuple:
+        return (r["fs"], r.get("app"), r.get("seed"), r.get("flush_after_init", False))
+    new = {key(r) for r in results}
+    return {"commands": [*doc.get("commands", []), command],
+            "results": [r for r in doc.get("results", []) if key(r) not in new] + results}
 
 
 def _write(path: Path, obj) -> None:

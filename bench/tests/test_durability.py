@@ -348,3 +348,16 @@ def test_logdump_blocks():
     assert recovery.logdump_blocks("Journal starts at block 900, transaction 3\n"
                                    "No magic number at block 10: end of journal.\n") is None
     assert recovery.logdump_blocks("") is None
+
+
+def test_powercut_results_merge():
+    from nvbench import powercut
+    a = {"fs": "x", "app": "maildir", "seed": 1, "status": "ok", "acknowledged": 5}
+    b = {"fs": "x", "app": "maildir", "seed": 2, "status": "ok", "acknowledged": 6}
+    doc = powercut.merge({}, [a, b], "first")
+    assert doc == {"commands": ["first"], "results": [a, b]}
+    a2 = {**a, "acknowledged": 9}
+    flushed = {**a, "flush_after_init": True}
+    doc = powercut.merge(doc, [a2, flushed], "second")
+    assert doc["commands"] == ["first", "second"]
+    assert doc["results"] == [b, a2, flushed]           # same cut replaced, variant kept apart
