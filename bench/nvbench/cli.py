@@ -85,6 +85,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of durability, powercut, postmark")
     p.add_argument("--cut-after", type=float, default=8.0,
                    help="seconds of sqlite commits before the power cut (default 8)")
+    p = sub.add_parser("durability", help="issue 13's benchmark: the experiment `durability` "
+                       "(ext4 vs nvstack undo/journal on hdd-7200 and ssd in one run) and the "
+                       "recovery times after a crash with a full journal; CSV, summary.md with "
+                       "the goals, PNG")
+    _common(p, None)
+    p.add_argument("--quick", action="store_true", help="the experiment durability-quick "
+                   "(1 s loops, counts x 0.1: ~5 min) and a recovery fill of 900 operations")
+    p.add_argument("--parts", default="matrix,recovery",
+                   help="comma-separated subset of matrix, recovery")
+    p = sub.add_parser("powercut", help="whole-stack power cuts with real applications "
+                       "(sqlite WAL and DELETE, Maildir delivery, editor save): SIGKILL of the "
+                       "daemon + `nvstack device cut`, recovery, every acknowledged commit "
+                       "checked; results in OUT/runs/powercut/, OUT/powercut.json")
+    p.add_argument("--out", type=Path, required=True, help="result directory")
+    p.add_argument("--fs", default=",".join(POWERCUT_FS),
+                   help=f"configurations (default {','.join(POWERCUT_FS)})")
+    p.add_argument("--apps", default=",".join(POWERCUT_APPS), help="applications among "
+                   "sqlite-wal, sqlite-delete, maildir, editor, editor-dirsync (default: "
+                   f"{','.join(POWERCUT_APPS)}; `editor` = the editor's save acknowledged at "
+                   "the rename - where a configuration promises only an fsync'ed directory "
+                   "(ext4, nvstack journal mode) it runs as editor-dirsync)")
+    p.add_argument("--seeds", default="1,2,3", help="device cut seeds, one cut each")
+    p.add_argument("--cut-after", type=float, default=4.0, help="seconds of transactions "
+                   "before the cut (default 4)")
+    p.add_argument("--device", default="hdd-7200")
+    p.add_argument("--timing", choices=["sleep", "account"], default="account")
+    p.add_argument("--nvram", default="256M")
+    p.add_argument("--flush-after-init", action="store_true", help="nvstack: `nvstack flush` "
+                   "after the application's files are made (their creation is then in the "
+                   "lower FS before the cut: a diagnostic variant, named ...-flushed)")
+    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"))
+    p.add_argument("--echo", action="store_true")
     p = sub.add_parser("load", help="the load test (not in CI): 8 Postmark instances and 2 fsx "
                        "on one nvstack mount with a small region for --duration seconds; "
                        "checks exits, fsx, the daemon's memory, counters, nvstack check")
@@ -201,6 +233,107 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
 
 
 SHOWCASE_PARTS = ("durability", "powercut", "postmark")
+DURABILITY_PARTS = ("matrix", "recovery")
+POWERCUT_FS = ("ext4-ordered", "nvstack-ext4-defaults", "nvstack-ext4-defaults-journal")
+POWERCUT_APPS = ("sqlite-wal", "sqlite-delete", "maildir", "editor")
+# configurations whose contract makes a rename durable only with the directory's fsync
+RENAME_NEEDS_DIRSYNC = ("ext4-ordered", "ext4-journal", "nvstack-ext4-defaults-journal")
+
+
+def cmd_durability(args) -> int:
+    """Issue 13's benchmark in one directory: the experiment `durability` (or
+    `durability-quick`) -> OUT/runs/<exp>/, CSV, PNG; the recovery times ->
+    OUT/runs/recovery/<device>-<fs>/; then summary.md (tables, goals, recovery)."""
+    from . import archive, experiments, plot, recovery, summary
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in DURABILITY_PARTS]
+    if unknown:
+        raise BenchError(f"--parts: {', '.join(unknown)} not among {', '.join(DURABILITY_PARTS)}")
+    name = "durability-quick" if args.quick else "durability"
+    exp = experiments.EXPERIMENTS[name]
+    out = (args.out or BENCH_DIR / "results" /
+           f"{name}-{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    if not args.no_plot and not args.dry_run:
+        require_plotting()
+    rc = 0
+    if "matrix" in parts:
+        args.no_plot, plot_later = True, not args.no_plot
+        rc |= cmd_run(name, args, out)
+        args.no_plot = not plot_later
+    if "recovery" in parts and not args.dry_run:
+        archive.unpack(out)
+        devices = [args.device] if args.device else exp.devices
+        fill = 900 if args.quick else recovery.FILL_OPS
+        memory = parse_size(args.memory or exp.memory)
+        journal = max(16 << 20, (256 << 20) * memory // (1 << 30))
+        # (configuration, lower_lost, tree_in_journal)
+        runs = [("ext4-journal", False, False), ("ext4-ordered", False, False)] + \
+            [(f, lost, False) for f in experiments.DURABILITY_NV for lost in (True, False)] + \
+            [(f, True, True) for f in experiments.DURABILITY_NV]
+        for dev in devices:
+            for fs_name, lost, tree in runs:
+                print(f"recovery: {fs_name}{' (lower lost)' if lost else ''}"
+                      f"{' (tree in journal)' if tree else ''} on {dev} ...", end=" ", flush=True)
+                r = recovery.run(out / "runs" / "recovery", fs_name, device=dev,
+                                 timing=args.timing, workdir=args.workdir.resolve(),
+                                 nvram_bytes=parse_size(args.nvram or exp.nvram),
+                                 disk_bytes=parse_size(exp.disk),
+                                 journal_bytes=journal - journal % (1 << 20),
+                                 fill_ops=fill, lower_lost=lost, tree_in_journal=tree,
+                                 echo=args.echo)
+                print(f"{r['status']} {r.get('recovery_seconds', '')} s "
+                      f"{r['reason'][:200]}", flush=True)
+                rc |= r["status"] != "ok"
+        archive.pack(out)
+    if not args.no_plot and not args.dry_run:
+        from . import parse
+        parse.parse_tree(out)
+        plot.plot_dir(out)
+        print(f"summary: {summary.write(out)}")
+    return 1 if rc else 0
+
+
+def cmd_powercut(args) -> int:
+    """Power cuts with real applications, every (configuration, application, seed) once."""
+    import json
+    from . import archive, powercut, summary
+    from .fs import CONFIGS
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    archive.unpack(out)
+    fss = [f.strip() for f in args.fs.split(",") if f.strip()]
+    apps = [a.strip() for a in args.apps.split(",") if a.strip()]
+    bad = [a for a in apps if a not in powercut.APPS] + [f for f in fss if f not in CONFIGS]
+    if bad:
+        raise BenchError(f"unknown application or configuration: {', '.join(bad)}")
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    results = []
+    for fs_name in fss:
+        for app in apps:
+            run_app = ("editor-dirsync" if app == "editor" and fs_name in RENAME_NEEDS_DIRSYNC
+                       else app)
+            for seed in seeds:
+                print(f"power cut: {fs_name} {run_app} seed {seed} ...", end=" ", flush=True)
+                r = powercut.run(out / "runs" / "powercut", fs_name, app=run_app,
+                                 device=args.device, timing=args.timing,
+                                 workdir=args.workdir.resolve(),
+                                 nvram_bytes=parse_size(args.nvram), cut_after=args.cut_after,
+                                 seed=seed, name=f"{fs_name}-{run_app}-seed{seed}"
+                                 + ("-flushed" if args.flush_after_init else ""),
+                                 flush_after_init=args.flush_after_init, echo=args.echo)
+                print(powercut.text([r]), flush=True)
+                results.append(r)
+    archive.pack(out)
+    try:
+        doc = json.loads((out / "powercut.json").read_text())
+    except (OSError, ValueError):
+        doc = {}
+    doc = powercut.merge(doc, results, " ".join(sys.argv))
+    (out / "powercut.json").write_text(json.dumps(doc, indent=2, sort_keys=True,
+                                                  default=str) + "\n")
+    print(summary.powercut_text(doc["results"]))
+    summary.write(out)
+    return 1 if any(r["status"] != "ok" for r in results) else 0  # this invocation's cuts
 
 
 def cmd_showcase(args) -> int:
@@ -287,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args.cmd, args)
         if args.cmd == "showcase":
             return cmd_showcase(args)
+        if args.cmd == "durability":
+            return cmd_durability(args)
+        if args.cmd == "powercut":
+            return cmd_powercut(args)
         if args.cmd == "load":
             from . import load
             return load.main(args)

@@ -83,8 +83,12 @@ SHOWCASE_NOTES = [
     "TempFFS on, NVRAM page cache on, relo write-back) over the same ext4 (formatted the same "
     "way): a write or rename returns once it is durable in the NVRAM region (an undo-log "
     "transaction), so fsync of a file has nothing left to wait for; the region is 256 MiB in "
-    "/dev/shm. An fsync of a directory still reaches ext4 today (directories live in the "
-    "lower FS), which is what sqlite's rollback journal and the Maildir delivery pay for.",
+    "/dev/shm. Namespace changes of files and directories ext4 holds (sqlite's rollback "
+    "journal, the Maildir's rename into new/) are applied to ext4 at once and made durable by "
+    "a redo record in NVRAM (the metadata journal, checkpointed into ext4 every 5 s), so an "
+    "fsync of a file or a directory waits for NVRAM only (`fsync.waited_on_lower` counts the "
+    "exceptions). Until the metadata journal (git 828c23d) a directory fsync still committed "
+    "ext4's journal: the rollback-journal and Maildir rows were 6.2x and 2.8x then.",
     "Each workload runs for 10 s (`--seconds`); tx/s = acknowledged transactions (COMMIT, "
     "fsync of new/, fdatasync returned) per second of the loop. Disk requests and bytes are "
     "`nvstack device stat` deltas over the timed loop and the sync after it, divided by the "
@@ -172,6 +176,50 @@ WRITEBACK_NOTES = [
     "2 GiB image per run (`dev_*`: busy time, bytes, requests, seek distance).",
 ]
 
+# Issue 13's benchmark: every durability point at NVRAM speed. Side by side in one run on the
+# modeled hdd-7200 and ssd: ext4 alone vs nvstack over ext4 in each consistency mode.
+DURABILITY_NV = ["nvstack-ext4-defaults", "nvstack-ext4-defaults-journal"]
+# fsync-bound: an application waits for each durability point (ratio to ext4 data=ordered)
+DURABILITY_FSYNC = [("sqlite", "wal"), ("sqlite", "delete"), ("applog", "showcase"),
+                    ("maildir", "showcase"), ("filecreate", "fsync"), ("postmark", "sync")]
+# the VMA journaling paper's own workloads (ratio to ext4 data=journal, its "journal mode")
+DURABILITY_PAPER = [("fio", "seq_write-150m"), ("postmark", "vma"), ("untar", "linux-fs-net")]
+DURABILITY_NOTES = [
+    "Same device, same durability, one run: each device model (hdd-7200 and ssd, sleep timing: "
+    "a request's reply waits for its modeled completion; a volatile write cache only a flush "
+    "makes durable) gets a fresh 2 GiB image per run. ext4-ordered = ext4 data=ordered alone "
+    "(its fsyncs reach the disk); ext4-journal = ext4 data=journal with a 256 MiB internal "
+    "journal (the VMA paper's ext3 journal mode: data integrity); nvstack-ext4-defaults "
+    "(`--consistency undo`: every operation durable when it returns) and "
+    "nvstack-ext4-defaults-journal (`--consistency journal`: durable at the next group commit, "
+    "which fsync, fdatasync and O_SYNC writes make) = nvstack with TempFFS and the NVRAM page "
+    "cache on, a 256 MiB region in /dev/shm, over ext4 data=ordered formatted like "
+    "ext4-ordered. Memory budget M = 1 GiB per run (cgroup; the region inside it).",
+    "fsync-bound rows (ratio to ext4-ordered): sqlite3 synchronous=FULL in WAL and rollback "
+    "journal (DELETE) mode, one INSERT per COMMIT; 512 B append + fdatasync; Maildir delivery "
+    "(write tmp/N, fsync, rename into new/, fsync new/); create + write 4 KiB + fsync + close "
+    "of many files in one directory (fs_mark -S 1 style, at most 10,000); each 5 s "
+    "(`--seconds`), ops/s = acknowledged operations per second of the loop. Sync-PostMark: "
+    "Postmark (200 files of 512 B-16 KB in 10 directories, 400 transactions, 4 KiB unbuffered "
+    "IO) with every write synchronous by the `sync` mount option (MS_SYNCHRONOUS: the kernel "
+    "follows each write(2) with a data sync, on FUSE one FSYNC request per WRITE; ext4 also "
+    "commits each namespace change); ops/s = Postmark transactions per wall-clock second of "
+    "the whole run (file set creation and deletion included).",
+    "The paper's workloads (ratio to ext4-journal): 8 KiB appends to one file up to 150 MB, then "
+    "fsync (fio seq_write at 1/4 of the paper's 600 MB); Postmark as the paper ran it (10k "
+    "files of 500 B-9.77 KB in 200 directories, 25k transactions, no fsync); untar of Linux "
+    "6.1's fs/ and net/ (3,965 files, 71 MB; the paper: Linux 2.6.11, 17,090 files). The "
+    "metric is the time until everything is durable: the timed command, then `sync`, then an "
+    "fsync of a marker file on the measured file system (`durable.py sync-point`; for nvstack "
+    "in journal mode the group commit; sync(2) does not reach a FUSE daemon); `durable_seconds` "
+    "= the three together; the command alone is in the tables too.",
+    "Per operation: disk requests / flushes / bytes / busy time are `nvstack device stat` "
+    "deltas over the timed command and the sync after it; fsync calls and fsync.waited_on_lower "
+    "are `nvstack stat` deltas: a durability call that still waited for the lower file system. "
+    "Pages and temp files nvstack keeps in NVRAM (durable) reach ext4 later and are not in "
+    "these counters.",
+]
+
 
 @dataclass(frozen=True)
 class Experiment:
@@ -188,6 +236,28 @@ class Experiment:
     estimate: str = ""                    # how long, for the README and `list`
     notes: list[str] = field(default_factory=list)
     nvram: str | None = None              # NVRAM region size; default M / 2 (inside M)
+    # "module:config" -> the configurations that run it (a subset of fs; default: all of fs)
+    workload_fs: dict[str, list[str]] = field(default_factory=dict)
+    # "module:config" -> the configuration its ratios are relative to (default: baseline)
+    baselines: dict[str, str] = field(default_factory=dict)
+    # workload parameters set absolutely (unscaled) for this experiment; --seconds & co. win
+    overrides: dict = field(default_factory=dict)
+    # after the timed command and its sync: durable.py sync-point on the measured FS (the
+    # group commit of nvstack's journal mode), timed as sync_point_seconds
+    sync_point: bool = False
+
+    def fs_for(self, workload: str, config: str) -> list[str]:
+        """The configurations that run workload:config, in the order of fs."""
+        wanted = self.workload_fs.get(f"{workload}:{config}", self.fs)
+        return [f for f in self.fs if f in wanted]
+
+    def baseline_for(self, workload: str, config: str) -> str:
+        return self.baselines.get(f"{workload}:{config}", self.baseline)
+
+    @property
+    def devices(self) -> list[str]:
+        """The device models, in run order ("hdd-7200,ssd": both, side by side)."""
+        return [d for d in self.device.split(",") if d]
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -275,6 +345,37 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                 "nvstack-none-t8"], FUSE_TAX_WORKLOADS, baseline="passthrough_hp", reps=2,
                memory="4G", nvram="256M", scale=1.0, device="none", disk="8G",
                estimate="~35 min", notes=FUSE_TAX_NOTES),
+    Experiment("durability", "issue 13: every durability point at NVRAM speed. ext4 alone vs "
+               "nvstack over ext4 in undo and journal mode, on hdd-7200 and ssd in one run: "
+               "sqlite WAL / rollback journal, 512 B append + fdatasync, Maildir delivery, "
+               "create+write+fsync of many files, Sync-PostMark (ratios to ext4 data=ordered); "
+               "the VMA paper's 8 KiB appends, Postmark and untar (ratios to ext4 data=journal); "
+               "ops/s, disk requests and fsyncs that waited for the disk per operation",
+               ["ext4-ordered", "ext4-journal", *DURABILITY_NV],
+               DURABILITY_FSYNC + DURABILITY_PAPER, baseline="ext4-ordered",
+               workload_fs={**{f"{w}:{c}": ["ext4-ordered", *DURABILITY_NV]
+                               for w, c in DURABILITY_FSYNC},
+                            **{f"{w}:{c}": ["ext4-journal", *DURABILITY_NV]
+                               for w, c in DURABILITY_PAPER}},
+               baselines={f"{w}:{c}": "ext4-journal" for w, c in DURABILITY_PAPER},
+               overrides={"seconds": 5.0}, sync_point=True, reps=1, memory="1G",
+               nvram="256M", scale=1.0, device="hdd-7200,ssd", disk="2G",
+               estimate="9 min measured for the 54 runs; bench/run durability adds 16 "
+                        "recovery runs (6-8 min measured)", notes=DURABILITY_NOTES),
+    Experiment("durability-quick", "the durability experiment shrunk for a smoke run (both "
+               "devices, 1 s loops, counts x 0.1, untar of Linux's kernel/ only)",
+               ["ext4-ordered", "ext4-journal", *DURABILITY_NV],
+               DURABILITY_FSYNC + DURABILITY_PAPER[:2] + [("untar", "linux-kernel")],
+               baseline="ext4-ordered",
+               workload_fs={**{f"{w}:{c}": ["ext4-ordered", *DURABILITY_NV]
+                               for w, c in DURABILITY_FSYNC},
+                            **{f"{w}:{c}": ["ext4-journal", *DURABILITY_NV]
+                               for w, c in DURABILITY_PAPER[:2] + [("untar", "linux-kernel")]}},
+               baselines={f"{w}:{c}": "ext4-journal"
+                          for w, c in DURABILITY_PAPER[:2] + [("untar", "linux-kernel")]},
+               overrides={"seconds": 1.0}, sync_point=True, reps=1, memory="1G",
+               nvram="256M", scale=0.1, device="hdd-7200,ssd", disk="2G",
+               estimate="3.5 min measured for the 54 runs", notes=DURABILITY_NOTES),
     Experiment("fuse-tax-knobs", "nvstack none: command-line knobs (max_write 128K, "
                "attr/entry timeout 0) vs defaults and passthrough_hp",
                ["passthrough_hp", "nvstack-none", "nvstack-none-mw128k", "nvstack-none-notimeout"],

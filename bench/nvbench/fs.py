@@ -201,6 +201,17 @@ def _nvstack() -> list[FsConfig]:
         "ext4", "data=ordered", journal="internal",
         nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo"},
         consistent=True))
+    # the same in the other consistency modes (experiment durability: every mode side by side)
+    for cons, what in (("journal", "VM-aware journaling: every operation atomic, durable at the "
+                                   "next group commit (fsync, fdatasync, 5 s, 32 MiB)"),
+                       ("none", "no log: a reference, not crash-consistent")):
+        out.append(FsConfig(
+            f"nvstack-ext4-defaults-{cons}", f"nvstack {cons}",
+            f"nvstack with its defaults but --consistency {cons} ({what}) over ext4 "
+            f"data=ordered: tempfiles on, NVRAM page cache on with relo write-back",
+            "ext4", "data=ordered", journal="internal",
+            nvstack={"consistency": cons, "tempfiles": "on", "cache": "on", "writeback": "relo"},
+            consistent=cons != "none"))
     return out
 
 
@@ -344,6 +355,8 @@ class Target:
     caps: Capabilities | None = None
     cgroup: MemoryCgroup | None = None
     rundir: Path | None = None
+    remount_options: str = ""       # a stacked FS: `mount -o remount,<these>` once it is up
+                                    # (e.g. sync: Sync-PostMark on a FUSE mount)
     _undo: list = field(default_factory=list)
     daemon: object = None
     path: Path | None = None        # where the workload runs
@@ -380,6 +393,10 @@ class Target:
             self.path = self._fuse_mount(kernel_mnt)
         else:
             self.path = kernel_mnt
+        if cfg.stacked and self.remount_options:
+            # the FUSE superblock takes MS_SYNCHRONOUS & co. by remount (no mount helper: -i);
+            # its lower FS keeps its own options
+            sh.run(["mount", "-i", "-o", f"remount,{self.remount_options}", str(self.path)])
         return self.path
 
     def _mount_options(self, jdev: str | None) -> str:

@@ -115,9 +115,15 @@ def parse_fio(text: str) -> dict[str, float]:
     out["runtime_s"] = runtime_ms / 1000.0
     for d in ("read", "write"):
         ios = sum(float(j.get(d, {}).get("total_ios", 0)) for j in jobs)
+        out[f"{d}_ios"] = ios
         if ios:
             out[f"{d}_clat_mean_us"] = lat_sum[d] / ios / 1000.0
     return out
+
+
+def parse_untar(text: str) -> dict[str, float]:
+    """`tar -xvf` lists every member it extracts, one per line -> untar_members."""
+    return {"untar_members": float(sum(1 for line in text.splitlines() if line.strip()))}
 
 
 def parse_durable(text: str) -> dict[str, float]:
@@ -152,6 +158,52 @@ def parse_durable(text: str) -> dict[str, float]:
 PER_TX = ("requests", "writes", "flushes", "bytes_written", "busy_ms")
 
 
+def ops_metrics(workload: str, params: dict, metrics: dict[str, float]) -> dict[str, float]:
+    """What one *operation* of a workload is, and the counters per operation (the durability
+    experiment's tables): a durable loop's acknowledged transaction; a Postmark transaction;
+    one write(2) of fio (an 8 KiB append of seq_write); one member tar extracted. Metrics:
+      ops                         the count
+      ops_per_second              ops / wall clock of the timed command (a loop: its tx/s)
+      ops_per_durable_second      ops / (wall + sync + sync point): until all is durable
+      dev_<c>_per_op              modeled-disk counter deltas (timed command + sync) per op
+      nv_fsync_calls_per_op, nv_fsync_waited_on_lower_per_op   nvstack's durability calls
+                                  per op, and those that waited for the lower FS
+      nv_requests_per_op          FUSE requests nvstack served per op
+      cpu_daemon_us_per_op, cpu_app_us_per_op   CPU of the FUSE daemon and of the timed
+                                  command (with its children) per op"""
+    if workload in ("sqlite", "maildir", "applog", "filecreate"):
+        ops = metrics.get("transactions")
+    elif workload == "postmark":
+        ops = float(params["transactions"]) if params.get("transactions") else None
+    elif workload == "fio":
+        ops = (metrics.get("write_ios") or 0.0) + (metrics.get("read_ios") or 0.0)
+    elif workload == "untar":
+        ops = metrics.get("untar_members")
+    else:
+        ops = None
+    if not ops:
+        return {}
+    out = {"ops": ops}
+    wall, durable = metrics.get("wall_seconds"), metrics.get("durable_seconds")
+    out["ops_per_second"] = metrics["tx_per_second"] if "tx_per_second" in metrics else \
+        (ops / wall if wall else None)
+    if durable:
+        out["ops_per_durable_second"] = ops / durable
+    for k in PER_TX:
+        if f"dev_{k}" in metrics:
+            out[f"dev_{k}_per_op"] = metrics[f"dev_{k}"] / ops
+    for k in ("calls", "waited_on_lower"):
+        if f"nv_fsync.{k}" in metrics:
+            out[f"nv_fsync_{k}_per_op"] = metrics[f"nv_fsync.{k}"] / ops
+    requests = [v for k, v in metrics.items() if k.startswith("nv_requests.")]
+    if requests:
+        out["nv_requests_per_op"] = sum(requests) / ops
+    for k in ("daemon_s", "app_s"):
+        if f"cpu_{k}" in metrics:
+            out[f"cpu_{k[:-2]}_us_per_op"] = 1e6 * metrics[f"cpu_{k}"] / ops
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def per_tx_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """dev_<counter>_per_tx for the PER_TX counters (nothing without transactions or a
     modeled disk)."""
@@ -176,13 +228,19 @@ def parse_device_stat(before: dict | None, after: dict) -> dict[str, float]:
 
 # counters (not gauges) of `nvstack stat --json`: reported as the delta over the timed workload
 _NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_", "tempfiles.",
-                "cache.", "writeback.")
+                "cache.", "writeback.", "fsync.", "journal.")
 # ... except these gauges and settings, reported as read after the workload (span_blocks_avg is
 # recomputed from the span_* deltas)
 _NV_GAUGES = ("tempfiles.pages_resident", "tempfiles.files_resident",
               "tempfiles.span_blocks_avg", "tempfiles.max_size",
               "cache.files", "writeback.pages_dirty", "writeback.pages_inactive_dirty",
-              "writeback.high_pages", "writeback.low_pages", "writeback.zone_blocks")
+              "writeback.high_pages", "writeback.low_pages", "writeback.zone_blocks",
+              "fsync.unsynced_objects", "journal.records", "journal.bytes", "journal.size_max",
+              "journal.interval_secs", "journal.replayed_at_mount", "journal.group.generation",
+              "journal.group.log_capacity", "journal.group.log_entries",
+              "journal.group.credit_pages", "journal.group.group_bytes",
+              "journal.group.group_operations", "journal.group.group_pages",
+              "journal.group.fresh_pages")
 
 
 def parse_nvstack_stat(stat: dict, before: dict | None = None) -> dict[str, float]:
@@ -294,7 +352,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 TOOL_PARSERS = {"postmark": parse_postmark, "bonnie": parse_bonnie, "fio": parse_fio,
-                "sqlite": parse_durable, "maildir": parse_durable, "applog": parse_durable}
+                "untar": parse_untar, "sqlite": parse_durable, "maildir": parse_durable,
+                "applog": parse_durable, "filecreate": parse_durable}
 
 # metric -> (unit, higher_is_better) for the metrics that get plotted/summarised
 UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
@@ -341,7 +400,19 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "tempffs_lower_bytes_eliminated_pct": ("%", True),
          "tempffs_blk_bytes_eliminated_pct": ("%", True),
          "tempffs_dev_bytes_eliminated_pct": ("%", True),
-         "throughput_ratio_vs_lower_fs": ("x", True)}
+         "throughput_ratio_vs_lower_fs": ("x", True),
+         # the durability experiment: until everything is durable, and per operation
+         "sync_point_seconds": ("s", False), "durable_seconds": ("s", False),
+         "ops": ("", ""), "ops_per_second": ("ops/s", True),
+         "ops_per_durable_second": ("ops/s", True), "untar_members": ("", ""),
+         "dev_requests_per_op": ("", False), "dev_writes_per_op": ("", False),
+         "dev_flushes_per_op": ("", False), "dev_bytes_written_per_op": ("B", False),
+         "dev_busy_ms_per_op": ("ms", False), "nv_fsync_calls_per_op": ("", ""),
+         "nv_fsync_waited_on_lower_per_op": ("", False),
+         "nv_fsync.calls": ("", ""), "nv_fsync.waited_on_lower": ("", False),
+         "nv_requests_per_op": ("", False), "host_cpu_busy_pct": ("%", ""),
+         "cpu_daemon_s": ("s", False), "cpu_app_s": ("s", False),
+         "cpu_daemon_us_per_op": ("us", False), "cpu_app_us_per_op": ("us", False)}
 
 
 def primary_metric(workload: str, config: str) -> tuple[str, str, bool]:
@@ -382,9 +453,18 @@ def parse_run(rundir: Path) -> list[dict]:
         return [{**base, "metric": "", "value": "", "unit": "", "higher_is_better": "",
                  "primary": ""}]
     metrics: dict[str, float] = {}
-    for key in ("wall_seconds", "sync_seconds"):
+    for key in ("wall_seconds", "sync_seconds", "sync_point_seconds"):
         if result.get(key) is not None:
             metrics[key] = float(result[key])
+    cpu = result.get("cpu") or {}
+    if cpu.get("host_total_s"):
+        metrics["host_cpu_busy_pct"] = 100.0 * cpu.get("host_busy_s", 0.0) / cpu["host_total_s"]
+    for key in ("daemon_s", "app_s"):
+        if cpu.get(key) is not None:
+            metrics[f"cpu_{key}"] = float(cpu[key])
+    if "sync_point_seconds" in metrics:       # the experiment ends at a durability point
+        metrics["durable_seconds"] = sum(metrics.get(k, 0.0) for k in (
+            "wall_seconds", "sync_seconds", "sync_point_seconds"))
     parser = TOOL_PARSERS.get(spec["workload"])
     if parser:
         try:
@@ -414,6 +494,7 @@ def parse_run(rundir: Path) -> list[dict]:
         metrics.update(nvm)
         metrics.update(tempffs_metrics(nvm))
         metrics.update(writeback_metrics(nvm))
+    metrics.update(ops_metrics(spec["workload"], spec.get("params") or {}, metrics))
     cg = _load(rundir / "cgroup.json")
     if isinstance(cg, dict):
         for k in ("max_usage_in_bytes", "failcnt"):
@@ -472,7 +553,7 @@ def paired_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["status"] != "ok" or not r["metric"]:
             continue
-        run = (r["workload"], r["config"], r["variant"], str(r["rep"]), r["fs"])
+        run = (r["device"], r["workload"], r["config"], r["variant"], str(r["rep"]), r["fs"])
         value[run + (r["metric"],)] = float(r["value"])
         first.setdefault(run, r)
     out = []

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .parse import read_csv  # noqa: E402
+from . import durability  # noqa: E402
 from . import fs as fs_mod  # noqa: E402
 from .summary import (BONNIE_METRICS, DURABLE_WORKLOADS, _meta, _nvram_text,  # noqa: E402
                       aggregate, durability_rows, improvement, natural, tables)
@@ -65,6 +66,9 @@ def plot_experiment(csv_path: Path, out_dir: Path) -> list[Path]:
     if not rows:
         return []
     exp = rows[0]["experiment"]
+    if durability.is_durability(rows):
+        fig = speedup_figure(rows, out_dir)
+        return [fig] if fig else []
     baseline = _meta(out_dir, exp).get("baseline") or rows[0]["fs"]
     agg = aggregate(rows)
     written = []
@@ -273,10 +277,59 @@ def durability_figure(rows: list[dict], out_dir: Path, baseline: str,
     b.set_ylabel("disk requests per transaction (log)")
     b.set_title("Modeled disk requests per transaction", fontsize=9)
     m = rows[0]
-    fig.suptitle(f"{m['experiment']}: applications that wait for durability, device "
-                 f"{m['device']} (sleep timing){_nvram_text(rows)}", fontsize=9)
+    return _save(fig, out_dir / f"{slug(m['experiment'])}-durability.png",
+                 f"{m['experiment']}: applications that wait for durability, device "
+                 f"{m['device']} (sleep timing){_nvram_text(rows)}")
+
+
+def speedup_figure(rows: list[dict], out_dir: Path) -> Path | None:
+    """The durability experiment: one panel per device, the speed-up of each nvstack mode over
+    the row's baseline (ext4 data=ordered for the fsync-bound rows, ext4 data=journal for the
+    paper's), log scale, the goals drawn as dashed lines over their rows."""
+    lines = durability.table_rows(rows)
+    if not lines:
+        return None
+    devices = list(dict.fromkeys(ln["device"] for ln in lines))
+    series = [f for f in (*durability.DURABILITY_NV, "nvstack-ext4-defaults-none")
+              if any(f in ln["speedup"] for ln in lines)]
+    fig, axes = plt.subplots(1, len(devices), figsize=(7.5 * len(devices), 5.2), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    width = 0.8 / max(1, len(series))
+    for ax, dev in zip(axes[0], devices):
+        dl = [ln for ln in lines if ln["device"] == dev]
+        for i, f in enumerate(series):
+            xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(dl))]
+            ys = [ln["speedup"].get(f, 0.0) for ln in dl]
+            ax.bar(xs, ys, width, label=fs_mod.CONFIGS[f].label, color=cmap(i % 10),
+                   edgecolor="black", linewidth=0.4)
+            for x, y in zip(xs, ys):
+                if y > 0:
+                    ax.annotate(f"{y:,.1f}" if y < 10 else f"{y:,.0f}", (x, y), ha="center",
+                                va="bottom", fontsize=6, xytext=(0, 1),
+                                textcoords="offset points")
+        for g, ln in enumerate(dl):
+            goal = (durability.FSYNC_GOAL.get(dev) if ln["group"] == "fsync"
+                    else durability.PAPER_GOAL)
+            if goal:
+                ax.hlines(goal, g - 0.45, g + 0.45, colors="red", linestyles="dashed",
+                          linewidth=1)
+        ax.axhline(1.0, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(dl)))
+        ax.set_xticklabels([ln["name"].split(" (")[0].replace(", synchronous=FULL", "")
+                            for ln in dl], fontsize=7, rotation=35, ha="right")
+        ax.set_ylabel("speed-up over ext4 (log): ordered | data=journal for the paper's rows")
+        ax.set_title(f"{dev} (sleep timing): red dashes = issue 13's goal", fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    m = rows[0]
+    return _save(fig, out_dir / f"{slug(m['experiment'])}-speedup.png",
+                 f"{m['experiment']}: nvstack over ext4 vs ext4 alone, same device, same "
+                 f"durability{_nvram_text(rows)}")
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path = out_dir / f"{slug(m['experiment'])}-durability.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -55,10 +55,15 @@ class RunSpec:
     journal_bytes: int
     nvram_bytes: int
     scale: float
+    device_in_path: bool = False    # an experiment on several devices: runs/<exp>/<device>/...
+    sync_point: bool = False        # Experiment.sync_point
 
     def reldir(self) -> Path:
-        return (Path("runs") / self.experiment / f"{self.workload}-{self.config}" /
-                slug(self.variant) / self.fs / f"rep{self.rep}")
+        base = Path("runs") / self.experiment
+        if self.device_in_path:
+            base /= slug(self.device)
+        return (base / f"{self.workload}-{self.config}" / slug(self.variant) / self.fs /
+                f"rep{self.rep}")
 
     def run_id(self) -> str:
         return f"{os.getpid()}-{slug(self.fs)}-{self.rep}"
@@ -89,7 +94,8 @@ def _variants(mod, config: str, scale: float, memory: int):
 
 
 def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
-    """The runs of an experiment, interleaved: rep-major, then workload variant, then fs."""
+    """The runs of an experiment, interleaved: rep-major, then device (st.device may name
+    several, comma-separated), then workload variant, then fs."""
     memory = st.memory or parse_size(exp.memory)
     scale = st.scale if st.scale is not None else exp.scale
     reps = st.reps or exp.reps
@@ -97,6 +103,8 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
     journal -= journal % (1 << 20)
     nvram = st.nvram or (parse_size(exp.nvram) if exp.nvram else memory // 2)
     specs = []
+    devices = [d for d in st.device.split(",") if d]
+    overrides = {**exp.overrides, **st.overrides}
     _check_overrides(exp, st, scale, memory)
     if st.variants is not None:
         known = {v for w, c in exp.workloads for v, _p in _variants(workloads.get(w), c, scale,
@@ -106,16 +114,19 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
             raise BenchError(f"--variants: {', '.join(unknown)} not among the variants of "
                              f"experiment {exp.name} ({', '.join(sorted(known))})")
     for rep in range(1, reps + 1):
-        for wname, config in exp.workloads:
-            mod = workloads.get(wname)
-            for variant, params in _variants(mod, config, scale, memory):
-                if st.variants is not None and variant not in st.variants:
-                    continue
-                params = _override(params, st.overrides)
-                for fsname in exp.fs:
-                    specs.append(RunSpec(exp.name, wname, config, variant, params, fsname, rep,
-                                         st.device, st.timing, memory, parse_size(exp.disk),
-                                         journal, nvram, scale))
+        for device in devices:
+            for wname, config in exp.workloads:
+                mod = workloads.get(wname)
+                for variant, params in _variants(mod, config, scale, memory):
+                    if st.variants is not None and variant not in st.variants:
+                        continue
+                    params = _override(params, overrides)
+                    for fsname in exp.fs_for(wname, config):
+                        specs.append(RunSpec(exp.name, wname, config, variant, params, fsname,
+                                             rep, device, st.timing, memory,
+                                             parse_size(exp.disk), journal, nvram, scale,
+                                             device_in_path=len(devices) > 1,
+                                             sync_point=exp.sync_point))
     return specs
 
 
@@ -203,9 +214,6 @@ def skip_reason(spec: RunSpec, inv, cfg: fs_mod.FsConfig, caps: nvstack.Capabili
         return caps.missing("device")
     if cfg.mkfs == "vfat" and not which("mkfs.vfat"):
         return "mkfs.vfat not installed (dosfstools)"
-    extra = getattr(mod, "mount_option", lambda p: None)(spec.params)
-    if extra and cfg.nvstack:
-        return f"variant needs mount option `{extra}` on the measured FS; nvstack has none yet"
     return None
 
 
@@ -222,7 +230,7 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     target_path = layout.mnt
     inv = _invocation(mod, spec, target_path, rundir, st)
     extra = getattr(mod, "mount_option", lambda p: None)(spec.params)
-    if extra and not cfg.nvstack:
+    if extra and not cfg.stacked:
         opts = ",".join(o for o in (cfg.mount_options, extra) if o)
         cfg = fs_mod.FsConfig(**{**asdict(cfg), "mount_options": opts})
     budget_enforced = cgroup_mod.available() or st.dry_run
@@ -238,7 +246,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         "journal_bytes": spec.journal_bytes if cfg.journal else None,
         "device_model": spec.device, "device_timing": spec.timing if spec.device != "none" else None,
         "disk_bytes": spec.disk_bytes, "workdir": str(layout.workdir), "dry_run": st.dry_run,
-        "started": _dt.datetime.now().isoformat(timespec="seconds"), "notes": notes}}
+        "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "loadavg_start": loadavg(), "notes": notes}}
     _write_json(rundir / "spec.json", {**asdict(spec)})
     _write_json(rundir / "env.json", env)
     result = {"status": "ok", "reason": "", "wall_seconds": None, "sync_seconds": None,
@@ -252,7 +261,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     cg = cgroup_mod.MemoryCgroup(sh, cg_limit) if budget_enforced else None
     wrap = cg.wrap if cg else (lambda argv: argv)
     target = fs_mod.Target(sh, cfg, spec.device, layout, spec.disk_bytes, spec.journal_bytes,
-                           spec.nvram_bytes, spec.timing, caps, cg, rundir)
+                           spec.nvram_bytes, spec.timing, caps, cg, rundir,
+                           remount_options=extra if extra and cfg.stacked else "")
     try:
         if cg:
             cg.create()
@@ -272,12 +282,18 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         timed = wrap(inv.argv)
         (rundir / "cmd.txt").write_text(sh.render(timed) + "\n")
         sh.note("timed workload (wall clock measured outside the tool):")
+        cpu0 = cpu_snapshot(target.fuse_pid())
         res = sh.run(timed, check=False, stdout=rundir / "stdout.txt",
                      stderr=rundir / "stderr.txt", timeout=6 * 3600, time_it=True)
+        if not st.dry_run:
+            result["cpu"] = cpu_delta(cpu0, cpu_snapshot(target.fuse_pid()))
         result["wall_seconds"] = round(res.seconds, 4)
         result["exit_code"] = res.returncode
         syn = sh.sh("sync", check=False)
         result["sync_seconds"] = round(syn.seconds, 4)
+        if spec.sync_point:
+            sp = sh.run(workloads.sync_point_argv(target.path), check=False, time_it=True)
+            result["sync_point_seconds"] = round(sp.seconds, 4)
         target.device_stat(rundir / "device_stat_after.json")
         target.block_stat(rundir / "blockdev_stat_after.txt")
         target.nvstack_stat(rundir / "nvstack_stat.json")
@@ -293,6 +309,7 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         raise
     finally:
         sh.phase = "cleanup"
+        result["loadavg_end"] = loadavg()
         if cg:
             _write_json(rundir / "cgroup.json", cg.stats())
         errs = target.teardown()
@@ -309,6 +326,48 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         repro.write_text(sh.repro_script(header))
         repro.chmod(0o755)
     return result
+
+
+def cpu_snapshot(daemon_pid: int | None) -> dict:
+    """CPU seconds so far: the whole machine (busy and total, /proc/stat), the FUSE daemon
+    (/proc/PID/stat utime + stime) and the harness' finished children (the timed command)."""
+    import resource
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict = {}
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        out["host_total_s"] = sum(f[:8]) / tick           # user .. steal
+        out["host_busy_s"] = (sum(f[:8]) - f[3] - f[4]) / tick   # minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        pass
+    if daemon_pid:
+        try:
+            stat = Path(f"/proc/{daemon_pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            out["daemon_s"] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["children_s"] = ru.ru_utime + ru.ru_stime
+    return out
+
+
+def cpu_delta(before: dict, after: dict) -> dict:
+    """CPU seconds spent during the timed command: host_busy_s of host_total_s (all cores),
+    daemon_s (the FUSE daemon), app_s (the timed command and its children)."""
+    out = {k: round(after[k] - before[k], 4) for k in ("host_total_s", "host_busy_s", "daemon_s")
+           if k in before and k in after}
+    out["app_s"] = round(after["children_s"] - before["children_s"], 4)
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def loadavg() -> str | None:
+    """/proc/loadavg as is (the machine is shared: other work shows here)."""
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
 
 
 def _invocation(mod, spec, target_path, rundir, st):

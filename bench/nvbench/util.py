@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -16,6 +17,19 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 class BenchError(Exception):
     """An error that ends one run (or the command) with a readable message."""
+
+
+@contextlib.contextmanager
+def failure_recorded(result: dict):
+    """A run's body: a BenchError ends it as status `failed` with the message as reason;
+    Ctrl-C or a signal marks it interrupted and goes on up (the caller's `finally` cleans)."""
+    try:
+        yield
+    except BenchError as exc:
+        result.update(status="failed", reason=str(exc)[:2000])
+    except BaseException:
+        result.update(status="failed", reason="interrupted (Ctrl-C or signal)")
+        raise
 
 
 def parse_size(text: str | int) -> int:

@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -11,12 +10,7 @@ from nvbench.experiments import EXPERIMENTS
 from nvbench.shell import Shell
 
 
-@pytest.fixture(autouse=True)
-def no_nvstack(monkeypatch):
-    monkeypatch.setenv("NVSTACK_BIN", "/nonexistent/nvstack")
-    nvstack.probe(refresh=True)
-    yield
-    nvstack._cache = None
+pytestmark = pytest.mark.usefixtures("no_nvstack")
 
 
 def settings(tmp_path, device="none"):

@@ -96,14 +96,6 @@ def test_block_stat_sample(samples):
 
 
 # ----- the experiment ------------------------------------------------------------------------------
-@pytest.fixture
-def no_nvstack(monkeypatch):
-    monkeypatch.setenv("NVSTACK_BIN", "/nonexistent/nvstack")
-    nvstack.probe(refresh=True)
-    yield
-    nvstack._cache = None
-
-
 def test_tempffs_postmark_matrix(tmp_path, no_nvstack):
     exp = EXPERIMENTS["tempffs-postmark"]
     assert exp.fs == ["ext2", OFF, ON] and exp.baseline == "ext2" and exp.device == "none"

@@ -32,9 +32,10 @@ def scaled(value: float, scale: float, minimum: int = 1) -> int:
 
 
 def get(name: str):
-    from . import applog, bonnie, filedelete, fio, maildir, postmark, sqlite, untar
+    from . import applog, bonnie, filecreate, filedelete, fio, maildir, postmark, sqlite, untar
     table = {"postmark": postmark, "bonnie": bonnie, "fio": fio, "untar": untar,
-             "filedelete": filedelete, "sqlite": sqlite, "maildir": maildir, "applog": applog}
+             "filedelete": filedelete, "sqlite": sqlite, "maildir": maildir, "applog": applog,
+             "filecreate": filecreate}
     if name not in table:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(table))}")
     return table[name]
@@ -44,15 +45,24 @@ def target_subdir(target: Path, name: str) -> Path:
     return target / f"nvbench-{name}"
 
 
-# durable.py: the transaction loops of sqlite, maildir and applog (standard library only)
+# durable.py: the transaction loops of sqlite, maildir, applog and filecreate (standard
+# library only)
 DURABLE_DRIVER = Path(__file__).resolve().parent / "durable.py"
 
 
 def durable_invocation(p: dict, target: Path, extra: list[str]) -> Invocation:
-    """The timed durable.py loop of one of the workloads sqlite, maildir, applog: its
-    directory is made and prepared (`--init`) untimed, through the measured file system."""
+    """The timed durable.py loop of one of the workloads sqlite, maildir, applog, filecreate:
+    its directory is made and prepared (`--init`) untimed, through the measured file system.
+    The loop ends after p["seconds"], or after p["count"] transactions if that comes first."""
     loc = target_subdir(target, p["kind"])
     base = [sys.executable, str(DURABLE_DRIVER), p["kind"], "--dir", str(loc), *extra]
-    return Invocation(argv=[*base, "--seconds", str(p["seconds"])],
-                      pre=[["mkdir", "-p", str(loc)], [*base, "--init"]],
+    limit = ["--seconds", str(p["seconds"])] + (["--count", str(p["count"])]
+                                                  if p.get("count") else [])
+    return Invocation(argv=[*base, *limit], pre=[["mkdir", "-p", str(loc)], [*base, "--init"]],
                       tools=[sys.executable])
+
+
+def sync_point_argv(target: Path) -> list[str]:
+    """durable.py sync-point on the measured FS (see durable.py): the group commit of nvstack's
+    journal mode after a benchmark that ends at a durability point."""
+    return [sys.executable, str(DURABLE_DRIVER), "sync-point", "--dir", str(target)]

@@ -2,6 +2,8 @@
 
 VMA journaling paper (sec. 5.1):
   seq_write    one empty file, 8 KB appends until 600 MB (then fsync)
+  seq_write-150m  the same to 150 MB (the paper's size x 0.25; the durability experiment: the
+               file fits the 256 MiB NVRAM region, as the paper's fit its domain's memory)
   rnd_write    4 KB random writes to a (pre-written) 512 MB file until 128 MB written (then fsync)
 Non-blocking writes paper (sec. 5): 60 s on a 5 GB pre-allocated (pre-written) file, cold cache,
 operation sizes below 4 KB (the fetch-before-write case):
@@ -95,6 +97,8 @@ JOBS: dict[str, dict] = {
                                   "random_distribution": "zipf:1.1", "filename": "wb.dat"}],
                         "prefill": "lower", "primary": ("wall_seconds", "s", False)},
 }
+JOBS["seq_write-150m"] = {**JOBS["seq_write"],
+                          "jobs": [{**JOBS["seq_write"]["jobs"][0], "size": 150 * MB}]}
 NBW_IOSIZES = [128, 512, 1024, 2048, 4096]
 _SCALED = ("size", "io_size", "runtime")
 

@@ -27,6 +27,15 @@ Sources:
              RLIMIT_NOFILE (20000 here: with tempfiles off every live file holds an O_PATH
              descriptor in the daemon and every cached file up to two more) and so that one
              run on the modeled hdd-7200 stays near 2-3 minutes.
+  sync       Sync-PostMark for the durability experiment (issue 13): NVFAT's file sizes (512 B -
+             16 KB) in 10 directories, unbuffered, every write synchronous: the measured file
+             system is mounted with `-o sync` (MS_SYNCHRONOUS: the kernel follows every write(2)
+             with a data sync - on FUSE one FSYNC request per WRITE - and ext4 also commits every
+             namespace change, dirsync); nvstack gets it by `mount -o remount,sync` of its FUSE
+             mount, its lower ext4 stays as it is. Postmark's default 4 KiB read/write blocks
+             (NVFAT's 512 B would make ~16 synchronous writes per file: hours on hdd-7200 for
+             ext4) and 200 files / 400 transactions, so ext4 alone finishes in about a minute
+             on hdd-7200.
   smoke      a small thesis-shaped run for the smoke matrix (seconds per run).
   showcase   the README demo (`bench/run showcase`, its async Postmark part): thesis-sized
              files (512 B - 10 KB) in 10 directories, 3000 files and 6000 transactions, sized so
@@ -63,6 +72,8 @@ CONFIGS: dict[str, dict] = {
                  "subdirectories": 100},
     "writeback": {"files": [2500, 5000, 7500], "transactions": 20_000,
                   "size": (512, 10 * 1024), "subdirectories": 0},
+    "sync": {"files": [200], "transactions": 400, "size": (512, 16 * 1024),
+             "subdirectories": 10, "buffering": False, "read": 4096, "write": 4096, "sync": True},
     "smoke": {"files": [4000], "transactions": 100_000, "size": (512, 10 * 1024),
               "subdirectories": 0},
     "showcase": {"files": [3000], "transactions": 6_000, "size": (512, 10 * 1024),
