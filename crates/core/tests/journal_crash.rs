@@ -342,3 +342,130 @@ fn replay_starts_after_what_the_lower_file_system_has_for_certain() {
     assert_eq!(v.get("/c").map(String::as_str), Some("dir 755 user.k"), "{v:?}");
     assert!(!v.contains_key("/y/d") && !v.contains_key("/a"), "{v:?}");
 }
+
+/// A crash point of a replay: the region image, the lower file system as the replay left it,
+/// and as its last sync left it.
+type Point = (Vec<u8>, MemLower, MemLower);
+
+/// A directory the lower file system lost, named by hundreds of later records: replay makes it
+/// again and re-keys every record in bounded transactions (M4; one transaction would overflow
+/// journal mode's log credit, and an undo slot with thousands), and a crash at any sampled
+/// fence of that replay - with the lower file system as the replay left it, or as its last
+/// sync - recovers to the same tree.
+#[test]
+fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_when_replay_crashes()
+{
+    // More records than a transaction of this geometry holds in journal mode (16 pages).
+    const FILES: usize = 300;
+    for mode in [Consistency::Journal, Consistency::Undo] {
+        let params = FormatParams {
+            region_size: 12288 + 4 * 65536 + 4096 + 2048 * 4096,
+            undo_slots: 4,
+            undo_slot_size: 65536,
+        };
+        let lower = MemLower::default();
+        let region = Arc::new(SimRegion::new(params.region_size));
+        Pool::format(&*region, params).unwrap();
+        let config = EngineConfig {
+            journal: JournalConfig { size_max: 8 << 20, interval_secs: 0 },
+            ..config()
+        };
+        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+        let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+        let big = e.mkdir(&ROOT, e.root_id(), name("big"), 0o755).unwrap().node_id;
+        for i in 0..FILES {
+            let (entry, fh) =
+                e.create(&ROOT, big, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
+            e.release(fh).unwrap();
+            e.forget(entry.node_id, 1);
+        }
+        e.group_commit(); // journal mode: the records are durable
+        let want = view(&e).unwrap();
+        assert_eq!(want.len(), FILES + 1, "{mode:?}");
+        // The lower file system lost everything since its last sync: "big" and its files.
+        let image = region.crash_image(CrashMode::DropAll);
+        drop(e);
+        let start = |image: Vec<u8>, lower: MemLower| {
+            let (pool, _) = Pool::open(Arc::new(SimRegion::from_image(image)), mode)
+                .map_err(|x| format!("open: {x}"))?;
+            Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
+        };
+        // Crashes inside the replay: every tenth fence, with the lower file system kept and lost.
+        let crashed = lower.crash();
+        let replaying = Arc::new(SimRegion::from_image(image.clone()));
+        let points: Arc<Mutex<Vec<Point>>> = Arc::default();
+        let (hook_points, hook_lower, seen) =
+            (Arc::clone(&points), crashed.clone(), Arc::new(Mutex::new(0)));
+        replaying.set_fence_hook(Some(Box::new(move |point| {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            if *n % 10 == 0 {
+                let img = point.image(CrashMode::DropAll);
+                hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
+            }
+        })));
+        let (pool, _) = Pool::open(replaying.clone(), mode).unwrap();
+        let e = Engine::new(crashed.clone(), pool, config.clone()).unwrap();
+        replaying.set_fence_hook(None);
+        assert_eq!(view(&e).unwrap(), want, "{mode:?}: the first replay");
+        let replayed = e.stats().journal.replayed_at_mount as usize;
+        assert!(replayed > FILES, "{mode:?}: {replayed} replayed");
+        drop(e);
+        let points = std::mem::take(&mut *points.lock().unwrap());
+        assert!(points.len() > 20, "{mode:?}: {} crash points", points.len());
+        for (i, (img, kept, lost)) in points.into_iter().enumerate() {
+            for (what, lower) in [("kept", kept), ("lost", lost)] {
+                let e = start(img.clone(), lower)
+                    .unwrap_or_else(|x| panic!("{mode:?} crash point {i}, lower {what}: {x}"));
+                assert_eq!(view(&e).unwrap(), want, "{mode:?} crash point {i}, lower {what}");
+            }
+        }
+    }
+}
+
+/// The interval counts from the oldest record not yet checkpointed, not from the last
+/// checkpoint or the start: a record committed long after the last checkpoint still gets its
+/// full interval, and a record never waits much more than one.
+#[test]
+fn the_checkpoint_interval_counts_from_the_oldest_record_waiting() {
+    const START: u64 = lower::LogicalClock::DEFAULT_START_SECS;
+    let clock = Arc::new(lower::LogicalClock::default());
+    let lower = MemLower::new(lower::MemConfig { clock: clock.clone(), ..Default::default() });
+    let params = FormatParams {
+        region_size: 12288 + 4 * 65536 + 4096 + 256 * 4096,
+        undo_slots: 4,
+        undo_slot_size: 65536,
+    };
+    let region = Arc::new(SimRegion::new(params.region_size));
+    Pool::format(&*region, params).unwrap();
+    let config =
+        EngineConfig { journal: JournalConfig { size_max: 8 << 20, interval_secs: 5 }, ..config() };
+    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let e = Engine::new(lower, pool, config).unwrap();
+    let checkpoints = |e: &Engine<MemLower>| e.stats().journal.checkpoints;
+    let before = checkpoints(&e);
+    // Idle for a minute, then the first record: not checkpointed at the next tick.
+    clock.set(START + 60, 0);
+    e.mkdir(&ROOT, e.root_id(), name("a"), 0o755).unwrap();
+    e.tick().unwrap();
+    assert_eq!(checkpoints(&e), before, "checkpointed before the record's interval");
+    assert_eq!(e.stats().journal.records, 1);
+    clock.set(START + 64, 0);
+    e.mkdir(&ROOT, e.root_id(), name("b"), 0o755).unwrap();
+    e.tick().unwrap();
+    assert_eq!(checkpoints(&e), before, "4 s after the oldest record");
+    // 5 s after the oldest record: both go, though "b" is younger.
+    clock.set(START + 65, 0);
+    e.tick().unwrap();
+    assert_eq!(checkpoints(&e), before + 1);
+    assert_eq!(e.stats().journal.records, 0);
+    // The next record counts from its own commit again.
+    clock.set(START + 90, 0);
+    e.mkdir(&ROOT, e.root_id(), name("c"), 0o755).unwrap();
+    clock.set(START + 94, 0);
+    e.tick().unwrap();
+    assert_eq!(checkpoints(&e), before + 1, "checkpointed early");
+    clock.set(START + 95, 0);
+    e.tick().unwrap();
+    assert_eq!(checkpoints(&e), before + 2, "not checkpointed at its interval");
+}

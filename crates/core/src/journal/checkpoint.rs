@@ -44,7 +44,6 @@ impl<L: LowerFs> Engine<L> {
         let now = self.lower.now();
         let listed: Vec<(u64, txn::FrameId)> =
             self.journal.pending.lock().records.iter().map(|(&s, &f)| (s, f)).collect();
-        self.journal.last_checkpoint.store(now.0, Ordering::Relaxed);
         if listed.is_empty() {
             return Ok(0);
         }
@@ -55,6 +54,10 @@ impl<L: LowerFs> Engine<L> {
             let mut pending = self.journal.pending.lock();
             for (seq, _) in batch {
                 pending.records.remove(seq);
+            }
+            if !pending.records.is_empty() {
+                // Committed during the checkpoint: no older than its start.
+                self.journal.oldest_at.store(now.0, Ordering::Relaxed);
             }
         }
 
@@ -88,8 +91,8 @@ impl<L: LowerFs> Engine<L> {
         }
         let interval = self.journal.config.interval_secs;
         if interval > 0 && !self.journal.is_empty() {
-            let last = self.journal.last_checkpoint.load(Ordering::Relaxed);
-            let age = self.lower.now().0.saturating_sub(last);
+            let oldest = self.journal.oldest_at.load(Ordering::Relaxed);
+            let age = self.lower.now().0.saturating_sub(oldest);
             if u64::try_from(age).unwrap_or(u64::MAX) >= interval {
                 self.checkpoint(Why::Interval)?;
             }

@@ -90,8 +90,9 @@ pub struct Journal {
     pending: Mutex<Pending>,
     /// One checkpoint at a time (rank `Checkpoint`: held across its syncfs).
     checkpointing: Mutex<()>,
-    /// Lower-clock seconds of the last checkpoint (or of start).
-    last_checkpoint: AtomicI64,
+    /// Lower-clock seconds when the oldest record not yet checkpointed was committed (records
+    /// committed while a checkpoint ran count from its start); i64::MAX while none waits.
+    oldest_at: AtomicI64,
     counters: JournalCounters,
 }
 
@@ -144,7 +145,7 @@ impl Journal {
             next_seq: AtomicU64::new(1),
             pending: Mutex::new(Rank::Journal, Pending::default()),
             checkpointing: Mutex::new(Rank::Checkpoint, ()),
-            last_checkpoint: AtomicI64::new(i64::MIN),
+            oldest_at: AtomicI64::new(i64::MAX),
             counters: JournalCounters::default(),
         }
     }
@@ -233,7 +234,12 @@ impl<L: LowerFs> Engine<L> {
         match written {
             Ok(frame) => {
                 otx.end(Ok(()))?;
-                self.journal.pending.lock().records.insert(redo.seq, frame);
+                let mut pending = self.journal.pending.lock();
+                if pending.records.is_empty() {
+                    self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
+                }
+                pending.records.insert(redo.seq, frame);
+                drop(pending);
                 Counters::add(&self.journal.counters.records_total, 1);
                 self.fail("journal.committed");
                 self.mark_applied();

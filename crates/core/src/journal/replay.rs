@@ -44,6 +44,8 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut records: Vec<(FrameId, Redo)> =
             found.into_iter().map(|f| (f.frame, f.redo)).collect();
+        // Read at the first object made again, then kept current.
+        let mut refs: Option<Refs> = None;
         for i in 0..records.len() {
             let (frame, redo) = records[i].clone();
             if redo.seq <= marker {
@@ -51,7 +53,17 @@ impl<L: LowerFs> Engine<L> {
             }
             let fail = |error: FsError| StartError::Replay { seq: redo.seq, frame: frame.0, error };
             if let Some((old, new)) = self.redo(&redo).map_err(fail)? {
-                self.rewrite_handle(&old, &new, &mut records[i..]).map_err(fail)?;
+                // M4: the object made again is durable before any record names it.
+                self.syncfs_lower().map_err(fail)?;
+                let refs = match &mut refs {
+                    Some(refs) => refs,
+                    None => refs.insert(Refs::read(&self.pool).map_err(fail)?),
+                };
+                self.rewrite_handle(&old, &new, &mut records[i..], refs).map_err(fail)?;
+                // W1 (journal mode): the re-keyed records are durable before the object moves
+                // to its name, so a crash never finds it placed under records that name the old
+                // handle (the next replay would make it a second time).
+                self.group_commit();
                 let parent = self.lower.find_object(&records[i].1.dir1, self.max_walk);
                 let parent = parent.map_err(|e| fail(e.into()))?;
                 let hidden = crate::tempfs::replay_name(redo.seq);
@@ -211,17 +223,23 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// M4: every reference to handle `old` - the remaining records, temp-file records,
-    /// directory-times records, cached-file records - becomes `new`, in one transaction.
+    /// directory-times records, cached-file records - becomes `new`, in transactions of at
+    /// most `REKEY_BATCH` frames, halved while a batch does not fit (one transaction could
+    /// exceed an undo slot or journal mode's log credit: a directory made again may be named by
+    /// thousands of records). The record
+    /// that made the object (`records[0]`) is re-keyed last, so a crash in between leaves it
+    /// naming the old handle: the next replay makes the object again, finds the hidden name
+    /// taken by the one made before and adopts it (`recreate`), and re-keys what is left -
+    /// replacing `old` by `new` is idempotent.
     fn rewrite_handle(
         &self,
         old: &[u8],
         new: &[u8],
         records: &mut [(FrameId, Redo)],
+        refs: &mut Refs,
     ) -> FsResult<()> {
         let pool = &self.pool;
-        let temps = crate::tempfs::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
-        let times = crate::overlay::times::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
-        let cached = crate::cache::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?;
+        let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
         let swap = |h: &mut Vec<u8>| {
             if h == old {
                 *h = new.to_vec();
@@ -230,36 +248,78 @@ impl<L: LowerFs> Engine<L> {
                 false
             }
         };
-        self.atomically(|tx| {
-            for (frame, redo) in records.iter_mut() {
-                let before = redo.encode();
-                let mut changed = false;
-                for h in [&mut redo.dir1, &mut redo.dir2, &mut redo.object, &mut redo.other] {
-                    changed |= swap(h);
-                }
-                if changed {
-                    rewrite(tx, pool.frame_offset(*frame), &before, &redo.encode())?;
-                }
+        let (made, later) = records.split_first_mut().expect("the record that made it");
+        for (frame, redo) in later.iter_mut().chain(std::iter::once(made)) {
+            if ![&redo.dir1, &redo.dir2, &redo.object, &redo.other].iter().any(|h| *h == old) {
+                continue;
             }
-            for mut t in temps {
-                let before = t.rec.encode();
-                if swap(&mut t.rec.dir) {
-                    rewrite(tx, pool.frame_offset(t.frame), &before, &t.rec.encode())?;
-                }
+            let before = redo.encode();
+            for h in [&mut redo.dir1, &mut redo.dir2, &mut redo.object, &mut redo.other] {
+                swap(h);
             }
-            for mut t in times {
-                let before = t.times.encode();
-                if swap(&mut t.times.handle) {
-                    rewrite(tx, pool.frame_offset(t.frame), &before, &t.times.encode())?;
-                }
+            writes.push((pool.frame_offset(*frame), before, redo.encode()));
+        }
+        // The creating record goes last (see above).
+        let last = writes.pop();
+        for t in &mut refs.temps {
+            let before = t.rec.encode().to_vec();
+            if swap(&mut t.rec.dir) {
+                writes.push((pool.frame_offset(t.frame), before, t.rec.encode().to_vec()));
             }
-            for mut c in cached {
-                let before = c.rec.encode();
-                if swap(&mut c.rec.handle) {
-                    rewrite(tx, pool.frame_offset(c.frame), &before, &c.rec.encode())?;
-                }
+        }
+        for t in &mut refs.times {
+            let before = t.times.encode().to_vec();
+            if swap(&mut t.times.handle) {
+                writes.push((pool.frame_offset(t.frame), before, t.times.encode().to_vec()));
             }
-            Ok(())
+        }
+        for c in &mut refs.cached {
+            let before = c.rec.encode().to_vec();
+            if swap(&mut c.rec.handle) {
+                writes.push((pool.frame_offset(c.frame), before, c.rec.encode().to_vec()));
+            }
+        }
+        writes.extend(last);
+        // Batches halve when one does not fit a transaction (an undo slot, a log credit).
+        let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);
+        while !rest.is_empty() {
+            let batch = &rest[..size.min(rest.len())];
+            let done = self.atomically(|tx| {
+                batch.iter().try_for_each(|(off, before, after)| rewrite(tx, *off, before, after))
+            });
+            match done {
+                Ok(()) => {
+                    rest = &rest[batch.len()..];
+                    self.fail("replay.rekeyed");
+                }
+                Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
+                    size = batch.len() / 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Frames re-keyed per transaction at most (see `rewrite_handle`; fewer where a transaction
+/// cannot hold them).
+const REKEY_BATCH: usize = 64;
+
+/// What replay may have to re-key: every other structure that names a lower object by handle,
+/// read once (at the first object made again) and kept current as handles change.
+struct Refs {
+    temps: Vec<crate::tempfs::Found>,
+    times: Vec<crate::overlay::times::Found>,
+    cached: Vec<crate::cache::Found>,
+}
+
+impl Refs {
+    fn read(pool: &txn::Pool) -> FsResult<Refs> {
+        Ok(Refs {
+            temps: crate::tempfs::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
+            times: crate::overlay::times::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
+            cached: crate::cache::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
         })
     }
 }
