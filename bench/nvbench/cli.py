@@ -244,7 +244,7 @@ def cmd_durability(args) -> int:
     """Issue 13's benchmark in one directory: the experiment `durability` (or
     `durability-quick`) -> OUT/runs/<exp>/, CSV, PNG; the recovery times ->
     OUT/runs/recovery/<device>-<fs>/; then summary.md (tables, goals, recovery)."""
-    from . import archive, experiments, plot, recovery, summary
+    from . import archive, experiments, recovery, summary
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in DURABILITY_PARTS]
     if unknown:
@@ -286,7 +286,7 @@ def cmd_durability(args) -> int:
                 rc |= r["status"] != "ok"
         archive.pack(out)
     if not args.no_plot and not args.dry_run:
-        from . import parse
+        from . import parse, plot
         parse.parse_tree(out)
         plot.plot_dir(out)
         print(f"summary: {summary.write(out)}")

@@ -70,12 +70,18 @@ def test_raw_runs_under_bench_results_are_ignored_by_git():
 def test_without_matplotlib_bench_run_says_what_to_install(monkeypatch, tmp_path, capsys,
                                                           resultdir):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    # As on a fresh checkout: nvbench.plot (which imports matplotlib) not loaded yet.
+    monkeypatch.delitem(sys.modules, "nvbench.plot", raising=False)
+    monkeypatch.delattr(sys.modules["nvbench"], "plot", raising=False)
     out = tmp_path / "smoke"
     assert cli.main(["run", "smoke", "--dry-run", "--out", str(out)]) == 2
     assert not out.exists(), "refused before anything ran"
     assert cli.main(["plot", str(resultdir)]) == 2
+    dur = tmp_path / "durability"
+    assert cli.main(["durability", "--parts", "recovery", "--out", str(dur)]) == 2
+    assert not dur.exists(), "refused before anything ran"
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all("matplotlib is missing" in e and "bench/install.sh" in e
+    assert len(err) == 3 and all("matplotlib is missing" in e and "bench/install.sh" in e
                                  for e in err), err
     # Stages that do not plot still work.
     assert cli.main(["parse", str(resultdir)]) == 0
