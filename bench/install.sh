@@ -13,7 +13,7 @@ for a in "$@"; do
   esac
 done
 
-pkgs=(postmark fio bonnie++ e2fsprogs dosfstools util-linux xz-utils python3-venv)
+pkgs=(postmark fio bonnie++ e2fsprogs dosfstools util-linux fuse3 xz-utils python3-venv)
 [ "$WITH_LINUX" = 1 ] && pkgs+=(linux-source)
 if [ "$APT" = 1 ]; then
   missing=()

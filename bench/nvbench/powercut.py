@@ -174,6 +174,9 @@ class Stack:
 
     def mount_nvstack(self, tag: str) -> float:
         """Start the daemon; seconds until the mount is there (at recovery: the recovery)."""
+        if fs_mod._is_mounted(self.mnt):
+            # A dead daemon's mount would look mounted at once and time nothing.
+            raise BenchError(f"{self.mnt} is still mounted before nvstack mount ({tag})")
         self.daemon = self.sh.spawn(self.mount_argv, self.rundir / f"daemon-{tag}.stdout",
                                     self.rundir / f"daemon-{tag}.stderr", "DAEMON")
         self.daemon_var = self.sh.last_spawn_var
