@@ -376,6 +376,10 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
         for i in 0..FILES {
             let (entry, fh) =
                 e.create(&ROOT, big, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
+            if i % 50 == 0 {
+                // Cached pages: their record names the file, made again with a new handle.
+                e.write(fh, 0, format!("data {i}").as_bytes(), false).unwrap();
+            }
             e.release(fh).unwrap();
             e.forget(entry.node_id, 1);
         }
@@ -390,8 +394,20 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
                 .map_err(|x| format!("open: {x}"))?;
             Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
         };
-        // Crashes inside the replay: every tenth fence, with the lower file system kept and lost.
+        // Crashes inside the replay, with the lower file system kept and lost: every tenth
+        // fence, and every one of the last 40 (re-keying the records that outlive the journal,
+        // the checkpoint). A first replay counts them (replay is deterministic).
         let crashed = lower.crash();
+        let total = {
+            let counting = Arc::new(SimRegion::from_image(image.clone()));
+            let seen = Arc::new(Mutex::new(0usize));
+            let hook_seen = Arc::clone(&seen);
+            counting.set_fence_hook(Some(Box::new(move |_| *hook_seen.lock().unwrap() += 1)));
+            let (pool, _) = Pool::open(counting.clone(), mode).unwrap();
+            drop(Engine::new(crashed.fork(), pool, config.clone()).unwrap());
+            counting.set_fence_hook(None);
+            *seen.lock().unwrap()
+        };
         let replaying = Arc::new(SimRegion::from_image(image.clone()));
         let points: Arc<Mutex<Vec<Point>>> = Arc::default();
         let (hook_points, hook_lower, seen) =
@@ -399,7 +415,7 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
         replaying.set_fence_hook(Some(Box::new(move |point| {
             let mut n = seen.lock().unwrap();
             *n += 1;
-            if *n % 10 == 0 {
+            if *n % 10 == 0 || *n + 40 > total {
                 let img = point.image(CrashMode::DropAll);
                 hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
             }

@@ -7,10 +7,13 @@
 //! least up to the last checkpoint. A record is therefore redone only when its effect is
 //! missing, judged by the objects' handles (which never name another object):
 //! - a creation (create, mknod, mkdir, symlink) is there when its object exists anywhere
-//!   (`find_object`); otherwise it is made again - with a new handle, so every reference to
-//!   the old one (later records, temp-file, directory-times and cached-file records) is
-//!   rewritten to the new one in one transaction before the next record is redone (M4: the
-//!   region never names an object the lower file system cannot find again);
+//!   (`find_object`); otherwise it is made again at a hidden name, with a new handle, which
+//!   the creating record notes in `other` (**M5**, before the object moves to its name); later
+//!   records are redone with old handles resolved through these notes, not rewritten. After
+//!   the last record one `syncfs` makes every object made again durable, and only then do the
+//!   records that outlive the journal (temp-file, directory-times, cached-file) name the new
+//!   handles (**M4**: the region never names an object the lower file system cannot find
+//!   again);
 //! - a link is there when the name holds the object; a removal, when the name does not hold
 //!   the object; a rename, when the source name does not hold the moved object;
 //! - attribute changes are set again (idempotent: later records set later values).
@@ -19,6 +22,7 @@
 //! A record that cannot be redone (a directory the lower file system lost although the
 //! records say it exists) refuses the mount, naming the record: never a guess.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
@@ -42,38 +46,51 @@ impl<L: LowerFs> Engine<L> {
         if found.is_empty() {
             return Ok(());
         }
-        let mut records: Vec<(FrameId, Redo)> =
-            found.into_iter().map(|f| (f.frame, f.redo)).collect();
-        // Read at the first object made again, then kept current.
-        let mut refs: Option<Refs> = None;
-        for i in 0..records.len() {
-            let (frame, redo) = records[i].clone();
+        let records: Vec<(FrameId, Redo)> = found.into_iter().map(|f| (f.frame, f.redo)).collect();
+        // Objects made again by this replay or an interrupted one: the record that created the
+        // object names its old handle in `object` and the one it was made again with in
+        // `other` (unused by creations otherwise). Records are redone with handles resolved
+        // through this map instead of being rewritten: a directory made again may be named by
+        // thousands of records.
+        let mut remade: HashMap<Vec<u8>, Vec<u8>> = records
+            .iter()
+            .filter(|(_, r)| is_creation(r) && !r.other.is_empty())
+            .map(|(_, r)| (r.object.clone(), r.other.clone()))
+            .collect();
+        for (frame, redo) in &records {
             if redo.seq <= marker {
                 continue; // M3: the lower file system has it
             }
             let fail = |error: FsError| StartError::Replay { seq: redo.seq, frame: frame.0, error };
-            if let Some((old, new)) = self.redo(&redo).map_err(fail)? {
-                // M4: the object made again is durable before any record names it.
-                self.syncfs_lower().map_err(fail)?;
-                let refs = match &mut refs {
-                    Some(refs) => refs,
-                    None => refs.insert(Refs::read(&self.pool).map_err(fail)?),
-                };
-                self.rewrite_handle(&old, &new, &mut records[i..], refs).map_err(fail)?;
-                // W1 (journal mode): the re-keyed records are durable before the object moves
-                // to its name, so a crash never finds it placed under records that name the old
-                // handle (the next replay would make it a second time).
+            let resolved = resolve(redo, &remade);
+            if let Some(new) = self.redo(&resolved).map_err(fail)? {
+                // M5: the region names the object made again before it moves to its name, so
+                // a crash after that finds it (or makes it again if the lower file system lost
+                // it) instead of making a second one.
+                self.note_remade(*frame, redo, &new).map_err(fail)?;
+                // W1 (journal mode): that note is durable before the rename.
                 self.group_commit();
-                let parent = self.lower.find_object(&records[i].1.dir1, self.max_walk);
+                self.fail("replay.remade");
+                remade.insert(redo.object.clone(), new);
+                let resolved = resolve(redo, &remade);
+                let parent = self.lower.find_object(&resolved.dir1, self.max_walk);
                 let parent = parent.map_err(|e| fail(e.into()))?;
                 let hidden = crate::tempfs::replay_name(redo.seq);
-                self.place(&records[i].1, &parent, &hidden).map_err(fail)?;
+                self.place(&resolved, &parent, &hidden).map_err(fail)?;
             }
             self.lower
                 .setxattr(self.lower.root(), OsStr::new(super::MARKER), &redo.seq.to_le_bytes(), 0)
                 .map_err(|e| fail(e.into()))?;
             self.fail("replay.applied");
             Counters::add(&self.journal.counters.replayed_at_mount, 1);
+        }
+        if !remade.is_empty() {
+            // M4: every object made again is durable before a record that outlives the
+            // journal (temp file, directory times, cached file) names it.
+            let settle = |error: FsError| StartError::Replay { seq: 0, frame: 0, error };
+            self.syncfs_lower().map_err(settle)?;
+            self.rekey_refs(&remade).map_err(settle)?;
+            self.group_commit();
         }
         {
             let mut pending = self.journal.pending.lock();
@@ -85,9 +102,9 @@ impl<L: LowerFs> Engine<L> {
         Ok(())
     }
 
-    /// Redoes one record if its effect is missing; for a recreated object (still at its hidden
-    /// name) its old and new handle.
-    fn redo(&self, r: &Redo) -> FsResult<Option<(Vec<u8>, Vec<u8>)>> {
+    /// Redoes one record if its effect is missing; for an object made again (still at its
+    /// hidden name) its new handle.
+    fn redo(&self, r: &Redo) -> FsResult<Option<Vec<u8>>> {
         let exists = |h: &[u8]| self.lower.find_object(h, self.max_walk);
         let holds = |dir: &L::Node, name: &OsStr, h: &[u8]| {
             self.lower
@@ -163,9 +180,9 @@ impl<L: LowerFs> Engine<L> {
 
     /// Makes a created object again as its record says (owner, mode), at the hidden name
     /// `hidden` (an interrupted replay's object there is adopted: the name is ours); the
-    /// caller rewrites every reference to the record's handle (M4), then `place` moves it to
-    /// its name. Returns the old and the new handle.
-    fn recreate(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<(Vec<u8>, Vec<u8>)> {
+    /// caller notes its handle in the record (M5), then `place` moves it to its name. Returns
+    /// the new handle.
+    fn recreate(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<Vec<u8>> {
         let creds = Creds { uid: r.uid, gid: r.gid, groups: Vec::new() };
         let perm = r.mode & 0o7777;
         let made = match r.op() {
@@ -201,7 +218,7 @@ impl<L: LowerFs> Engine<L> {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok((r.object.clone(), self.lower.file_handle(&node)?))
+        Ok(self.lower.file_handle(&node)?)
     }
 
     /// Moves a recreated object from its hidden name to its name. A name taken means the
@@ -222,65 +239,48 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// M4: every reference to handle `old` - the remaining records, temp-file records,
-    /// directory-times records, cached-file records - becomes `new`, in transactions of at
-    /// most `REKEY_BATCH` frames, halved while a batch does not fit (one transaction could
-    /// exceed an undo slot or journal mode's log credit: a directory made again may be named by
-    /// thousands of records). The record
-    /// that made the object (`records[0]`) is re-keyed last, so a crash in between leaves it
-    /// naming the old handle: the next replay makes the object again, finds the hidden name
-    /// taken by the one made before and adopts it (`recreate`), and re-keys what is left -
-    /// replacing `old` by `new` is idempotent.
-    fn rewrite_handle(
-        &self,
-        old: &[u8],
-        new: &[u8],
-        records: &mut [(FrameId, Redo)],
-        refs: &mut Refs,
-    ) -> FsResult<()> {
+    /// Stores the handle an object was made again with in the record that created it (M5).
+    fn note_remade(&self, frame: FrameId, redo: &Redo, new: &[u8]) -> FsResult<()> {
+        let off = self.pool.frame_offset(frame);
+        let before = redo.encode();
+        let after = Redo { other: new.to_vec(), ..redo.clone() }.encode();
+        self.atomically(|tx| rewrite(tx, off, &before, &after))
+    }
+
+    /// M4: every temp-file, directory-times and cached-file record that names an object made
+    /// again names its new handle, in transactions of at most `REKEY_BATCH` frames, halved
+    /// while one does not fit (an undo slot, journal mode's log credit). Idempotent: a crash
+    /// in between leaves some records re-keyed and the map in the journal records, and the
+    /// next replay finishes.
+    fn rekey_refs(&self, remade: &HashMap<Vec<u8>, Vec<u8>>) -> FsResult<()> {
         let pool = &self.pool;
+        let corrupt = |e: nvram::Error| FsError::Answer(corrupt(&e));
         let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
-        let swap = |h: &mut Vec<u8>| {
-            if h == old {
-                *h = new.to_vec();
+        let swap = |h: &mut Vec<u8>| match remade.get(h) {
+            Some(new) => {
+                h.clone_from(new);
                 true
-            } else {
-                false
             }
+            None => false,
         };
-        let (made, later) = records.split_first_mut().expect("the record that made it");
-        for (frame, redo) in later.iter_mut().chain(std::iter::once(made)) {
-            if ![&redo.dir1, &redo.dir2, &redo.object, &redo.other].iter().any(|h| *h == old) {
-                continue;
-            }
-            let before = redo.encode();
-            for h in [&mut redo.dir1, &mut redo.dir2, &mut redo.object, &mut redo.other] {
-                swap(h);
-            }
-            writes.push((pool.frame_offset(*frame), before, redo.encode()));
-        }
-        // The creating record goes last (see above).
-        let last = writes.pop();
-        for t in &mut refs.temps {
+        for mut t in crate::tempfs::scan(pool).map_err(corrupt)? {
             let before = t.rec.encode().to_vec();
             if swap(&mut t.rec.dir) {
                 writes.push((pool.frame_offset(t.frame), before, t.rec.encode().to_vec()));
             }
         }
-        for t in &mut refs.times {
+        for mut t in crate::overlay::times::scan(pool).map_err(corrupt)? {
             let before = t.times.encode().to_vec();
             if swap(&mut t.times.handle) {
                 writes.push((pool.frame_offset(t.frame), before, t.times.encode().to_vec()));
             }
         }
-        for c in &mut refs.cached {
+        for mut c in crate::cache::scan(pool).map_err(corrupt)? {
             let before = c.rec.encode().to_vec();
             if swap(&mut c.rec.handle) {
                 writes.push((pool.frame_offset(c.frame), before, c.rec.encode().to_vec()));
             }
         }
-        writes.extend(last);
-        // Batches halve when one does not fit a transaction (an undo slot, a log credit).
         let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);
         while !rest.is_empty() {
             let batch = &rest[..size.min(rest.len())];
@@ -302,27 +302,29 @@ impl<L: LowerFs> Engine<L> {
     }
 }
 
-/// Frames re-keyed per transaction at most (see `rewrite_handle`; fewer where a transaction
+fn is_creation(r: &Redo) -> bool {
+    matches!(r.op(), Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
+}
+
+/// The record with every handle of an object made again replaced by its new one (a creation
+/// keeps its note in `other`; its `object` resolves like any handle).
+fn resolve(r: &Redo, remade: &HashMap<Vec<u8>, Vec<u8>>) -> Redo {
+    let mut r = r.clone();
+    let creation = is_creation(&r);
+    for h in [&mut r.dir1, &mut r.dir2, &mut r.object] {
+        if let Some(new) = remade.get(h.as_slice()) {
+            h.clone_from(new);
+        }
+    }
+    if !creation && let Some(new) = remade.get(r.other.as_slice()) {
+        r.other.clone_from(new);
+    }
+    r
+}
+
+/// Frames re-keyed per transaction at most (see `rekey_refs`; fewer where a transaction
 /// cannot hold them).
 const REKEY_BATCH: usize = 64;
-
-/// What replay may have to re-key: every other structure that names a lower object by handle,
-/// read once (at the first object made again) and kept current as handles change.
-struct Refs {
-    temps: Vec<crate::tempfs::Found>,
-    times: Vec<crate::overlay::times::Found>,
-    cached: Vec<crate::cache::Found>,
-}
-
-impl Refs {
-    fn read(pool: &txn::Pool) -> FsResult<Refs> {
-        Ok(Refs {
-            temps: crate::tempfs::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
-            times: crate::overlay::times::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
-            cached: crate::cache::scan(pool).map_err(|e| FsError::Answer(corrupt(&e)))?,
-        })
-    }
-}
 
 /// The attributes a `Setattr` record sets, as explicit values.
 fn attributes(r: &Redo) -> SetAttr {
