@@ -212,7 +212,25 @@ def _nvstack() -> list[FsConfig]:
             "ext4", "data=ordered", journal="internal",
             nvstack={"consistency": cons, "tempfiles": "on", "cache": "on", "writeback": "relo"},
             consistent=cons != "none"))
+    # Non-blocking writes (issue 14): the defaults with each fetch mode of --nbw.
+    for mode, what in NBW_MODES:
+        out.append(FsConfig(
+            f"nvstack-ext4-nbw-{mode}", f"nvstack --nbw {mode}",
+            f"nvstack with its defaults over ext4 data=ordered and --nbw {mode} ({what})",
+            "ext4", "data=ordered", journal="internal",
+            nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
+                     "args": ["--nbw", mode]},
+            consistent=True))
     return out
+
+
+# --nbw modes (non-blocking writes paper, sec. 3.3): how a partial write to a page not in NVRAM
+# gets the rest of its page.
+NBW_MODES = [("off", "the writer reads the page first: the blocking baseline"),
+             ("async-fg", "a patch; the FUSE thread reads the page after answering"),
+             ("async-bg", "a patch; a background fetcher reads the page"),
+             ("lazy", "a patch; the page is read only when needed: a read the patches do not "
+                      "cover, its write-back (which writes only the patched bytes), the limit")]
 
 
 # The FUSE tax measures nvstack as a pass-through (what every mechanism pays): TempFFS and the

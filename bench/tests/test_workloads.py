@@ -63,6 +63,24 @@ def test_fio_nbw_iosizes_and_two_threads():
     assert "runtime=6" in job and "time_based=1" in job
 
 
+def test_fio_nbw_file_is_laid_out_before_the_stack_and_every_mode_runs():
+    from nvbench.experiments import EXPERIMENTS
+    from nvbench.fs import CONFIGS
+    for config in ("nbw-seq-write", "nbw-random-write", "nbw-random-readwrite"):
+        inv = fio.invocation(fio.variants(config, 0.25)[0][1], Path("/m"), Path("/r"))
+        assert inv.pre == [["mkdir", "-p", "/m/nvbench-fio"]], "nothing laid out through nvstack"
+        (mkdir, prefill) = inv.pre_lower(Path("/lower/data"))
+        assert prefill[:2] == ["fio", "--name=prefill"] and "--size=1342177280" in prefill
+    exp = EXPERIMENTS["nbw"]
+    assert exp.devices == ["hdd-7200", "ssd"] and exp.baseline == "ext4-ordered"
+    modes = []
+    for name in exp.fs[1:]:
+        args = CONFIGS[name].nvstack["args"]
+        assert args[0] == "--nbw"
+        modes.append(args[1])
+    assert modes == ["off", "async-fg", "async-bg", "lazy"]
+
+
 def test_bonnie_twice_memory():
     (v, p), = bonnie.variants("thesis", 0.25, 256 << 20)
     assert v == "file=512M" and p["ram_mb"] == 256 and p["scale"] == 0.25
