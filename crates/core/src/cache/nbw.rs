@@ -152,10 +152,20 @@ impl<L: LowerFs> Engine<L> {
         st: &CacheState,
         page: u64,
     ) -> FsResult<Box<[u8; PAGE as usize]>> {
+        self.fetch_below(cf, st.rec.valid, page)
+    }
+
+    /// `fetch_page` for a given valid size (the caller may not hold the file's lock).
+    fn fetch_below(
+        &self,
+        cf: &Cached<L>,
+        valid: u64,
+        page: u64,
+    ) -> FsResult<Box<[u8; PAGE as usize]>> {
         let mut bytes = Box::new([0u8; PAGE as usize]);
         let base = page * PAGE;
-        if base < st.rec.valid {
-            let want = (st.rec.valid - base).min(PAGE) as usize;
+        if base < valid {
+            let want = (valid - base).min(PAGE) as usize;
             let io = self.cache_io(cf)?;
             self.lower.read_full(io, base, &mut bytes[..want])?;
             inc(&self.cache.counters.fetches);
@@ -212,15 +222,32 @@ impl<L: LowerFs> Engine<L> {
 
     /// Reads page `page` of `cf` from the lower file, applies its patch and makes it a dirty
     /// page (one transaction: a new page frame, the patch frame freed). `false` when the page
-    /// has no patch (any more).
+    /// has no patch (any more), or when the page or the file's valid size changed during the
+    /// read (the patch stays: it is still correct; the write that changed it queued it again).
+    ///
+    /// The read runs without the file's lock, so writers of the file - the asynchronous
+    /// modes' point - are not held up by a disk read. It is used only if the page's version
+    /// (bumped by every write, merge and replacement of the page) and `valid` are what they
+    /// were before the read: then the patch is the one the read was for, and while a page is
+    /// patched nothing writes the lower file's bytes of that page except write-back, which
+    /// writes exactly the patched ranges, over which the patch is applied.
     pub(super) fn complete_patch(&self, cf: &Arc<Cached<L>>, page: u64) -> FsResult<bool> {
+        let seen = |st: &CacheState| (st.rec.valid, st.pages.get(&page).map(|m| m.version));
+        let before = {
+            let st = cf.lock();
+            if st.gone || !st.patches.contains_key(&page) {
+                return Ok(false);
+            }
+            seen(&st)
+        };
+        let mut bytes = self.fetch_below(cf, before.0, page)?;
+        self.fail("nbw.fetched"); // (unlocked: writers of the file go on)
         let mut st = cf.lock();
-        if st.gone {
+        if st.gone || seen(&st) != before {
             return Ok(false);
         }
         let Some(patch) = st.patches.get(&page).cloned() else { return Ok(false) };
         let old = st.pages[&page].frame;
-        let mut bytes = self.fetch_page(cf, &st, page)?;
         patch.apply(&mut bytes[..]);
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: page };
         let frame = self.atomically(|tx| {
