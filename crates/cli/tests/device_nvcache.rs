@@ -401,3 +401,52 @@ fn a_region_holding_another_images_sectors_is_refused() {
     assert!(rc <= 1, "{t}");
     assert_eq!(e2fsck(&["-fn"], &one).0, 0);
 }
+
+/// Sets its flag when dropped (a panicking test still stops its helper threads).
+struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// stat.json read in small pieces while the disk is busy is one document: every read of an
+/// open handle after the first comes from the snapshot its first read took (the counters move
+/// between reads; a reader that needs several reads once got the tail of a longer document).
+#[test]
+fn stat_json_read_in_pieces_while_the_disk_is_busy_is_one_document() {
+    require_env!();
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("ext4.img");
+    let mp = tmp.path().join("mnt");
+    let a = Attached::new(&image, &mp, &["--size", "32M", "--mkfs", "ext4"]);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0u32.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let p = mp.join(format!("f{}", i % 64));
+                fs::write(&p, content(i, 0)).unwrap();
+                fs::File::open(&p).unwrap().sync_all().unwrap();
+            }
+        });
+        // The writer stops when this scope's main thread ends, panicking or not.
+        let _stop = Stop(&stop);
+        for _ in 0..200 {
+            let mut f = fs::File::open(a.stat_file()).unwrap();
+            let (mut doc, mut buf) = (Vec::new(), [0u8; 61]);
+            loop {
+                let n = std::io::Read::read(&mut f, &mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                doc.extend_from_slice(&buf[..n]);
+            }
+            let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&doc);
+            assert!(parsed.is_ok(), "{parsed:?}: {}", String::from_utf8_lossy(&doc));
+        }
+    });
+}

@@ -3,7 +3,8 @@
 //! ```text
 //!   <dir>/disk.img   ino 2  rw-------  the modeled disk (size of the image); opened with
 //!                                       FOPEN_DIRECT_IO so the kernel keeps no second cache
-//!   <dir>/stat.json  ino 3  r--------  counters as JSON (generated per read)
+//!   <dir>/stat.json  ino 3  r--------  counters as JSON (one snapshot per open, taken by
+//!                                       its read at offset 0)
 //!   <dir>/ctl        ino 4  -w-------  one command per write(): `flush` (the volatile cache
 //!                                       and the NVRAM cache: `device flush`),
 //!                                       `cut SEED MODE`, `arm-cut FLUSHES WRITES SEED MODE`
@@ -90,7 +91,15 @@ struct DeviceFs {
     /// Wall-clock origin of the modeled clock in `sleep` timing.
     epoch: Instant,
     size_bytes: u64,
+    /// stat.json per open handle: the document its read at offset 0 produced, so a reader
+    /// that needs several reads gets one consistent document (counters move between reads).
+    /// At most `MAX_STAT_OPENS` at once.
+    stat_snapshots: Mutex<std::collections::HashMap<u64, Arc<Vec<u8>>>>,
+    next_fh: std::sync::atomic::AtomicU64,
 }
+
+/// Open handles of stat.json at once; beyond, open fails with EMFILE.
+const MAX_STAT_OPENS: usize = 1024;
 
 fn errno_of(e: &io::Error) -> Errno {
     e.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
@@ -232,15 +241,24 @@ impl Filesystem for DeviceFs {
         if self.size_of(ino.into()).is_none() || u64::from(ino) == 1 {
             return reply.error(Errno::ENOENT);
         }
+        let mut fh = 0;
+        if u64::from(ino) == INO_STAT {
+            let mut snaps = self.stat_snapshots.lock().expect("snapshot lock");
+            if snaps.len() >= MAX_STAT_OPENS {
+                return reply.error(Errno::EMFILE);
+            }
+            fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            snaps.insert(fh, Arc::new(Vec::new()));
+        }
         // Direct IO: no page cache for the device file on top of the loop device's.
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
     }
 
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -259,9 +277,21 @@ impl Filesystem for DeviceFs {
                 }
             }
             INO_STAT => {
-                let stats = self.lock().stats();
-                let mut doc = serde_json::to_vec_pretty(&stats).expect("stats serialize");
-                doc.push(b'\n');
+                let kept = self.stat_snapshots.lock().expect("snapshot lock").get(&fh.0).cloned();
+                let doc = match kept {
+                    Some(doc) if offset > 0 => doc,
+                    _ => {
+                        let stats = self.lock().stats();
+                        let mut doc = serde_json::to_vec_pretty(&stats).expect("stats serialize");
+                        doc.push(b'\n');
+                        let doc = Arc::new(doc);
+                        let mut snaps = self.stat_snapshots.lock().expect("snapshot lock");
+                        if let Some(slot) = snaps.get_mut(&fh.0) {
+                            *slot = Arc::clone(&doc);
+                        }
+                        doc
+                    }
+                };
                 let start = (offset as usize).min(doc.len());
                 let end = (start + size as usize).min(doc.len());
                 reply.data(&doc[start..end]);
@@ -320,6 +350,20 @@ impl Filesystem for DeviceFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.stat_snapshots.lock().expect("snapshot lock").remove(&fh.0);
         reply.ok();
     }
 
@@ -492,6 +536,8 @@ pub fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
         timing: cfg.timing,
         epoch: Instant::now(),
         size_bytes: size,
+        stat_snapshots: Mutex::default(),
+        next_fh: std::sync::atomic::AtomicU64::new(0),
     };
     let mut config = Config::default();
     config.mount_options = vec![
