@@ -68,6 +68,14 @@ fn read(e: &Engine<MemLower>, fh: u64, offset: u64, len: u32) -> Vec<u8> {
     out
 }
 
+/// A read of `len` bytes at `off` returns what the model holds there.
+fn read_agrees(e: &Engine<MemLower>, fh: u64, off: usize, len: usize, model: &[u8], what: &str) {
+    let got = read(e, fh, off as u64, len as u32);
+    let end = (off + len).min(model.len());
+    let want = if off < model.len() { &model[off..end] } else { &[][..] };
+    assert_eq!(got, want, "{what}: read {off}+{len}");
+}
+
 fn write(e: &Engine<MemLower>, fh: u64, offset: usize, data: &[u8], model: &mut Vec<u8>) {
     assert_eq!(e.write(fh, offset as u64, data, false).unwrap(), data.len());
     if model.len() < offset + data.len() {
@@ -216,10 +224,7 @@ fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
                 70..85 => {
                     let off = rng.random_range(0..model.len() + 100);
                     let len = rng.random_range(1..3 * PAGE);
-                    let got = read(&e, fh, off as u64, len as u32);
-                    let end = (off + len).min(model.len());
-                    let want = if off < model.len() { &model[off..end] } else { &[][..] };
-                    assert_eq!(got, want, "seed {seed} step {step}: read {off}+{len}");
+                    read_agrees(&e, fh, off, len, &model, &format!("seed {seed} step {step}"));
                 }
                 85..89 => {
                     let size = rng.random_range(0..72 * PAGE);
@@ -319,10 +324,7 @@ fn a_fetch_racing_writes_truncates_and_write_back_never_loses_a_byte() {
                 70..82 => {
                     let off = rng.random_range(0..model.len() + 10);
                     let len = rng.random_range(1..2 * PAGE);
-                    let got = read(&e, fh, off as u64, len as u32);
-                    let end = (off + len).min(model.len());
-                    let want = if off < model.len() { &model[off..end] } else { &[][..] };
-                    assert_eq!(got, want, "step {step}: read {off}+{len}");
+                    read_agrees(&e, fh, off, len, &model, &format!("step {step}"));
                 }
                 82..87 => {
                     let size = rng.random_range(16 * PAGE..36 * PAGE);
