@@ -436,7 +436,8 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
     }
     let f = Fixture::new();
     std::fs::write(f.lower().join("data"), vec![b'l'; 20_000]).unwrap();
-    let out = f.mount_with(&["--keep-dirty"]);
+    // --nbw lazy: the patch stays a patch (the default, async-bg, would fetch it soon).
+    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy"]);
     assert!(out.status.success(), "{}", text(&out));
     {
         use std::os::unix::fs::FileExt;
@@ -450,7 +451,7 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
         serde_json::from_slice(&nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]).stdout)
             .unwrap();
     assert_eq!(v["cache"]["files"], 1, "{v}");
-    // Non-blocking writes (the default, lazy): the partial page is not read but patched.
+    // Non-blocking writes (lazy): the partial page is not read but patched.
     assert_eq!(v["cache"]["fetches"], 0, "a partial page is not read: {v}");
     assert_eq!(v["nbw"]["patches"], 1, "{v}");
     assert_eq!(v["writeback"]["pages_dirty"], 1, "{v}");
@@ -472,7 +473,7 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
         text(&out)
     );
     // The next mount finds the file by its handle; flush writes the page back.
-    let out = f.mount_with(&["--keep-dirty"]);
+    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(std::fs::read(f.mnt().join("data")).unwrap(), want);
     let out = nvstack(&["flush", f.mnt().to_str().unwrap(), "-q"]);

@@ -229,7 +229,7 @@ fn posix_table_mount_matches_lower() {
     .unwrap();
     let mut failures = Vec::new();
     // With temp files off every file is a lower file: its partial writes are patches in the
-    // non-blocking-write modes (lazy by default, async-bg) or fetches (off).
+    // non-blocking-write modes (async-bg by default, lazy) or fetches (off).
     for (mode, tempfiles, nbw) in [
         ("undo", "on", "lazy"),
         ("none", "on", "lazy"),

@@ -159,10 +159,10 @@ pub struct MountArgs {
     /// needed (a read the patch does not cover reads the lower file; write-back writes just
     /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
     /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `lazy` is the default: on random 512 B writes to cold pages it
-    /// was 2.5x `off` and tied `async-bg`, without spending disk reads on pages nobody reads
-    /// (docs/benchmarks.md, "Non-blocking writes").
-    #[arg(long, value_enum, default_value = "lazy")]
+    /// (the blocking baseline). `async-bg` is the default: it was the fastest or within 4 % of
+    /// it in the measured rows (random 512 B writes 2.5x `off` on hdd-7200, 1.1x on ssd where
+    /// `lazy` fell below `off` at its patch limit; docs/benchmarks.md, "Non-blocking writes").
+    #[arg(long, value_enum, default_value = "async-bg")]
     pub nbw: NbwArg,
     /// Patches in NVRAM at most (one 4 KiB frame each); beyond, a partial write reads its page
     /// first, as with --nbw off. Default: 64M or an eighth of the region, the smaller.
