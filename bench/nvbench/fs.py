@@ -201,6 +201,16 @@ def _nvstack() -> list[FsConfig]:
         "ext4", "data=ordered", journal="internal",
         nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo"},
         consistent=True))
+    # the same without kernel passthrough (experiment passthrough, issue 16: every open takes
+    # the NVRAM path, as before routes existed)
+    out.append(FsConfig(
+        "nvstack-ext4-pt-off", "nvstack --passthrough off",
+        "nvstack with its defaults over ext4 data=ordered but --passthrough off: every open of "
+        "a lower file takes the NVRAM path (FUSE request per IO)",
+        "ext4", "data=ordered", journal="internal",
+        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
+                 "args": ["--passthrough", "off"]},
+        consistent=True))
     # the same in the other consistency modes (experiment durability: every mode side by side)
     for cons, what in (("journal", "VM-aware journaling: every operation atomic, durable at the "
                                    "next group commit (fsync, fdatasync, 5 s, 32 MiB)"),

@@ -17,6 +17,11 @@ FUSE tax (not from a paper): one 1 GiB file, buffered IO (direct=0), psync, 4 Ki
   tax-seq-read      read it sequentially (cold cache; pre-written untimed)
   tax-rand-write    20 s of random 4 KiB overwrites of the pre-written file, end_fsync
   tax-rand-read     20 s of random 4 KiB reads of the pre-written file (cold cache at start)
+Passthrough (issue 16; not from a paper): 15 s on one existing 1 GiB file laid out on the
+kernel FS before nvstack mounts (prefill "lower": no page of it in NVRAM, so nvstack's routes
+may serve it in kernel passthrough), buffered IO, psync, cold cache at start, no fsync:
+  pt-seq-read-4k, pt-rand-read-4k, pt-seq-write-4k, pt-rand-write-4k   4 KiB blocks
+  pt-seq-read-1m, pt-seq-write-1m                                      1 MiB blocks
 Write-back policies (thesis sec. 4.3; not a Filebench personality):
   wb-zipf-rewrite   102,400 random 4 KiB overwrites (400 MiB, io_size) of a pre-written 512 MiB
                     file, Zipf theta 1.1 (fio hashes the ranks over the file, so the hot pages
@@ -91,6 +96,36 @@ JOBS: dict[str, dict] = {
                       "jobs": [{"name": "randread", "rw": "randread", "bs": "4k",
                                 "size": 1024 * MB, "filename": "tax.dat"}],
                       "prefill": True, "primary": ("read_iops", "ops/s", True)},
+    "pt-seq-read-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                        "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                      "jobs": [{"name": "read", "rw": "read", "bs": "4k", "size": 1024 * MB,
+                                "filename": "pt.dat"}],
+                      "prefill": "lower", "primary": ('read_kBps', 'KiB/s', True)},
+    "pt-rand-read-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                       "jobs": [{"name": "randread", "rw": "randread", "bs": "4k", "size": 1024 * MB,
+                                 "filename": "pt.dat"}],
+                       "prefill": "lower", "primary": ('read_iops', 'ops/s', True)},
+    "pt-seq-write-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                       "jobs": [{"name": "write", "rw": "write", "bs": "4k", "size": 1024 * MB,
+                                 "filename": "pt.dat"}],
+                       "prefill": "lower", "primary": ('write_kBps', 'KiB/s', True)},
+    "pt-rand-write-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                          "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                        "jobs": [{"name": "randwrite", "rw": "randwrite", "bs": "4k", "size": 1024 * MB,
+                                  "filename": "pt.dat"}],
+                        "prefill": "lower", "primary": ('write_iops', 'ops/s', True)},
+    "pt-seq-read-1m": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                        "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                      "jobs": [{"name": "read", "rw": "read", "bs": "1m", "size": 1024 * MB,
+                                "filename": "pt.dat"}],
+                      "prefill": "lower", "primary": ('read_kBps', 'KiB/s', True)},
+    "pt-seq-write-1m": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
+                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
+                       "jobs": [{"name": "write", "rw": "write", "bs": "1m", "size": 1024 * MB,
+                                 "filename": "pt.dat"}],
+                       "prefill": "lower", "primary": ('write_kBps', 'KiB/s', True)},
     "wb-zipf-rewrite": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1,
                                    "overwrite": 1, "fallocate": "none", "randrepeat": 1},
                         "jobs": [{"name": "zipfrewrite", "rw": "randwrite", "bs": "4k",

@@ -85,6 +85,9 @@ fn partial_writes_into_cold_pages_do_not_stall_temp_file_creates() {
         // The blocking fetch is what this test is about (non-blocking writes would make the
         // partial writes patches that never read: crates/core/tests/nbw.rs).
         .args(["--nbw", "off"])
+        // ... and through the NVRAM path: in passthrough the kernel would write the lower
+        // files itself, with no fetch and no engine lock at all (crates/cli/tests/routes.rs).
+        .args(["--passthrough", "off"])
         .output()
         .unwrap();
     assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));

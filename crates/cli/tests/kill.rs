@@ -517,7 +517,11 @@ const FILES: [&str; 4] = ["r0", "r1", "r2", "r3"];
 const FILE_SIZE: usize = 160 << 10;
 const WB_STEPS: [&str; 2] = ["writeback.written", "writeback.freed"];
 /// A small region (about 1,400 frames) with low watermarks: pressure write-back runs often.
-const CACHE_MOUNT: [&str; 12] = [
+/// The NVRAM path for every open: the rewrites are what the test is about (in passthrough the
+/// kernel would write the lower files itself; crates/cli/tests/routes.rs).
+const CACHE_MOUNT: [&str; 14] = [
+    "--passthrough",
+    "off",
     "--size",
     "8M",
     "--tempfiles",

@@ -436,8 +436,10 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
     }
     let f = Fixture::new();
     std::fs::write(f.lower().join("data"), vec![b'l'; 20_000]).unwrap();
-    // --nbw lazy: the patch stays a patch (the default, async-bg, would fetch it soon).
-    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy"]);
+    // --nbw lazy: the patch stays a patch (the default, async-bg, would fetch it soon);
+    // --passthrough off: the write goes through NVRAM (in passthrough the kernel would write
+    // the lower file itself).
+    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy", "--passthrough", "off"]);
     assert!(out.status.success(), "{}", text(&out));
     {
         use std::os::unix::fs::FileExt;
@@ -473,7 +475,7 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
         text(&out)
     );
     // The next mount finds the file by its handle; flush writes the page back.
-    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy"]);
+    let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy", "--passthrough", "off"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(std::fs::read(f.mnt().join("data")).unwrap(), want);
     let out = nvstack(&["flush", f.mnt().to_str().unwrap(), "-q"]);
@@ -680,6 +682,7 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("tempfile-share", Some("50"), json!(50)),
         ("tempfile-writeback-batch", Some("64"), json!(64)),
         ("xattrs", Some("off"), json!("off")),
+        ("passthrough", Some("off"), json!("off")),
         ("keep-tempfiles", None, json!(true)),
         ("cache", Some("off"), json!("off")),
         ("writeback", Some("file"), json!("file")),

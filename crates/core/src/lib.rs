@@ -15,6 +15,8 @@
 //! - `cache/`: the NVRAM page cache - cached-file record, volatile state, operations through
 //!   the cache, write-back, the four policies and zone tables (`policy/`), recovery.
 //! - `overlay/`: what NVRAM adds to the lower namespace (temp-file names), merged listings.
+//! - `route/`: which path an open file takes (NVRAM or kernel passthrough to the lower
+//!   file), the rule and the durable route profile.
 //! - `journal/`: every namespace and attribute change of a lower object, applied through the
 //!   facade and accounted for (durability).
 //! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
@@ -34,6 +36,7 @@ pub mod journal;
 pub mod lowerfs;
 mod ops;
 pub mod overlay;
+pub mod route;
 pub mod stats;
 pub mod sync;
 pub mod tempfs;

@@ -211,6 +211,11 @@ impl<L: LowerFs> Lower<L> {
         self.fs.open(node, flags)
     }
 
+    /// No call: the descriptor of an open file, for the kernel's passthrough.
+    pub fn backing_fd<'a>(&self, file: &'a L::File) -> Option<std::os::fd::BorrowedFd<'a>> {
+        self.fs.backing_fd(file)
+    }
+
     pub fn open_direct(&self, node: &L::Node, writable: bool) -> Result<Option<L::File>> {
         assert_may_block("lower open (O_DIRECT)");
         self.fs.open_direct(node, writable)

@@ -167,6 +167,7 @@ pub struct Stats {
     pub fsync: crate::engine::durability::FsyncStats,
     pub journal: crate::journal::JournalStats,
     pub nbw: crate::cache::counters::NbwStats,
+    pub passthrough: crate::route::RouteStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -241,6 +242,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         stats.fsync = self.fsync_stats();
         stats.nbw = self.cache.nbw_stats();
         stats.journal = self.journal.stats(pool.journal);
+        stats.passthrough = self.routes.stats();
         stats
     }
 }

@@ -29,6 +29,8 @@
 //! | `Inode` | one inode's node and key | no |
 //! | `Handles` | the handle table | no |
 //! | `Unsynced` | lower objects changed and not yet synced (`engine/durability.rs`) | no |
+//! | `Routes` | the route of each node with open files (`route/`) | no |
+//! | `Profile` | the route profile; its record is written and committed under it (the transaction begun before) | no |
 //!
 //! *Short* ranks (the global ones and the undo slot) are never held across a call into the
 //! lower file system: every lower call asserts that with [`assert_may_block`]. A cold read on
@@ -56,6 +58,8 @@ pub enum Rank {
     Inode,
     Handles,
     Unsynced,
+    Routes,
+    Profile,
 }
 
 impl Rank {

@@ -50,6 +50,7 @@ fn code_table(name: &str) -> Option<&'static [Field]> {
         "cached-file record" => engine::cache::record::LAYOUT,
         "redo record" => engine::journal::record::LAYOUT,
         "patch" => engine::cache::patch::LAYOUT,
+        "route profile" => engine::route::profile::LAYOUT,
         _ => return None,
     })
 }
@@ -69,6 +70,7 @@ fn every_byte_table_in_the_design_document_is_the_codes() {
         "cached-file record",
         "redo record",
         "patch",
+        "route profile",
     ] {
         assert!(names.contains(&expected), "docs/design.md has no table marked {expected:?}");
     }

@@ -1,16 +1,18 @@
 //! `impl fuser::Filesystem`: one handler per request, named after the syscall.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use engine::route::Opened;
 use engine::{Engine, Entry, FsError};
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use lower::{Creds, LowerFs, SetAttr};
 
@@ -37,6 +39,36 @@ pub struct FuseFs<L: LowerFs> {
     timeouts: Timeouts,
     /// Largest write the kernel may send (bytes).
     max_write: u32,
+    /// The backing file of each node with passthrough opens, with their count: the kernel
+    /// wants one backing file per inode for all its passthrough opens (`route/` chooses).
+    backings: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+}
+
+/// The only flags the kernel accepts with a passthrough open (besides direct IO): it has no
+/// page cache of its own to keep.
+const PASSTHROUGH_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+
+/// What a kernel refusal of a backing file says: errors that mean "never" (no privilege, no
+/// support) turn passthrough off; others refuse this file only.
+fn passthrough_impossible(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOTTY | libc::EOPNOTSUPP | libc::ENOSYS))
+}
+
+/// A reply that can carry a backing file (open and create).
+trait BackingReply {
+    fn open_backing(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<BackingId>;
+}
+
+impl BackingReply for ReplyOpen {
+    fn open_backing(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<BackingId> {
+        ReplyOpen::open_backing(self, fd)
+    }
+}
+
+impl BackingReply for ReplyCreate {
+    fn open_backing(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<BackingId> {
+        ReplyCreate::open_backing(self, fd)
+    }
 }
 
 /// Flags that the kernel handles itself and that must not reach the lower open: offsets of
@@ -51,7 +83,59 @@ fn creds(req: &Request) -> Creds {
 
 impl<L: LowerFs> FuseFs<L> {
     pub fn new(engine: Arc<Engine<L>>, timeouts: Timeouts, max_write: u32) -> Self {
-        FuseFs { engine, timeouts, max_write }
+        FuseFs { engine, timeouts, max_write, backings: Mutex::new(HashMap::new()) }
+    }
+
+    /// The backing file for passthrough open `o` of node `ino` (the node's, or registered
+    /// now); `None` when the kernel refused it, after which the open takes the NVRAM path.
+    fn backing(&self, ino: u64, o: &Opened, reply: &impl BackingReply) -> Option<Arc<BackingId>> {
+        let mut backings = self.backings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((id, opens)) = backings.get_mut(&ino) {
+            *opens += 1;
+            return Some(Arc::clone(id));
+        }
+        let refused = |off: bool, why: &dyn std::fmt::Display| {
+            if off && self.engine.passthrough_enabled() {
+                eprintln!(
+                    "nvstack: passthrough is not available ({why}); every file takes the NVRAM path"
+                );
+            }
+            self.engine.passthrough_refused(o.fh, off);
+            None
+        };
+        let Some(fd) = self.engine.backing_fd(o.fh) else {
+            return refused(true, &"the lower file system has no descriptors");
+        };
+        match reply.open_backing(std::os::fd::AsFd::as_fd(&fd)) {
+            Ok(id) => {
+                let id = Arc::new(id);
+                backings.insert(ino, (Arc::clone(&id), 1));
+                Some(id)
+            }
+            Err(e) => refused(passthrough_impossible(&e), &e),
+        }
+    }
+
+    /// One passthrough open of `ino` closed: the last lets go of the backing file.
+    fn release_backing(&self, ino: u64) {
+        let mut backings = self.backings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, opens)) = backings.get_mut(&ino) {
+            *opens -= 1;
+            if *opens == 0 {
+                backings.remove(&ino);
+            }
+        }
+    }
+
+    /// The flags of an open's reply. FLUSH is never needed: the engine keeps nothing per
+    /// close (no POSIX locks are served; every write is durable or written when it returns),
+    /// so the kernel is told not to send it (one round trip less per close).
+    fn opened_flags(&self, keep_cache: bool) -> FopenFlags {
+        let mut flags = FopenFlags::FOPEN_NOFLUSH;
+        if keep_cache && !self.timeouts.attr.is_zero() {
+            flags |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        flags
     }
 
     fn reply_entry(&self, reply: ReplyEntry, result: Result<Entry, FsError>) {
@@ -63,14 +147,6 @@ impl<L: LowerFs> FuseFs<L> {
                 Generation(0),
             ),
             Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn open_flags(&self) -> FopenFlags {
-        if self.timeouts.attr.is_zero() {
-            FopenFlags::empty()
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE
         }
     }
 }
@@ -97,6 +173,19 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
         );
+        // Passthrough (route/): the lower file system may not be stacked itself (depth 1
+        // lets nvstack be the lower layer of an overlayfs). Without kernel support, every
+        // file takes the NVRAM path.
+        if self.engine.passthrough_enabled() {
+            let ok = config.add_capabilities(fuser::InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !ok {
+                eprintln!(
+                    "nvstack: the kernel has no FUSE passthrough; every file takes the NVRAM path"
+                );
+                self.engine.passthrough_unavailable();
+            }
+        }
         Ok(())
     }
 
@@ -229,8 +318,12 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.engine.open(ino.0, flags.0 & !KERNEL_FLAGS) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
+        match self.engine.open_routed(ino.0, flags.0 & !KERNEL_FLAGS) {
+            Ok(o) if o.passthrough => match self.backing(ino.0, &o, &reply) {
+                Some(id) => reply.opened_passthrough(FileHandle(o.fh), PASSTHROUGH_FLAGS, &id),
+                None => reply.opened(FileHandle(o.fh), self.opened_flags(false)),
+            },
+            Ok(o) => reply.opened(FileHandle(o.fh), self.opened_flags(o.keep_cache)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -293,14 +386,22 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.engine.release(fh.0));
+        match self.engine.release(fh.0) {
+            Ok(passthrough) => {
+                if passthrough {
+                    self.release_backing(ino.0);
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn fsync(
@@ -457,14 +558,30 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         reply: ReplyCreate,
     ) {
         let flags = flags & !KERNEL_FLAGS;
-        match self.engine.create(&creds(req), parent.0, name, mode, flags) {
-            Ok((e, fh)) => reply.created(
-                &self.timeouts.entry,
-                &file_attr(e.node_id, &e.attr),
-                Generation(0),
-                FileHandle(fh),
-                self.open_flags(),
-            ),
+        match self.engine.create_routed(&creds(req), parent.0, name, mode, flags) {
+            Ok((e, o)) => {
+                let attr = file_attr(e.node_id, &e.attr);
+                let ttl = &self.timeouts.entry;
+                let backing =
+                    if o.passthrough { self.backing(e.node_id, &o, &reply) } else { None };
+                match backing {
+                    Some(id) => reply.created_passthrough(
+                        ttl,
+                        &attr,
+                        Generation(0),
+                        FileHandle(o.fh),
+                        PASSTHROUGH_FLAGS,
+                        &id,
+                    ),
+                    None => reply.created(
+                        ttl,
+                        &attr,
+                        Generation(0),
+                        FileHandle(o.fh),
+                        self.opened_flags(o.keep_cache && !o.passthrough),
+                    ),
+                }
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

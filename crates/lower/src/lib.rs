@@ -85,6 +85,11 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
         mode: u32,
         flags: i32,
     ) -> Result<(Self::Node, Attr, Self::File)>;
+    /// The descriptor of an open regular file that the kernel may serve IO from directly
+    /// (FUSE passthrough); `None` (the default) when the file system has none.
+    fn backing_fd<'a>(&self, _file: &'a Self::File) -> Option<std::os::fd::BorrowedFd<'a>> {
+        None
+    }
     /// Opens for O_DIRECT IO; `None` when the lower file system does not support it (tmpfs).
     fn open_direct(&self, node: &Self::Node, writable: bool) -> Result<Option<Self::File>>;
     fn read(&self, file: &Self::File, offset: u64, buf: &mut [u8]) -> Result<usize>;

@@ -349,6 +349,11 @@ impl LowerFs for PosixLower {
         .map(drop)
     }
 
+    fn backing_fd<'a>(&self, file: &'a PosixFile) -> Option<std::os::fd::BorrowedFd<'a>> {
+        use std::os::fd::AsFd;
+        Some(file.fd.as_fd())
+    }
+
     fn open(&self, node: &PosixNode, flags: i32) -> Result<PosixFile> {
         let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
         Ok(PosixFile { fd: self.reopen(node, flags)?, dir: None })

@@ -34,6 +34,7 @@ pub fn run(args: &CheckArgs) -> CliResult {
     let cached = reported(&path, engine::cache::scan(&pool).map_err(Into::into))?;
     let journal = reported(&path, engine::journal::record::scan(&pool).map_err(Into::into))?;
     let dir_times = reported(&path, engine::overlay::times::scan(&pool).map_err(Into::into))?;
+    let profile = reported(&path, engine::route::profile::scan(&pool).map_err(Into::into))?;
     // A block cache (`device attach --nvram`): every frame and sector verified.
     let blocks = reported(&path, device::nvcache::scan(&pool).map_err(super::block_cache_error))?;
     let shutdown = if report.was_clean { "clean shutdown" } else { "not shut down cleanly" };
@@ -84,6 +85,12 @@ pub fn run(args: &CheckArgs) -> CliResult {
         println!(
             "{path}: {} directory(ies) with pending times (settled at the next mount)",
             dir_times.len()
+        );
+    }
+    if let Some(p) = &profile {
+        println!(
+            "{path}: route profile of {} file(s) that take the NVRAM path from their first open",
+            p.profile.count()
         );
     }
     if let Some(b) = &blocks {

@@ -27,6 +27,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     let cached = cached_files(&args.nvram);
     let dir_times = dir_times(&args.nvram);
     let journal = journal_records(&args.nvram);
+    let profile = route_profile(&args.nvram);
     let blocks = block_cache(&args.nvram);
     if args.json {
         let mut value = serde_json::to_value(&report).expect("inspection serialises");
@@ -35,6 +36,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
         value["cache"] = cached_json(&cached);
         value["dir_times"] = dir_times_json(&dir_times);
         value["journal"] = journal_json(&journal);
+        value["route_profile"] = profile_json(&profile);
         value["block_cache"] = block_cache_json(&blocks);
         value["path"] = serde_json::Value::String(args.nvram.display().to_string());
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
@@ -84,6 +86,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
             engine::cache::record::KIND_RECORD => "cached-file records",
             engine::cache::record::KIND_PAGE => "cached dirty pages",
             device::nvcache::record::KIND_FRAME => "block-cache frames (7 sectors each)",
+            engine::route::profile::KIND_PROFILE => "route profile",
             _ => "",
         };
         println!("  kind {kind:<#12x} {n:<10} {what}");
@@ -105,6 +108,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
     print_cached(&cached);
     print_dir_times(&dir_times);
     print_journal(&journal);
+    print_profile(&profile);
     print_block_cache(&blocks);
     // Damage found by the block-cache scan refuses like `check` (exit 4, the frame named); a
     // region in use is only a racy snapshot, reported above.
@@ -350,6 +354,38 @@ fn print_journal(found: &CliResult<Vec<engine::journal::record::Found>>) {
             }
         }
         Err(e) => println!("journal     unreadable: {e}"),
+    }
+}
+
+type Profile = CliResult<Option<engine::route::profile::Found>>;
+
+/// The route profile as the next mount will see it.
+fn route_profile(path: &std::path::Path) -> Profile {
+    let (pool, _) = super::dry_open(path)?;
+    Ok(engine::route::profile::scan(&pool)?)
+}
+
+fn profile_json(profile: &Profile) -> serde_json::Value {
+    match profile {
+        Ok(None) => serde_json::Value::Null,
+        Ok(Some(p)) => serde_json::json!({
+            "frame": p.frame.0,
+            "files": p.profile.count(),
+            "capacity": engine::route::profile::CAPACITY,
+        }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
+fn print_profile(profile: &Profile) {
+    match profile {
+        Ok(None) => {}
+        Ok(Some(p)) => println!(
+            "routes      {} of {} file(s) in the route profile (NVRAM path from the first open)",
+            p.profile.count(),
+            engine::route::profile::CAPACITY
+        ),
+        Err(e) => println!("routes      unreadable: {e}"),
     }
 }
 

@@ -103,6 +103,16 @@ pub struct MountArgs {
     /// write; Postmark: ~2 per file).
     #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
     pub xattrs: OnOff,
+    /// Kernel passthrough for lower files NVRAM cannot help: an open of a lower file with
+    /// nothing in NVRAM (no dirty pages, no patches) that was never fsynced, opened O_SYNC or
+    /// written in small pieces is served by the kernel straight from the lower file (read,
+    /// write, mmap at the lower FS's speed, no FUSE round trip per IO). Such a file's writes
+    /// are then as durable as the lower FS makes them: its fsync waits for the disk once, and
+    /// from its next open on (also after a remount: the route profile in NVRAM remembers it)
+    /// it takes the NVRAM path. Needs Linux 6.9+ and root; without them, `off` silently.
+    /// docs/design.md section 14.
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub passthrough: OnOff,
     /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
     /// directory alone then lacks them until the next mount).
     #[arg(long)]
@@ -301,6 +311,7 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
         },
         failpoints: failpoints(),
         xattrs: args.xattrs == OnOff::On,
+        passthrough: args.passthrough == OnOff::On,
         ..EngineConfig::default()
     })
 }

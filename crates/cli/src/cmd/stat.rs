@@ -29,8 +29,29 @@ pub fn run(args: &StatArgs) -> CliResult {
     print_overview(&value);
     print_caches(&value);
     print_durability(&value);
+    print_routes(&value);
     print_requests(&value);
     Ok(())
+}
+
+/// Routes (docs/design.md section 14): opens served by the kernel from the lower file.
+fn print_routes(value: &serde_json::Value) {
+    let r = &value["passthrough"];
+    if r["enabled"].as_bool() != Some(true) && r["opens_passthrough"].as_u64().unwrap_or(0) == 0 {
+        println!("passthrough: off");
+        return;
+    }
+    println!(
+        "passthrough: {} opens in passthrough, {} on the NVRAM path; {} file(s) in the route \
+         profile ({} learned by fsync, {} by O_SYNC, {} by small writes); {} passthrough fsyncs",
+        r["opens_passthrough"],
+        r["opens_nvram"],
+        r["profile_files"],
+        r["learned_fsync"],
+        r["learned_sync_flag"],
+        r["learned_small_writes"],
+        r["fsyncs"]
+    );
 }
 
 fn print_overview(value: &serde_json::Value) {

@@ -15,6 +15,7 @@
 
 pub mod durability;
 pub mod optx;
+pub mod routing;
 pub mod space;
 pub mod start;
 
@@ -59,6 +60,9 @@ pub struct EngineConfig {
     pub cache: CacheConfig,
     /// The metadata journal's checkpoints.
     pub journal: crate::journal::JournalConfig,
+    /// Opens of lower files may take kernel passthrough (`route/`); the front end turns it off
+    /// when the kernel or the privilege is missing.
+    pub passthrough: bool,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             xattrs: true,
             cache: CacheConfig::default(),
             journal: crate::journal::JournalConfig::default(),
+            passthrough: false,
         }
     }
 }
@@ -103,8 +108,18 @@ impl<N> Clone for Obj<N> {
 pub enum Open<L: LowerFs> {
     /// An open lower object (not a directory): `key` is its lower identity, `regular` whether
     /// it is a regular file (only those are cached), `direct` whether opened with O_DIRECT
-    /// (its IO goes to the lower file, which is written back first).
-    Lower { file: L::File, key: (u64, u64), regular: bool, direct: bool },
+    /// (its IO goes to the lower file, which is written back first), `passthrough` whether
+    /// the kernel serves its IO from the lower file (`route/`; a request that still reaches
+    /// the engine goes to the lower file like O_DIRECT's), `small_writes` whether it was
+    /// written in pieces smaller than a page (the route profile learns the file at release).
+    Lower {
+        file: L::File,
+        key: (u64, u64),
+        regular: bool,
+        direct: bool,
+        passthrough: bool,
+        small_writes: std::sync::atomic::AtomicBool,
+    },
     /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
     Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },
     /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
@@ -137,6 +152,8 @@ pub struct Engine<L: LowerFs> {
     pub(crate) max_walk: usize,
     pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) xattrs: bool,
+    /// The route of each open file (NVRAM path or passthrough) and the route profile.
+    pub(crate) routes: crate::route::Routes,
 }
 
 /// How a handle's IO reaches its lower file (see [`Engine::via`]).
@@ -144,7 +161,8 @@ pub struct Engine<L: LowerFs> {
 pub(crate) enum Via {
     /// Through the page cache (a regular file).
     Cache((u64, u64)),
-    /// A regular file opened with O_DIRECT: to the lower file, written back first.
+    /// A regular file opened with O_DIRECT or in passthrough: to the lower file, written back
+    /// first.
     Direct((u64, u64)),
     /// Not a regular file (device, FIFO): straight through.
     Plain,
@@ -193,8 +211,12 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
+        self.entry_of(Arc::new(node), attr)
+    }
+
+    pub(crate) fn entry_of(&self, node: Arc<L::Node>, attr: Attr) -> Entry {
         let key = self.lower.key(&node);
-        let node_id = self.inodes.remember(Obj::Lower(Arc::new(node)), Identity::lower(key));
+        let node_id = self.inodes.remember(Obj::Lower(node), Identity::lower(key));
         Entry { node_id, attr: self.shown_attr(key, attr) }
     }
 
@@ -274,8 +296,10 @@ impl<L: LowerFs> Engine<L> {
     /// How IO on an open lower object (or a transformed temp file) reaches the lower file.
     pub(crate) fn via(&self, h: &Handle<Open<L>>) -> FsResult<Via> {
         Ok(match &h.file {
-            Open::Lower { key, regular: true, direct: false, .. } => Via::Cache(*key),
-            Open::Lower { key, regular: true, direct: true, .. } => Via::Direct(*key),
+            Open::Lower { key, regular: true, direct: false, passthrough: false, .. } => {
+                Via::Cache(*key)
+            }
+            Open::Lower { key, regular: true, .. } => Via::Direct(*key),
             Open::Lower { .. } | Open::Dir { .. } => Via::Plain,
             Open::Temp { .. } => match self.obj(h.node_id)? {
                 Obj::Lower(n) => Via::Cache(self.lower.key(&n)),

@@ -109,6 +109,7 @@ impl<L: LowerFs> Engine<L> {
             max_walk: config.max_walk,
             failpoints: config.failpoints,
             xattrs: config.xattrs,
+            routes: crate::route::Routes::new(config.passthrough),
             lower: Lower::new(lower),
             pool,
         };
@@ -117,6 +118,7 @@ impl<L: LowerFs> Engine<L> {
         engine.rebuild_tempfiles()?;
         engine.rebuild_dir_times()?;
         engine.rebuild_cache()?;
+        engine.routes.load(crate::route::profile::scan(&engine.pool)?);
         if !engine.temp.config.enabled {
             engine.transform_all(Trigger::Unmount, &mut |_, _| {});
         }

@@ -4,32 +4,77 @@ use std::ffi::OsStr;
 
 use lower::{Creds, LowerFs};
 
+use std::sync::atomic::AtomicBool;
+
+use crate::engine::routing::{sync_flag, writable};
 use crate::engine::{Engine, Entry, Obj, Open, Via, stale};
 use crate::error::{FsResult, answer};
 use crate::handles::Handle;
+use crate::route::{Keep, Opened, Route, Signal};
 use crate::stats::{Counters, Op};
 use crate::tempfs::{self, Fate, data};
 
 impl<L: LowerFs> Engine<L> {
+    /// Opens a file; the handle number (see [`Engine::open_routed`] for its route).
     pub fn open(&self, node_id: u64, flags: i32) -> FsResult<u64> {
+        self.open_routed(node_id, flags).map(|o| o.fh)
+    }
+
+    /// Opens a file on its route (`route/`): the NVRAM path, or passthrough for a lower file
+    /// with no NVRAM state that nothing marks as synchronous.
+    pub fn open_routed(&self, node_id: u64, flags: i32) -> FsResult<Opened> {
         self.op(Op::Open, |tx| {
             loop {
                 let node = match self.obj(node_id)? {
                     Obj::Lower(n) => n,
                     Obj::Temp(f) => match self.temp_open(tx, node_id, &f, flags)? {
-                        Some(fh) => return Ok(fh),
+                        Some(fh) => return Ok(self.nvram_route(node_id, fh, flags)),
                         None => continue,
                     },
                 };
                 // O_DIRECT is the kernel's business above FUSE (it bypasses its page cache and
                 // sends us every request); our lower IO uses buffers of any alignment.
                 let file = self.lower.open(&node, flags & !libc::O_DIRECT)?;
-                let regular = self.lower.getattr(&node)?.kind() == lower::FileKind::Regular;
+                let attr = self.lower.getattr(&node)?;
+                let regular = attr.kind() == lower::FileKind::Regular;
                 let key = self.lower.key(&node);
                 let direct = flags & libc::O_DIRECT != 0;
-                return self.register(node_id, Open::Lower { file, key, regular, direct });
+                let route = if regular {
+                    self.choose_route(node_id, &node, key, attr.mode, flags)
+                } else {
+                    Route { passthrough: false, keep_cache: true }
+                };
+                let passthrough = route.passthrough;
+                let open = Open::Lower {
+                    file,
+                    key,
+                    regular,
+                    direct,
+                    passthrough,
+                    small_writes: AtomicBool::new(false),
+                };
+                let fh = match self.register(node_id, open) {
+                    Ok(fh) => fh,
+                    Err(e) => {
+                        if regular {
+                            self.routes.release(node_id);
+                        }
+                        return Err(e);
+                    }
+                };
+                if regular && !passthrough && sync_flag(flags) {
+                    self.learn_route(tx, node_id, Signal::SyncFlag);
+                }
+                return Ok(Opened { fh, passthrough, keep_cache: route.keep_cache });
             }
         })
+    }
+
+    /// Registers the NVRAM route of a temp-file open `fh` (rule 1 of `route/` holds for
+    /// temp files too: a transformed one keeps its node).
+    fn nvram_route(&self, node_id: u64, fh: u64, flags: i32) -> Opened {
+        let route = self.routes.register(node_id, Some(Keep::State), 0, writable(flags));
+        Opened { fh, passthrough: route.passthrough, keep_cache: route.keep_cache }
     }
 
     pub fn create(
@@ -40,33 +85,70 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         flags: i32,
     ) -> FsResult<(Entry, u64)> {
+        self.create_routed(creds, parent, name, mode, flags).map(|(e, o)| (e, o.fh))
+    }
+
+    /// Creates and opens a file on its route (a temp file: the NVRAM path).
+    pub fn create_routed(
+        &self,
+        creds: &Creds,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Entry, Opened)> {
         self.op(Op::Create, |tx| {
             let p = self.dir(parent)?;
-            if let Some(created) = self.temp_create(tx, creds, &p, name, mode, flags)? {
-                return Ok(created);
+            if let Some((entry, fh)) = self.temp_create(tx, creds, &p, name, mode, flags)? {
+                return Ok((entry, self.nvram_route(entry.node_id, fh, flags)));
             }
             self.check_new_name(&p, name)?;
             let (node, attr, file) =
                 self.ns_create(tx, creds, &p, name, mode, flags & !libc::O_DIRECT)?;
             let key = self.lower.key(&node);
-            let entry = self.entry(node, attr);
+            let node = std::sync::Arc::new(node);
+            let entry = self.entry_of(std::sync::Arc::clone(&node), attr);
+            let route = self.choose_route(entry.node_id, &node, key, attr.mode, flags);
             let direct = flags & libc::O_DIRECT != 0;
-            let fh =
-                self.register(entry.node_id, Open::Lower { file, key, regular: true, direct })?;
+            let passthrough = route.passthrough;
+            let open = Open::Lower {
+                file,
+                key,
+                regular: true,
+                direct,
+                passthrough,
+                small_writes: AtomicBool::new(false),
+            };
+            let fh = match self.register(entry.node_id, open) {
+                Ok(fh) => fh,
+                Err(e) => {
+                    self.routes.release(entry.node_id);
+                    return Err(e);
+                }
+            };
             if self.temp.config.enabled {
                 Counters::add(&self.temp.counters.created_in_lower, 1);
             }
-            Ok((entry, fh))
+            Ok((entry, Opened { fh, passthrough, keep_cache: route.keep_cache }))
         })
     }
 
-    pub fn release(&self, fh: u64) -> FsResult<()> {
+    /// Closes open `fh`; returns whether it was in passthrough (the front end then lets go of
+    /// the node's backing file when it was the last).
+    pub fn release(&self, fh: u64) -> FsResult<bool> {
         self.op(Op::Release, |tx| {
             let h = self.handles.remove(fh).ok_or_else(|| stale(fh))?;
+            let passthrough = matches!(h.file, Open::Lower { passthrough: true, .. });
+            if matches!(h.file, Open::Lower { regular: true, .. } | Open::Temp { .. }) {
+                self.routes.release(h.node_id);
+            }
+            if Self::wrote_small(&h.file) {
+                self.learn_route(tx, h.node_id, Signal::SmallWrites);
+            }
             if let Open::Temp { file, .. } = &h.file {
                 self.temp_release(tx, file)?;
             }
-            Ok(())
+            Ok(passthrough)
         })
     }
 
@@ -79,7 +161,7 @@ impl<L: LowerFs> Engine<L> {
     /// record. The lower file system is asked only for changes made in it directly
     /// (`engine/durability.rs`), and always for devices and FIFOs.
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
-        self.op(Op::Fsync, |_| {
+        self.op(Op::Fsync, |otx| {
             let c = &self.durability.counters;
             Counters::add(&c.calls, 1);
             self.group_commit();
@@ -92,6 +174,19 @@ impl<L: LowerFs> Engine<L> {
             }
             Counters::add(&c.file_calls, 1);
             let file = self.lower_file(&h)?;
+            if let Open::Lower { passthrough: true, .. } = &h.file {
+                // The kernel wrote this file's data to the lower file itself, unseen: only
+                // the lower file's fsync makes it durable. From its next open on, the file
+                // takes the NVRAM path (the profile learns it).
+                Counters::add(&self.routes.counters.fsyncs, 1);
+                self.lower.fsync(file, datasync)?;
+                Counters::add(&c.waited_on_lower, 1);
+                self.learn_route(otx, h.node_id, Signal::Fsync);
+                return Ok(());
+            }
+            if matches!(h.file, Open::Lower { regular: true, .. } | Open::Temp { .. }) {
+                self.learn_route(otx, h.node_id, Signal::Fsync);
+            }
             let waited = match self.via(&h)? {
                 Via::Cache(key) | Via::Direct(key) => {
                     self.sync_if_unsynced(key, || Ok(self.lower.fsync(file, datasync)?))?

@@ -154,6 +154,11 @@ impl<L: LowerFs> Engine<L> {
                 && self.cache.config().enabled
                 && !write_through
             {
+                if data.len() < crate::engine::routing::SMALL_WRITE
+                    && let Open::Lower { small_writes, .. } = &h.file
+                {
+                    small_writes.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 while let Some(cf) = self.cache_entry(otx, &node, key)? {
                     if let Some(n) = self.cached_write(otx, &cf, offset, data)? {
                         Counters::add(&self.counters.app_bytes_written, n as u64);

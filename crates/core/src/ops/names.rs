@@ -9,7 +9,6 @@ use lower::{Creds, LowerFs};
 
 use crate::engine::{Engine, Entry};
 use crate::error::{FsResult, answer};
-use crate::inodes::Identity;
 use crate::stats::Op;
 use crate::tempfs::{self, Fate};
 
@@ -31,8 +30,11 @@ impl<L: LowerFs> Engine<L> {
     pub fn forget(&self, node_id: u64, nlookup: u64) {
         self.counters.request(Op::Forget, true);
         // The kernel's last reference: the pages of a deleted file are dropped now.
-        if let Some(key) = self.inodes.forget(node_id, nlookup).and_then(Identity::lower_key) {
-            self.drop_if_deleted(key);
+        if let Some(identity) = self.inodes.forget(node_id, nlookup) {
+            self.routes.forget(node_id);
+            if let Some(key) = identity.lower_key() {
+                self.drop_if_deleted(key);
+            }
         }
     }
 
