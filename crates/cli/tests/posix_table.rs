@@ -138,7 +138,13 @@ struct NvMount {
 }
 
 impl NvMount {
-    fn new(lower: &Path, mnt: &Path, consistency: &str, tempfiles: &str, nbw: &str) -> NvMount {
+    fn new(
+        lower: &Path,
+        mnt: &Path,
+        consistency: &str,
+        tempfiles: &str,
+        extra: &[&str],
+    ) -> NvMount {
         let shm =
             tempfile::Builder::new().prefix("nvstack-posix-table").tempdir_in("/dev/shm").unwrap();
         let nvram = shm.path().join("region");
@@ -149,7 +155,7 @@ impl NvMount {
             .arg("--nvram")
             .arg(&nvram)
             .args(["--size", "64M", "--consistency", consistency, "--tempfiles", tempfiles])
-            .args(["--nbw", nbw]));
+            .args(extra));
         let out = text(&o);
         assert!(
             !out.contains("unrecognized subcommand"),
@@ -228,17 +234,20 @@ fn posix_table_mount_matches_lower() {
     )
     .unwrap();
     let mut failures = Vec::new();
-    // With temp files off every file is a lower file: its partial writes are patches in the
-    // non-blocking-write modes (async-bg by default, lazy) or fetches (off).
-    for (mode, tempfiles, nbw) in [
-        ("undo", "on", "lazy"),
-        ("none", "on", "lazy"),
-        ("undo", "off", "lazy"),
-        ("journal", "on", "lazy"),
-        ("undo", "off", "off"),
-        ("undo", "off", "async-bg"),
+    // With temp files off every file is a lower file: with passthrough on (the default) the
+    // kernel serves the ones with nothing in NVRAM itself (docs/design.md section 14); with it
+    // off their partial writes are patches in the non-blocking-write modes (async-bg by
+    // default, lazy) or fetches (off).
+    for (mode, tempfiles, nbw, passthrough) in [
+        ("undo", "on", "lazy", "on"),
+        ("none", "on", "lazy", "on"),
+        ("undo", "off", "lazy", "on"),
+        ("journal", "on", "lazy", "on"),
+        ("undo", "off", "lazy", "off"),
+        ("undo", "off", "off", "off"),
+        ("undo", "off", "async-bg", "off"),
     ] {
-        let config = format!("{mode}-tempfiles-{tempfiles}-nbw-{nbw}");
+        let config = format!("{mode}-tempfiles-{tempfiles}-nbw-{nbw}-passthrough-{passthrough}");
         let (lower, mnt) =
             (root.join(format!("lower-{config}")), root.join(format!("mnt-{config}")));
         for d in [&lower, &mnt] {
@@ -247,7 +256,13 @@ fn posix_table_mount_matches_lower() {
         }
         let out = results.path().join(format!("mount-{config}.jsonl"));
         {
-            let _mount = NvMount::new(&lower, &mnt, mode, tempfiles, nbw);
+            let _mount = NvMount::new(
+                &lower,
+                &mnt,
+                mode,
+                tempfiles,
+                &["--nbw", nbw, "--passthrough", passthrough],
+            );
             table(&runner, &mnt, &out);
         }
         let o = run(Command::new(&runner)
@@ -256,7 +271,9 @@ fn posix_table_mount_matches_lower() {
             .arg(&out)
             .arg("--known")
             .arg(if tempfiles == "on" { &known_temp } else { &known }));
-        let what = format!("--consistency {mode} --tempfiles {tempfiles} --nbw {nbw}");
+        let what = format!(
+            "--consistency {mode} --tempfiles {tempfiles} --nbw {nbw} --passthrough {passthrough}"
+        );
         eprintln!("{what}:\n{}", text(&o));
         if !o.status.success() {
             failures.push(format!("{what}:\n{}", text(&o)));
