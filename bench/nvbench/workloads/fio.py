@@ -19,7 +19,11 @@ FUSE tax (not from a paper): one 1 GiB file, buffered IO (direct=0), psync, 4 Ki
   tax-rand-read     20 s of random 4 KiB reads of the pre-written file (cold cache at start)
 Passthrough (issue 16; not from a paper): 15 s on one existing 1 GiB file laid out on the
 kernel FS before nvstack mounts (prefill "lower": no page of it in NVRAM, so nvstack's routes
-may serve it in kernel passthrough), buffered IO, psync, cold cache at start, no fsync:
+may serve it in kernel passthrough), buffered IO, psync, cold cache at start (the harness'
+drop_caches), no fsync. No `invalidate` and no `fadvise_hint`: fio applies both to the file
+it opens, and through FUSE passthrough posix_fadvise does not reach the lower file, so with
+them ext4 alone dropped its cache at every pass and read without readahead while the lower
+file under nvstack did not (the first run, bench/results/passthrough/experiment-fadvise/):
   pt-seq-read-4k, pt-rand-read-4k, pt-seq-write-4k, pt-rand-write-4k   4 KiB blocks
   pt-seq-read-1m, pt-seq-write-1m                                      1 MiB blocks
 Write-back policies (thesis sec. 4.3; not a Filebench personality):
@@ -96,36 +100,6 @@ JOBS: dict[str, dict] = {
                       "jobs": [{"name": "randread", "rw": "randread", "bs": "4k",
                                 "size": 1024 * MB, "filename": "tax.dat"}],
                       "prefill": True, "primary": ("read_iops", "ops/s", True)},
-    "pt-seq-read-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                        "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                      "jobs": [{"name": "read", "rw": "read", "bs": "4k", "size": 1024 * MB,
-                                "filename": "pt.dat"}],
-                      "prefill": "lower", "primary": ('read_kBps', 'KiB/s', True)},
-    "pt-rand-read-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                       "jobs": [{"name": "randread", "rw": "randread", "bs": "4k", "size": 1024 * MB,
-                                 "filename": "pt.dat"}],
-                       "prefill": "lower", "primary": ('read_iops', 'ops/s', True)},
-    "pt-seq-write-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                       "jobs": [{"name": "write", "rw": "write", "bs": "4k", "size": 1024 * MB,
-                                 "filename": "pt.dat"}],
-                       "prefill": "lower", "primary": ('write_kBps', 'KiB/s', True)},
-    "pt-rand-write-4k": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                          "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                        "jobs": [{"name": "randwrite", "rw": "randwrite", "bs": "4k", "size": 1024 * MB,
-                                  "filename": "pt.dat"}],
-                        "prefill": "lower", "primary": ('write_iops', 'ops/s', True)},
-    "pt-seq-read-1m": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                        "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                      "jobs": [{"name": "read", "rw": "read", "bs": "1m", "size": 1024 * MB,
-                                "filename": "pt.dat"}],
-                      "prefill": "lower", "primary": ('read_kBps', 'KiB/s', True)},
-    "pt-seq-write-1m": {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1,
-                         "time_based": 1, "runtime": 15, "randrepeat": 1, "invalidate": 1},
-                       "jobs": [{"name": "write", "rw": "write", "bs": "1m", "size": 1024 * MB,
-                                 "filename": "pt.dat"}],
-                       "prefill": "lower", "primary": ('write_kBps', 'KiB/s', True)},
     "wb-zipf-rewrite": {"global": {"ioengine": "psync", "direct": 0, "end_fsync": 1,
                                    "overwrite": 1, "fallocate": "none", "randrepeat": 1},
                         "jobs": [{"name": "zipfrewrite", "rw": "randwrite", "bs": "4k",
@@ -133,6 +107,25 @@ JOBS: dict[str, dict] = {
                                   "random_distribution": "zipf:1.1", "filename": "wb.dat"}],
                         "prefill": "lower", "primary": ("wall_seconds", "s", False)},
 }
+
+
+def _passthrough_job(rw: str, bs: str, primary: tuple) -> dict:
+    """One job of the passthrough experiment (see the module docs)."""
+    return {"global": {"ioengine": "psync", "direct": 0, "overwrite": 1, "time_based": 1,
+                       "runtime": 15, "randrepeat": 1, "invalidate": 0, "fadvise_hint": 0},
+            "jobs": [{"name": rw, "rw": rw, "bs": bs, "size": 1024 * MB,
+                      "filename": "pt.dat"}],
+            "prefill": "lower", "primary": primary}
+
+
+JOBS.update({
+    "pt-seq-read-4k": _passthrough_job("read", "4k", ("read_kBps", "KiB/s", True)),
+    "pt-rand-read-4k": _passthrough_job("randread", "4k", ("read_iops", "ops/s", True)),
+    "pt-seq-write-4k": _passthrough_job("write", "4k", ("write_kBps", "KiB/s", True)),
+    "pt-rand-write-4k": _passthrough_job("randwrite", "4k", ("write_iops", "ops/s", True)),
+    "pt-seq-read-1m": _passthrough_job("read", "1m", ("read_kBps", "KiB/s", True)),
+    "pt-seq-write-1m": _passthrough_job("write", "1m", ("write_kBps", "KiB/s", True)),
+})
 JOBS["seq_write-150m"] = {**JOBS["seq_write"],
                           "jobs": [{**JOBS["seq_write"]["jobs"][0], "size": 150 * MB}]}
 NBW_IOSIZES = [128, 512, 1024, 2048, 4096]
