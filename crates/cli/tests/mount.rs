@@ -683,6 +683,7 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("tempfile-writeback-batch", Some("64"), json!(64)),
         ("xattrs", Some("off"), json!("off")),
         ("passthrough", Some("off"), json!("off")),
+        ("direct-io", Some("nvram"), json!("nvram")),
         ("keep-tempfiles", None, json!(true)),
         ("cache", Some("off"), json!("off")),
         ("writeback", Some("file"), json!("file")),

@@ -8,7 +8,7 @@ mod common;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -291,4 +291,49 @@ fn with_passthrough_off_every_open_takes_the_nvram_path() {
     let r = m.routes();
     assert_eq!((r["enabled"].as_bool(), r["opens_passthrough"].as_u64()), (Some(false), Some(0)));
     assert!(r["opens_nvram"].as_u64().unwrap() >= 1, "{r}");
+}
+
+#[test]
+fn with_direct_io_nvram_a_temp_file_takes_one_request_per_write_and_mmap_still_sees_every_byte() {
+    if common::skip("the route tests") {
+        return;
+    }
+    let m = Mount::new(&["--direct-io", "nvram"]);
+    let writes = |m: &Mount| m.stat()["requests"]["write"].as_u64().unwrap_or(0);
+    let mut f = open_rw(&m.mnt("t"), libc::O_CREAT);
+    let before = writes(&m);
+    // Three writes that each start inside a page: through the page cache the last two would
+    // be split after their first page (two requests each).
+    for _ in 0..3 {
+        f.write_all(&[b'w'; 10_000]).unwrap();
+    }
+    assert_eq!(writes(&m) - before, 3, "one request per write(2)");
+    assert_eq!(m.stat()["tempfiles"]["files_resident"].as_u64(), Some(1), "a temp file");
+    // A shared mapping of the direct-IO file: stores reach the file, and read(2) (a request to
+    // the daemon, past the mapping's pages) sees them; a write(2) is seen through the mapping.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: a shared mapping of the first 8 KiB of an open 30,000-byte file, unmapped here.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(b"mapped".as_ptr(), p.cast::<u8>().add(100), 6);
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        let mut g = File::open(m.mnt("t")).unwrap();
+        assert_eq!(&read_all(&mut g)[100..106], b"mapped");
+        g.sync_all().unwrap();
+        open_rw(&m.mnt("t"), 0).write_all_at(b"pwrite", 200).unwrap();
+        let seen = std::slice::from_raw_parts(p.cast::<u8>().add(200), 6);
+        assert_eq!(seen, b"pwrite", "the mapping sees a later write(2)");
+        assert_eq!(libc::munmap(p, 8192), 0);
+    }
+    let all = read_all(&mut f);
+    assert_eq!(all.len(), 30_000);
+    assert_eq!((&all[100..106], &all[200..206]), (&b"mapped"[..], &b"pwrite"[..]));
 }

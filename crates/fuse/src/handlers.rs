@@ -42,6 +42,10 @@ pub struct FuseFs<L: LowerFs> {
     /// The backing file of each node with passthrough opens, with their count: the kernel
     /// wants one backing file per inode for all its passthrough opens (`route/` chooses).
     backings: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+    /// Opens of files that live in NVRAM bypass the kernel's page cache (`--direct-io
+    /// nvram`): their bytes are cached once, in NVRAM, and each write(2) is one request.
+    /// Turned off at init when the kernel cannot mmap such files (FUSE_DIRECT_IO_ALLOW_MMAP).
+    direct_io_nvram: std::sync::atomic::AtomicBool,
 }
 
 /// The only flags the kernel accepts with a passthrough open (besides direct IO): it has no
@@ -83,7 +87,20 @@ fn creds(req: &Request) -> Creds {
 
 impl<L: LowerFs> FuseFs<L> {
     pub fn new(engine: Arc<Engine<L>>, timeouts: Timeouts, max_write: u32) -> Self {
-        FuseFs { engine, timeouts, max_write, backings: Mutex::new(HashMap::new()) }
+        FuseFs {
+            engine,
+            timeouts,
+            max_write,
+            backings: Mutex::new(HashMap::new()),
+            direct_io_nvram: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// `--direct-io nvram`: see the field.
+    #[must_use]
+    pub fn with_direct_io_nvram(self, on: bool) -> Self {
+        self.direct_io_nvram.store(on, std::sync::atomic::Ordering::Relaxed);
+        self
     }
 
     /// The backing file for passthrough open `o` of node `ino` (the node's, or registered
@@ -127,12 +144,16 @@ impl<L: LowerFs> FuseFs<L> {
         }
     }
 
-    /// The flags of an open's reply. FLUSH is never needed: the engine keeps nothing per
-    /// close (no POSIX locks are served; every write is durable or written when it returns),
-    /// so the kernel is told not to send it (one round trip less per close).
-    fn opened_flags(&self, keep_cache: bool) -> FopenFlags {
+    /// The flags of an open's reply on the NVRAM path. FLUSH is never needed: the engine
+    /// keeps nothing per close (no POSIX locks are served; every write is durable or written
+    /// when it returns), so the kernel is told not to send it (one round trip less per close).
+    /// A file that lives in NVRAM is opened for direct IO under `--direct-io nvram`.
+    fn opened_flags(&self, o: &Opened) -> FopenFlags {
         let mut flags = FopenFlags::FOPEN_NOFLUSH;
-        if keep_cache && !self.timeouts.attr.is_zero() {
+        if o.nvram_resident && self.direct_io_nvram.load(std::sync::atomic::Ordering::Relaxed) {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+        } else if o.keep_cache && !o.passthrough && !self.timeouts.attr.is_zero() {
+            // (a passthrough open the kernel refused keeps no page cache: T3)
             flags |= FopenFlags::FOPEN_KEEP_CACHE;
         }
         flags
@@ -173,6 +194,13 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
         );
+        // --direct-io nvram: shared mmap of a direct-IO file needs the kernel's consent.
+        if self.direct_io_nvram.load(std::sync::atomic::Ordering::Relaxed)
+            && config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err()
+        {
+            eprintln!("nvstack: the kernel cannot mmap direct-IO files; --direct-io nvram is off");
+            self.direct_io_nvram.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         // Passthrough (route/): the lower file system may not be stacked itself (depth 1
         // lets nvstack be the lower layer of an overlayfs). Without kernel support, every
         // file takes the NVRAM path.
@@ -321,9 +349,9 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         match self.engine.open_routed(ino.0, flags.0 & !KERNEL_FLAGS) {
             Ok(o) if o.passthrough => match self.backing(ino.0, &o, &reply) {
                 Some(id) => reply.opened_passthrough(FileHandle(o.fh), PASSTHROUGH_FLAGS, &id),
-                None => reply.opened(FileHandle(o.fh), self.opened_flags(false)),
+                None => reply.opened(FileHandle(o.fh), self.opened_flags(&o)),
             },
-            Ok(o) => reply.opened(FileHandle(o.fh), self.opened_flags(o.keep_cache)),
+            Ok(o) => reply.opened(FileHandle(o.fh), self.opened_flags(&o)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -578,7 +606,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
                         &attr,
                         Generation(0),
                         FileHandle(o.fh),
-                        self.opened_flags(o.keep_cache && !o.passthrough),
+                        self.opened_flags(&o),
                     ),
                 }
             }

@@ -113,6 +113,13 @@ pub struct MountArgs {
     /// docs/design.md section 14.
     #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
     pub passthrough: OnOff,
+    /// `nvram`: opens of files that live in NVRAM (temp files) bypass the kernel's page cache
+    /// (FUSE direct IO; mmap still works): their bytes are cached once, in NVRAM, instead of
+    /// also in the mount's page cache, and a write(2) is one request (through the page cache, a
+    /// write starting inside a page the kernel does not hold is split after that page). Every
+    /// read(2) of such a file is then a request. `never`: the kernel caches them as any file.
+    #[arg(long, value_enum, default_value = "never", value_name = "nvram|never")]
+    pub direct_io: DirectIoArg,
     /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
     /// directory alone then lacks them until the next mount).
     #[arg(long)]
@@ -229,6 +236,14 @@ impl NbwArg {
 pub enum OnOff {
     On,
     Off,
+}
+
+/// `--direct-io`: which opens bypass the kernel's page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIoArg {
+    Nvram,
+    Never,
 }
 
 /// The kill switch of process-level crash tests: `NVSTACK_FAILPOINT=<point>:<n>` SIGKILLs the

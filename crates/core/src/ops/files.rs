@@ -65,7 +65,8 @@ impl<L: LowerFs> Engine<L> {
                 if regular && !passthrough && sync_flag(flags) {
                     self.learn_route(tx, node_id, Signal::SyncFlag);
                 }
-                return Ok(Opened { fh, passthrough, keep_cache: route.keep_cache });
+                let keep_cache = route.keep_cache;
+                return Ok(Opened { fh, passthrough, keep_cache, nvram_resident: false });
             }
         })
     }
@@ -74,7 +75,12 @@ impl<L: LowerFs> Engine<L> {
     /// temp files too: a transformed one keeps its node).
     fn nvram_route(&self, node_id: u64, fh: u64, flags: i32) -> Opened {
         let route = self.routes.register(node_id, Some(Keep::State), 0, writable(flags));
-        Opened { fh, passthrough: route.passthrough, keep_cache: route.keep_cache }
+        Opened {
+            fh,
+            passthrough: route.passthrough,
+            keep_cache: route.keep_cache,
+            nvram_resident: true,
+        }
     }
 
     pub fn create(
@@ -129,7 +135,8 @@ impl<L: LowerFs> Engine<L> {
             if self.temp.config.enabled {
                 Counters::add(&self.temp.counters.created_in_lower, 1);
             }
-            Ok((entry, Opened { fh, passthrough, keep_cache: route.keep_cache }))
+            let keep_cache = route.keep_cache;
+            Ok((entry, Opened { fh, passthrough, keep_cache, nvram_resident: false }))
         })
     }
 

@@ -52,6 +52,9 @@ pub struct Opened {
     pub passthrough: bool,
     /// The kernel may keep the FUSE inode's page cache (false after passthrough writes: T3).
     pub keep_cache: bool,
+    /// The file lives in NVRAM (a temp file): its bytes are cached there already, so the
+    /// front end may serve it without a second copy in the kernel's page cache.
+    pub nvram_resident: bool,
 }
 
 #[derive(Debug, Default)]
