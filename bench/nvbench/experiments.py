@@ -413,7 +413,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                "sequential/random reads and writes of an existing 1 GiB file and in-memory "
                "Postmark: ext4 alone vs nvstack with its defaults (kernel passthrough for lower "
                "files with nothing in NVRAM) vs nvstack --passthrough off",
-               ["ext4-ordered", "nvstack-ext4-defaults", "nvstack-ext4-pt-off", "nvstack-ext4-dio"],
+               ["ext4-ordered", "nvstack-ext4-defaults", "nvstack-ext4-pt-off", "nvstack-ext4-dio",
+                "nvstack-ext4-dio-wo"],
                [("fio", w) for w in ("pt-seq-read-4k", "pt-rand-read-4k", "pt-seq-write-4k",
                                      "pt-rand-write-4k", "pt-seq-read-1m", "pt-seq-write-1m")]
                + [("postmark", "fuse-tax")], baseline="ext4-ordered", reps=2, memory="4G",

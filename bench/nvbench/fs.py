@@ -219,6 +219,14 @@ def _nvstack() -> list[FsConfig]:
         nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
                  "args": ["--direct-io", "nvram"]},
         consistent=True))
+    out.append(FsConfig(
+        "nvstack-ext4-dio-wo", "nvstack --direct-io write-only",
+        "nvstack with its defaults over ext4 data=ordered and --direct-io write-only: opens of "
+        "temp files that cannot read bypass the kernel's page cache",
+        "ext4", "data=ordered", journal="internal",
+        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
+                 "args": ["--direct-io", "write-only"]},
+        consistent=True))
     # the same in the other consistency modes (experiment durability: every mode side by side)
     for cons, what in (("journal", "VM-aware journaling: every operation atomic, durable at the "
                                    "next group commit (fsync, fdatasync, 5 s, 32 MiB)"),

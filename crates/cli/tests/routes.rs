@@ -337,3 +337,33 @@ fn with_direct_io_nvram_a_temp_file_takes_one_request_per_write_and_mmap_still_s
     assert_eq!(all.len(), 30_000);
     assert_eq!((&all[100..106], &all[200..206]), (&b"mapped"[..], &b"pwrite"[..]));
 }
+
+#[test]
+fn a_write_only_open_of_a_temp_file_bypasses_the_page_cache_and_readers_of_it_stay_coherent() {
+    if common::skip("the route tests") {
+        return;
+    }
+    // The default, --direct-io write-only: the writer is a direct-IO open, the reader a
+    // cached one, of the same temp file at once.
+    let m = Mount::new(&[]);
+    let writes = |m: &Mount| m.stat()["requests"]["write"].as_u64().unwrap_or(0);
+    let w = OpenOptions::new().write(true).create(true).truncate(true).open(m.mnt("mix")).unwrap();
+    let before = writes(&m);
+    for i in 0..3u64 {
+        w.write_all_at(&[b'A'; 10_000], i * 10_000).unwrap();
+    }
+    assert_eq!(writes(&m) - before, 3, "one request per write(2) of a write-only open");
+    let r = File::open(m.mnt("mix")).unwrap();
+    let mut page = [0u8; 10];
+    r.read_exact_at(&mut page, 5000).unwrap();
+    assert_eq!(&page, b"AAAAAAAAAA");
+    // The reader cached that page; a direct write over it must not leave it stale.
+    w.write_all_at(b"BBBBBBBBBB", 5000).unwrap();
+    r.read_exact_at(&mut page, 5000).unwrap();
+    assert_eq!(&page, b"BBBBBBBBBB", "the cached reader sees the direct write");
+    w.set_len(100).unwrap();
+    assert_eq!(r.metadata().unwrap().len(), 100);
+    let mut all = Vec::new();
+    (&r).read_to_end(&mut all).unwrap();
+    assert_eq!(all.len(), 100, "nor a truncate");
+}

@@ -42,10 +42,25 @@ pub struct FuseFs<L: LowerFs> {
     /// The backing file of each node with passthrough opens, with their count: the kernel
     /// wants one backing file per inode for all its passthrough opens (`route/` chooses).
     backings: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
-    /// Opens of files that live in NVRAM bypass the kernel's page cache (`--direct-io
-    /// nvram`): their bytes are cached once, in NVRAM, and each write(2) is one request.
-    /// Turned off at init when the kernel cannot mmap such files (FUSE_DIRECT_IO_ALLOW_MMAP).
-    direct_io_nvram: std::sync::atomic::AtomicBool,
+    /// Which opens of files that live in NVRAM bypass the kernel's page cache (`--direct-io`,
+    /// a [`DirectIo`] as u8): their bytes are then cached once, in NVRAM, and each write(2) is
+    /// one request. Turned to `Never` at init when the kernel cannot mmap such files
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP).
+    direct_io: std::sync::atomic::AtomicU8,
+}
+
+/// `--direct-io`: which opens of NVRAM-resident files (temp files) bypass the kernel's page
+/// cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DirectIo {
+    /// None: the kernel caches them as any file.
+    Never = 0,
+    /// Opens that cannot read (O_WRONLY): writers such as tar, cp and mail delivery take one
+    /// request per write(2) and leave no second copy; readers keep the page cache.
+    WriteOnly = 1,
+    /// Every open of such a file.
+    Nvram = 2,
 }
 
 /// The only flags the kernel accepts with a passthrough open (besides direct IO): it has no
@@ -92,15 +107,23 @@ impl<L: LowerFs> FuseFs<L> {
             timeouts,
             max_write,
             backings: Mutex::new(HashMap::new()),
-            direct_io_nvram: std::sync::atomic::AtomicBool::new(false),
+            direct_io: std::sync::atomic::AtomicU8::new(DirectIo::Never as u8),
         }
     }
 
-    /// `--direct-io nvram`: see the field.
+    /// `--direct-io`: see the field.
     #[must_use]
-    pub fn with_direct_io_nvram(self, on: bool) -> Self {
-        self.direct_io_nvram.store(on, std::sync::atomic::Ordering::Relaxed);
+    pub fn with_direct_io(self, mode: DirectIo) -> Self {
+        self.direct_io.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
         self
+    }
+
+    fn direct_io(&self) -> DirectIo {
+        match self.direct_io.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => DirectIo::WriteOnly,
+            2 => DirectIo::Nvram,
+            _ => DirectIo::Never,
+        }
     }
 
     /// The backing file for passthrough open `o` of node `ino` (the node's, or registered
@@ -147,10 +170,16 @@ impl<L: LowerFs> FuseFs<L> {
     /// The flags of an open's reply on the NVRAM path. FLUSH is never needed: the engine
     /// keeps nothing per close (no POSIX locks are served; every write is durable or written
     /// when it returns), so the kernel is told not to send it (one round trip less per close).
-    /// A file that lives in NVRAM is opened for direct IO under `--direct-io nvram`.
-    fn opened_flags(&self, o: &Opened) -> FopenFlags {
+    /// A file that lives in NVRAM is opened for direct IO as `--direct-io` says (`flags`: the
+    /// open's).
+    fn opened_flags(&self, o: &Opened, flags: i32) -> FopenFlags {
+        let direct = match self.direct_io() {
+            DirectIo::Never => false,
+            DirectIo::WriteOnly => flags & libc::O_ACCMODE == libc::O_WRONLY,
+            DirectIo::Nvram => true,
+        };
         let mut flags = FopenFlags::FOPEN_NOFLUSH;
-        if o.nvram_resident && self.direct_io_nvram.load(std::sync::atomic::Ordering::Relaxed) {
+        if o.nvram_resident && direct {
             flags |= FopenFlags::FOPEN_DIRECT_IO;
         } else if o.keep_cache && !o.passthrough && !self.timeouts.attr.is_zero() {
             // (a passthrough open the kernel refused keeps no page cache: T3)
@@ -194,12 +223,12 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
         );
-        // --direct-io nvram: shared mmap of a direct-IO file needs the kernel's consent.
-        if self.direct_io_nvram.load(std::sync::atomic::Ordering::Relaxed)
+        // --direct-io: shared mmap of a direct-IO file needs the kernel's consent.
+        if self.direct_io() != DirectIo::Never
             && config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err()
         {
-            eprintln!("nvstack: the kernel cannot mmap direct-IO files; --direct-io nvram is off");
-            self.direct_io_nvram.store(false, std::sync::atomic::Ordering::Relaxed);
+            eprintln!("nvstack: the kernel cannot mmap direct-IO files; --direct-io is never");
+            self.direct_io.store(DirectIo::Never as u8, std::sync::atomic::Ordering::Relaxed);
         }
         // Passthrough (route/): the lower file system may not be stacked itself (depth 1
         // lets nvstack be the lower layer of an overlayfs). Without kernel support, every
@@ -349,9 +378,9 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         match self.engine.open_routed(ino.0, flags.0 & !KERNEL_FLAGS) {
             Ok(o) if o.passthrough => match self.backing(ino.0, &o, &reply) {
                 Some(id) => reply.opened_passthrough(FileHandle(o.fh), PASSTHROUGH_FLAGS, &id),
-                None => reply.opened(FileHandle(o.fh), self.opened_flags(&o)),
+                None => reply.opened(FileHandle(o.fh), self.opened_flags(&o, flags.0)),
             },
-            Ok(o) => reply.opened(FileHandle(o.fh), self.opened_flags(&o)),
+            Ok(o) => reply.opened(FileHandle(o.fh), self.opened_flags(&o, flags.0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -606,7 +635,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
                         &attr,
                         Generation(0),
                         FileHandle(o.fh),
-                        self.opened_flags(&o),
+                        self.opened_flags(&o, flags),
                     ),
                 }
             }

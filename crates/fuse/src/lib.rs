@@ -17,4 +17,4 @@ mod attr;
 mod errno;
 mod handlers;
 
-pub use handlers::{FuseFs, Timeouts};
+pub use handlers::{DirectIo, FuseFs, Timeouts};

@@ -214,7 +214,11 @@ fn fuse_session(
         attr: Duration::from_secs_f64(args.attr_timeout.max(0.0)),
     };
     let fs = FuseFs::new(Arc::clone(engine), timeouts, args.max_write.min(16 << 20) as u32)
-        .with_direct_io_nvram(args.direct_io == super::mount::DirectIoArg::Nvram);
+        .with_direct_io(match args.direct_io {
+            super::mount::DirectIoArg::Never => fusefs::DirectIo::Never,
+            super::mount::DirectIoArg::WriteOnly => fusefs::DirectIo::WriteOnly,
+            super::mount::DirectIoArg::Nvram => fusefs::DirectIo::Nvram,
+        });
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(lower_dir.to_string_lossy().into_owned()),
