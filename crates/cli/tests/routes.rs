@@ -343,9 +343,9 @@ fn a_write_only_open_of_a_temp_file_bypasses_the_page_cache_and_readers_of_it_st
     if common::skip("the route tests") {
         return;
     }
-    // The default, --direct-io write-only: the writer is a direct-IO open, the reader a
-    // cached one, of the same temp file at once.
-    let m = Mount::new(&[]);
+    // --direct-io write-only: the writer is a direct-IO open, the reader a cached one, of
+    // the same temp file at once.
+    let m = Mount::new(&["--direct-io", "write-only"]);
     let writes = |m: &Mount| m.stat()["requests"]["write"].as_u64().unwrap_or(0);
     let w = OpenOptions::new().write(true).create(true).truncate(true).open(m.mnt("mix")).unwrap();
     let before = writes(&m);

@@ -119,10 +119,11 @@ pub struct MountArgs {
     /// cache, a write starting inside a page the kernel does not hold is split after that
     /// page). `write-only`: opens that cannot read (tar, cp, mail delivery write this way);
     /// `nvram`: every open, so every read(2) is a request too (cold reads slower, no
-    /// readahead); `never`: the kernel caches them as any file. Default `write-only`: untar
-    /// -9 % and in-memory Postmark -6 % against `never`, reads unchanged; `nvram` made cold
-    /// reads of a tree 1.5x slower (docs/design.md section 14.6).
-    #[arg(long, value_enum, default_value = "write-only", value_name = "never|write-only|nvram")]
+    /// readahead); `never` (the default): the kernel caches them as any file. `write-only`
+    /// made untar 9 % and in-memory Postmark 6 % faster but 512 B appends + fdatasync 13 %
+    /// slower, and what waits for durability comes first; `nvram` also made cold reads of a
+    /// tree 1.5x slower (docs/design.md section 14.6).
+    #[arg(long, value_enum, default_value = "never", value_name = "never|write-only|nvram")]
     pub direct_io: DirectIoArg,
     /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
     /// directory alone then lacks them until the next mount).
