@@ -201,32 +201,21 @@ def _nvstack() -> list[FsConfig]:
         "ext4", "data=ordered", journal="internal",
         nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo"},
         consistent=True))
-    # the same without kernel passthrough (experiment passthrough, issue 16: every open takes
-    # the NVRAM path, as before routes existed)
-    out.append(FsConfig(
-        "nvstack-ext4-pt-off", "nvstack --passthrough off",
-        "nvstack with its defaults over ext4 data=ordered but --passthrough off: every open of "
-        "a lower file takes the NVRAM path (FUSE request per IO)",
-        "ext4", "data=ordered", journal="internal",
-        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
-                 "args": ["--passthrough", "off"]},
-        consistent=True))
-    out.append(FsConfig(
-        "nvstack-ext4-dio", "nvstack --direct-io nvram",
-        "nvstack with its defaults over ext4 data=ordered and --direct-io nvram: temp files "
-        "bypass the kernel's page cache (cached once, in NVRAM; one request per write)",
-        "ext4", "data=ordered", journal="internal",
-        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
-                 "args": ["--direct-io", "nvram"]},
-        consistent=True))
-    out.append(FsConfig(
-        "nvstack-ext4-dio-wo", "nvstack --direct-io write-only",
-        "nvstack with its defaults over ext4 data=ordered and --direct-io write-only: opens of "
-        "temp files that cannot read bypass the kernel's page cache",
-        "ext4", "data=ordered", journal="internal",
-        nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on", "writeback": "relo",
-                 "args": ["--direct-io", "write-only"]},
-        consistent=True))
+    # the same with one route or page-cache knob changed (experiment passthrough, issue 16)
+    for name, args, what in (
+            ("pt-off", ["--passthrough", "off"], "every open of a lower file takes the NVRAM "
+             "path (FUSE request per IO), as before routes existed"),
+            ("dio", ["--direct-io", "nvram"], "temp files bypass the kernel's page cache "
+             "(cached once, in NVRAM; one request per write)"),
+            ("dio-wo", ["--direct-io", "write-only"], "opens of temp files that cannot read "
+             "bypass the kernel's page cache")):
+        out.append(FsConfig(
+            f"nvstack-ext4-{name}", f"nvstack {' '.join(args)}",
+            f"nvstack with its defaults over ext4 data=ordered but {' '.join(args)}: {what}",
+            "ext4", "data=ordered", journal="internal",
+            nvstack={"consistency": "undo", "tempfiles": "on", "cache": "on",
+                     "writeback": "relo", "args": args},
+            consistent=True))
     # the same in the other consistency modes (experiment durability: every mode side by side)
     for cons, what in (("journal", "VM-aware journaling: every operation atomic, durable at the "
                                    "next group commit (fsync, fdatasync, 5 s, 32 MiB)"),

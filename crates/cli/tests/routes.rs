@@ -100,6 +100,38 @@ fn mount(extra: &[&str]) -> Option<Mount> {
     Some(m)
 }
 
+/// A shared read-write mapping of the first `len` bytes of `f`, unmapped on drop.
+struct Mapping {
+    at: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(f: &File, len: usize) -> Mapping {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh shared mapping of an open file; used only through `bytes`.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+        assert_ne!(at, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        Mapping { at: at.cast(), len }
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.at, self.len) }
+    }
+    fn sync(&self) {
+        // SAFETY: msync of the whole mapping.
+        assert_eq!(unsafe { libc::msync(self.at.cast(), self.len, libc::MS_SYNC) }, 0);
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what `new` mapped.
+        unsafe { libc::munmap(self.at.cast(), self.len) };
+    }
+}
+
 fn read_all(f: &mut File) -> Vec<u8> {
     let mut v = Vec::new();
     f.seek(SeekFrom::Start(0)).unwrap();
@@ -243,22 +275,10 @@ fn a_shared_mapping_of_a_passthrough_file_writes_the_lower_file() {
     let Some(m) = mount(&[]) else { return };
     std::fs::write(m.lower("map"), vec![0u8; 8192]).unwrap();
     let f = open_rw(&m.mnt("map"), 0);
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // SAFETY: a shared mapping of 8 KiB of an open file, written, synced and unmapped here.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        std::ptr::copy_nonoverlapping(b"mapped".as_ptr(), p.cast::<u8>().add(4096), 6);
-        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-        assert_eq!(libc::munmap(p, 8192), 0);
-    }
+    let mut map = Mapping::new(&f, 8192);
+    map.bytes()[4096..4102].copy_from_slice(b"mapped");
+    map.sync();
+    drop(map);
     drop(f);
     assert_eq!(&std::fs::read(m.lower("map")).unwrap()[4096..4102], b"mapped");
     assert_eq!(&std::fs::read(m.mnt("map")).unwrap()[4096..4102], b"mapped");
@@ -311,28 +331,15 @@ fn with_direct_io_nvram_a_temp_file_takes_one_request_per_write_and_mmap_still_s
     assert_eq!(m.stat()["tempfiles"]["files_resident"].as_u64(), Some(1), "a temp file");
     // A shared mapping of the direct-IO file: stores reach the file, and read(2) (a request to
     // the daemon, past the mapping's pages) sees them; a write(2) is seen through the mapping.
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // SAFETY: a shared mapping of the first 8 KiB of an open 30,000-byte file, unmapped here.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-        std::ptr::copy_nonoverlapping(b"mapped".as_ptr(), p.cast::<u8>().add(100), 6);
-        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-        let mut g = File::open(m.mnt("t")).unwrap();
-        assert_eq!(&read_all(&mut g)[100..106], b"mapped");
-        g.sync_all().unwrap();
-        open_rw(&m.mnt("t"), 0).write_all_at(b"pwrite", 200).unwrap();
-        let seen = std::slice::from_raw_parts(p.cast::<u8>().add(200), 6);
-        assert_eq!(seen, b"pwrite", "the mapping sees a later write(2)");
-        assert_eq!(libc::munmap(p, 8192), 0);
-    }
+    let mut map = Mapping::new(&f, 8192);
+    map.bytes()[100..106].copy_from_slice(b"mapped");
+    map.sync();
+    let mut g = File::open(m.mnt("t")).unwrap();
+    assert_eq!(&read_all(&mut g)[100..106], b"mapped");
+    g.sync_all().unwrap();
+    open_rw(&m.mnt("t"), 0).write_all_at(b"pwrite", 200).unwrap();
+    assert_eq!(&map.bytes()[200..206], b"pwrite", "the mapping sees a later write(2)");
+    drop(map);
     let all = read_all(&mut f);
     assert_eq!(all.len(), 30_000);
     assert_eq!((&all[100..106], &all[200..206]), (&b"mapped"[..], &b"pwrite"[..]));
