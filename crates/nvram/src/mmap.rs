@@ -551,17 +551,28 @@ impl Region for MmapRegion {
     }
 }
 
+/// How long a lock that is held is asked for again before the region counts as in use. A
+/// process that forks copies our descriptors, and with them the lock of a region we just
+/// closed, until its child execs (microseconds to milliseconds; CI's test threads fork all the
+/// time: TESTING-NOTES.md). A real user - a running daemon - holds it far longer.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(300);
+
 fn lock(file: &File, path: &Path, how: libc::c_int) -> Result<()> {
-    // SAFETY: flock on a descriptor we own.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Err(Error::InUse { path: path.to_path_buf() })
-    } else {
-        Err(Error::io(path, "lock", err))
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(Error::io(path, "lock", err));
+        }
+        if start.elapsed() >= LOCK_PATIENCE {
+            return Err(Error::InUse { path: path.to_path_buf() });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

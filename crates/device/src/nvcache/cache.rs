@@ -183,8 +183,8 @@ pub fn open_file(
     capacity_sectors: Option<u64>,
     mode: Option<CacheMode>,
 ) -> Result<(NvCache, OpenReport), NvCacheError> {
-    let mut created = false;
-    if !path.exists() {
+    let created = !path.exists();
+    let region = if created {
         let capacity = capacity_sectors.ok_or_else(|| {
             NvCacheError::Refused(format!(
                 "{} does not exist; --nvram-cache-size is needed to create it",
@@ -193,11 +193,15 @@ pub fn open_file(
         })?;
         let params = format_params(capacity);
         MmapRegion::create(path, params.region_size)?;
+        // Formatted and used through one open: closing and reopening would let a forked
+        // child of another thread hold the lock in between.
         let region = MmapRegion::open(path, MmapOptions::default())?;
         Pool::format(&region, params)?;
-        created = true;
-    }
-    let region: Arc<dyn Region> = Arc::new(MmapRegion::open(path, MmapOptions::default())?);
+        region
+    } else {
+        MmapRegion::open(path, MmapOptions::default())?
+    };
+    let region: Arc<dyn Region> = Arc::new(region);
     let (cache, mut report) = NvCache::open(region, image, capacity_sectors, mode)?;
     report.created = created;
     Ok((cache, report))
