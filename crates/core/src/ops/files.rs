@@ -38,37 +38,47 @@ impl<L: LowerFs> Engine<L> {
                 let attr = self.lower.getattr(&node)?;
                 let regular = attr.kind() == lower::FileKind::Regular;
                 let key = self.lower.key(&node);
-                let direct = flags & libc::O_DIRECT != 0;
-                let route = if regular {
-                    self.choose_route(node_id, &node, key, attr.mode, flags)
-                } else {
-                    Route { passthrough: false, keep_cache: true }
-                };
-                let passthrough = route.passthrough;
-                let open = Open::Lower {
-                    file,
-                    key,
-                    regular,
-                    direct,
-                    passthrough,
-                    small_writes: AtomicBool::new(false),
-                };
-                let fh = match self.register(node_id, open) {
-                    Ok(fh) => fh,
-                    Err(e) => {
-                        if regular {
-                            self.routes.release(node_id);
-                        }
-                        return Err(e);
-                    }
-                };
-                if regular && !passthrough && sync_flag(flags) {
+                let opened = self.register_lower(node_id, &node, file, key, attr, flags)?;
+                if regular && !opened.passthrough && sync_flag(flags) {
                     self.learn_route(tx, node_id, Signal::SyncFlag);
                 }
-                let keep_cache = route.keep_cache;
-                return Ok(Opened { fh, passthrough, keep_cache, nvram_resident: false });
+                return Ok(opened);
             }
         })
+    }
+
+    /// Registers an open lower object with its route (regular files only; a device or FIFO
+    /// takes none); the route is given back if the handle table is full.
+    fn register_lower(
+        &self,
+        node_id: u64,
+        node: &L::Node,
+        file: L::File,
+        key: (u64, u64),
+        attr: lower::Attr,
+        flags: i32,
+    ) -> FsResult<Opened> {
+        let regular = attr.kind() == lower::FileKind::Regular;
+        let route = if regular {
+            self.choose_route(node_id, node, key, attr.mode, flags)
+        } else {
+            Route { passthrough: false, keep_cache: true }
+        };
+        let open = Open::Lower {
+            file,
+            key,
+            regular,
+            direct: flags & libc::O_DIRECT != 0,
+            passthrough: route.passthrough,
+            small_writes: AtomicBool::new(false),
+        };
+        let fh = self.register(node_id, open).inspect_err(|_| {
+            if regular {
+                self.routes.release(node_id);
+            }
+        })?;
+        let (passthrough, keep_cache) = (route.passthrough, route.keep_cache);
+        Ok(Opened { fh, passthrough, keep_cache, nvram_resident: false })
     }
 
     /// Registers the NVRAM route of a temp-file open `fh` (rule 1 of `route/` holds for
@@ -114,29 +124,11 @@ impl<L: LowerFs> Engine<L> {
             let key = self.lower.key(&node);
             let node = std::sync::Arc::new(node);
             let entry = self.entry_of(std::sync::Arc::clone(&node), attr);
-            let route = self.choose_route(entry.node_id, &node, key, attr.mode, flags);
-            let direct = flags & libc::O_DIRECT != 0;
-            let passthrough = route.passthrough;
-            let open = Open::Lower {
-                file,
-                key,
-                regular: true,
-                direct,
-                passthrough,
-                small_writes: AtomicBool::new(false),
-            };
-            let fh = match self.register(entry.node_id, open) {
-                Ok(fh) => fh,
-                Err(e) => {
-                    self.routes.release(entry.node_id);
-                    return Err(e);
-                }
-            };
+            let opened = self.register_lower(entry.node_id, &node, file, key, attr, flags)?;
             if self.temp.config.enabled {
                 Counters::add(&self.temp.counters.created_in_lower, 1);
             }
-            let keep_cache = route.keep_cache;
-            Ok((entry, Opened { fh, passthrough, keep_cache, nvram_resident: false }))
+            Ok((entry, opened))
         })
     }
 

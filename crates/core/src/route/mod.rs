@@ -35,13 +35,14 @@
 
 pub mod profile;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sync::{Mutex, Rank};
 use profile::Profile;
 
-/// Lower keys remembered as learned before the set starts again from the profile alone.
+/// Lower keys remembered (in or not in the profile) before the map starts again from the
+/// profile alone.
 const MAX_LEARNED_KEYS: usize = 1 << 16;
 
 /// What an open was given.
@@ -73,8 +74,9 @@ struct Learned {
     /// The record's frame, once made.
     frame: Option<txn::FrameId>,
     profile: Profile,
-    /// Lower keys known to be in the profile (saves computing their file handle again).
-    keys: HashSet<(u64, u64)>,
+    /// What the profile says of lower keys already asked (saves computing their file handle
+    /// again at every open).
+    keys: HashMap<(u64, u64), bool>,
 }
 
 /// See the module docs.
@@ -257,27 +259,24 @@ impl Routes {
         }
     }
 
-    /// True when lower key `key` is known to be in the profile; `None` when unknown (the
-    /// caller then asks [`Routes::profile_has`] with the file's handle).
+    /// Whether lower key `key` is in the profile, when known; `None` when not asked yet (the
+    /// caller then asks [`Routes::profile_has`] with the file's handle). A key answered "no"
+    /// stays "no" until it is learned: learning adds only the learned file's entry.
     pub fn learned_key(&self, key: (u64, u64)) -> Option<bool> {
         let l = self.learned.lock();
-        if l.keys.contains(&key) {
-            Some(true)
-        } else if l.profile.count() == 0 {
-            Some(false)
-        } else {
-            None
+        match l.keys.get(&key) {
+            Some(&known) => Some(known),
+            None if l.profile.count() == 0 => Some(false),
+            None => None,
         }
     }
 
     /// Whether the file with lower key `key` and file handle `handle` is in the profile
-    /// (remembering the key when it is).
+    /// (remembering the answer for the key).
     pub fn profile_has(&self, key: (u64, u64), handle: &[u8]) -> bool {
         let mut l = self.learned.lock();
         let has = l.profile.contains(profile::entry_of(handle));
-        if has {
-            Self::remember_key(&mut l, key);
-        }
+        Self::remember_key(&mut l, key, has);
         has
     }
 
@@ -295,13 +294,13 @@ impl Routes {
         let mut l = self.learned.lock();
         let mut p = l.profile.clone();
         if !p.add(profile::entry_of(handle)) {
-            Self::remember_key(&mut l, key);
+            Self::remember_key(&mut l, key, true);
             return Ok(false);
         }
         let frame = write(l.frame, &p)?;
         l.frame = Some(frame);
         l.profile = p;
-        Self::remember_key(&mut l, key);
+        Self::remember_key(&mut l, key, true);
         let c = &self.counters;
         match why {
             Signal::Fsync => &c.learned_fsync,
@@ -312,11 +311,11 @@ impl Routes {
         Ok(true)
     }
 
-    fn remember_key(l: &mut Learned, key: (u64, u64)) {
+    fn remember_key(l: &mut Learned, key: (u64, u64), in_profile: bool) {
         if l.keys.len() >= MAX_LEARNED_KEYS {
             l.keys.clear();
         }
-        l.keys.insert(key);
+        l.keys.insert(key, in_profile);
     }
 
     /// At start: the profile found in the region.
@@ -433,6 +432,7 @@ mod tests {
         assert_eq!(r.learned_key((1, 2)), Some(true));
         assert_eq!(r.learned_key((1, 3)), None, "ask with the handle");
         assert!(!r.profile_has((1, 3), b"h2"));
+        assert_eq!(r.learned_key((1, 3)), Some(false), "the answer is remembered");
         assert!(r.profile_has((5, 5), b"h1"), "the same file under another key");
         assert_eq!(r.learned_key((5, 5)), Some(true));
         assert_eq!(r.stats().learned_fsync, 1);
