@@ -10,6 +10,10 @@
 //! 3. `losetup --find --show fuse/disk.img` (buffered: direct IO on a FUSE file fails);
 //! 4. `mkfs.*` if asked; 5. `mount` at the mount point; 6. write `state.json`.
 //!
+//! A FAT volume on a kernel without vfat (or with `--fat user`) takes steps 3-5 differently:
+//! `mkfs.vfat` formats `fuse/disk.img` itself and `device serve-fat` (the user-space FAT
+//! server, [`crate::userfat`]) mounts it at the mount point; its pid is in `state.json`.
+//!
 //! Detach: umount the kernel FS (its flushes reach the daemon as fsync), `losetup -d`, flush,
 //! unmount the FUSE dir (the daemon flushes and syncs the image, then exits), remove the run
 //! dir. Cut: tell the daemon to cut the power *first* (so nothing the kernel writes from then
@@ -67,6 +71,55 @@ pub struct State {
     pub fuse_dir: PathBuf,
     pub loop_device: Option<String>,
     pub daemon_pid: u32,
+    /// The user-space FAT server serving the mount point, if the volume is FAT served in user
+    /// space.
+    #[serde(default)]
+    pub fat_server_pid: Option<u32>,
+}
+
+/// Who serves a FAT volume: the kernel's vfat over the loop device, or `device serve-fat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FatDriver {
+    Kernel,
+    User,
+}
+
+/// Whether the running kernel has a vfat file system.
+pub fn kernel_has_vfat() -> bool {
+    fs::read_to_string("/proc/filesystems")
+        .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().last() == Some("vfat")))
+}
+
+/// The user-space FAT server's options from a mount-option string: `sync`, `async`,
+/// `writeback=SECONDS`, `expire=SECONDS`; anything else is refused by name.
+pub fn fat_server_args(mount_options: Option<&str>) -> Result<Vec<String>, DeviceError> {
+    let mut args = Vec::new();
+    for o in mount_options.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
+        let secs = |v: &str| {
+            v.parse::<u64>().map_err(|_| {
+                DeviceError::Invalid(format!(
+                    "mount option {o:?}: {v:?} is not a number of seconds"
+                ))
+            })
+        };
+        match o.split_once('=') {
+            None if o == "sync" => args.push("--sync".to_string()),
+            None if o == "async" => {}
+            Some(("writeback", v)) => {
+                args.extend(["--writeback-interval".to_string(), secs(v)?.to_string()]);
+            }
+            Some(("expire", v)) => {
+                args.extend(["--dirty-expire".to_string(), secs(v)?.to_string()]);
+            }
+            _ => {
+                return Err(DeviceError::Invalid(format!(
+                    "mount option {o:?} is not one the user-space FAT server knows (sync, async, \
+                     writeback=SECONDS, expire=SECONDS)"
+                )));
+            }
+        }
+    }
+    Ok(args)
 }
 
 /// Everything attach needs; `serve_args` are the daemon's model/timing/trace options as
@@ -79,6 +132,10 @@ pub struct AttachRequest {
     pub size_bytes: Option<u64>,
     pub mkfs: Option<Mkfs>,
     pub mount_options: Option<String>,
+    /// Who serves a FAT volume; `None`: the kernel if it has vfat, else the user-space server.
+    pub fat: Option<FatDriver>,
+    /// The device has an NVRAM cache: the user-space FAT server writes metadata through.
+    pub nvram_cache: bool,
 }
 
 /// Default image size when attach creates an image and no size is given.
@@ -290,6 +347,17 @@ fn teardown(st: &State, strict: bool) -> Result<Vec<String>, DeviceError> {
             }
         }
     }
+    // 1b. The user-space FAT server writes back and exits once its mount is gone.
+    if let Some(pid) = st.fat_server_pid {
+        let start = Instant::now();
+        while pid_alive(pid) && start.elapsed() < DAEMON_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if pid_alive(pid) {
+            warnings.push(format!("FAT server {pid} did not exit; killing it"));
+            kill(pid);
+        }
+    }
     // 2. The loop device, only if it still backs onto our file.
     if let Some(dev) = &st.loop_device {
         if loop_backs(dev, &st.fuse_dir.join(DISK_FILE)) {
@@ -324,10 +392,7 @@ fn teardown(st: &State, strict: bool) -> Result<Vec<String>, DeviceError> {
     }
     if pid_alive(st.daemon_pid) {
         warnings.push(format!("daemon {} did not exit; killing it", st.daemon_pid));
-        if let Ok(pid) = libc::pid_t::try_from(st.daemon_pid) {
-            // SAFETY: plain syscall; the pid is the daemon this state file recorded.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+        kill(st.daemon_pid);
     }
     // 5. The run dir (keep the log if anything went wrong).
     if warnings.is_empty() {
@@ -336,6 +401,68 @@ fn teardown(st: &State, strict: bool) -> Result<Vec<String>, DeviceError> {
         let _ = fs::remove_file(st.run_dir.join("state.json"));
     }
     Ok(warnings)
+}
+
+fn kill(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: plain syscall; the pid is a process this state file recorded.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Whether the image holds a FAT boot sector.
+fn image_is_fat(image: &Path) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; 512];
+    File::open(image).and_then(|mut f| f.read_exact(&mut b)).is_ok()
+        && crate::classify::fat::FatLayout::parse(&b).is_some()
+}
+
+/// Starts `device serve-fat DISK MOUNTPOINT ARGS` in its own process group, output to `log`,
+/// and waits until the mount point is mounted.
+fn spawn_fat_server(
+    disk: &Path,
+    mountpoint: &Path,
+    args: &[String],
+    log: &Path,
+) -> Result<Child, DeviceError> {
+    let exe =
+        std::env::current_exe().map_err(|e| DeviceError::io("cannot find", "/proc/self/exe", e))?;
+    let logf = File::create(log).map_err(|e| DeviceError::io("cannot create", log, e))?;
+    let logf2 = logf.try_clone().map_err(|e| DeviceError::io("cannot open", log, e))?;
+    let mut child = Command::new(&exe)
+        .args(["device", "serve-fat"])
+        .arg(disk)
+        .arg(mountpoint)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(logf)
+        .stderr(logf2)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| DeviceError::Spawn { command: exe.display().to_string(), source: e })?;
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = fs::read_to_string(log).unwrap_or_default();
+            return Err(DeviceError::Daemon(format!(
+                "the FAT server exited with {status}: {}",
+                text.trim()
+            )));
+        }
+        if is_mounted(mountpoint) {
+            return Ok(child);
+        }
+        if start.elapsed() > DAEMON_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(DeviceError::Daemon(format!(
+                "the FAT server did not mount {} within {DAEMON_TIMEOUT:?}",
+                mountpoint.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn write_state(st: &State) -> Result<(), DeviceError> {
@@ -411,9 +538,42 @@ pub fn attach(req: &AttachRequest) -> Result<State, DeviceError> {
         fuse_dir: fuse_dir.clone(),
         loop_device: None,
         daemon_pid: child.id(),
+        fat_server_pid: None,
     });
     write_state(&guard.state)?;
     let disk = fuse_dir.join(DISK_FILE);
+    let fat_volume = match req.mkfs {
+        Some(Mkfs::Vfat) => true,
+        Some(_) => false,
+        None => image_is_fat(&disk),
+    };
+    let user_fat = fat_volume
+        && match req.fat {
+            Some(FatDriver::User) => true,
+            Some(FatDriver::Kernel) => false,
+            None => !kernel_has_vfat(),
+        };
+    if req.fat == Some(FatDriver::User) && !fat_volume {
+        return Err(DeviceError::Invalid(
+            "--fat user serves FAT volumes; the image holds none and --mkfs vfat was not given"
+                .into(),
+        ));
+    }
+    if user_fat {
+        let mut args = fat_server_args(req.mount_options.as_deref())?;
+        if req.nvram_cache {
+            args.push("--metadata-through".into());
+        }
+        if req.mkfs.is_some() {
+            run_cmd("mkfs.vfat", &[&disk.to_string_lossy()])?;
+        }
+        let mut guard = guard;
+        let log = guard.state.run_dir.join("fat.log");
+        let server = spawn_fat_server(&disk, &mountpoint, &args, &log)?;
+        guard.state.fat_server_pid = Some(server.id());
+        write_state(&guard.state)?;
+        return Ok(guard.disarm());
+    }
     let dev =
         run_cmd("losetup", &["--find", "--show", &disk.to_string_lossy()])?.trim().to_string();
     let mut guard = guard;
@@ -481,9 +641,15 @@ pub fn arm_cut(
     control(&st.fuse_dir, &format!("arm-cut {flushes} {writes} {seed} {}", mode.as_str()))
 }
 
-/// Asks the daemon to flush its volatile cache now.
+/// Asks the daemon to flush its volatile cache now (a user-space FAT server first writes
+/// back everything it holds: an fsync of the mount point's directory).
 pub fn flush(mountpoint: &Path) -> Result<(), DeviceError> {
     let st = find_state(mountpoint)?;
+    if st.fat_server_pid.is_some() {
+        File::open(&st.mountpoint).and_then(|d| d.sync_all()).map_err(|e| {
+            DeviceError::io("the FAT server could not write back", &st.mountpoint, e)
+        })?;
+    }
     control(&st.fuse_dir, "flush")
 }
 
@@ -495,6 +661,19 @@ mod tests {
     fn mountinfo_unescapes_octal() {
         assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+
+    #[test]
+    fn fat_server_options_come_from_mount_options() {
+        assert_eq!(fat_server_args(None).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            fat_server_args(Some("sync,writeback=1,expire=2")).unwrap(),
+            ["--sync", "--writeback-interval", "1", "--dirty-expire", "2"]
+        );
+        assert!(fat_server_args(Some("async")).unwrap().is_empty());
+        let e = fat_server_args(Some("uid=5")).unwrap_err().to_string();
+        assert!(e.contains("uid=5"), "{e}");
+        assert!(fat_server_args(Some("expire=soon")).is_err());
     }
 
     #[test]

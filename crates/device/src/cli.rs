@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
-use crate::attach::{self, AttachRequest, Mkfs};
+use crate::attach::{self, AttachRequest, FatDriver, Mkfs};
 use crate::cache::CutMode;
 use crate::engine::Timing;
 use crate::error::DeviceError;
 use crate::model::presets::{ModelOverrides, Preset};
 use crate::nvcache::CacheMode;
 use crate::serve::{self, NvramConfig, ServeConfig};
+use crate::userfat::{self, FatServeConfig};
 
 /// Parses a size: bytes, or a number with K, M, G, T (binary multiples; `KiB`/`K`/`k` alike).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -151,6 +152,43 @@ impl ServeOptions {
     }
 }
 
+/// `device serve-fat` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FatServeOptions {
+    /// Every change is written and the device flushed before the request returns.
+    #[arg(long)]
+    sync: bool,
+    /// Metadata sectors (boot, FAT, directories) are written to the device at the end of
+    /// every change, for an NVRAM cache in the device to make durable (NVFAT).
+    #[arg(long)]
+    metadata_through: bool,
+    /// Seconds between write-back ticks.
+    #[arg(long, default_value_t = 5)]
+    writeback_interval: u64,
+    /// Seconds a sector stays dirty before a tick writes it.
+    #[arg(long, default_value_t = 30)]
+    dirty_expire: u64,
+    /// Dirty bytes past which everything dirty is written at once.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    dirty_max: u64,
+    /// Clean sectors kept for reads, bytes.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    read_cache: u64,
+}
+
+impl FatServeOptions {
+    fn config(&self, disk: PathBuf, mountpoint: PathBuf) -> FatServeConfig {
+        let mut cfg = FatServeConfig::new(disk, mountpoint);
+        cfg.sync = self.sync;
+        cfg.metadata_through = self.metadata_through;
+        cfg.writeback_interval = std::time::Duration::from_secs(self.writeback_interval);
+        cfg.dirty_expire = std::time::Duration::from_secs(self.dirty_expire);
+        cfg.dirty_max_bytes = self.dirty_max;
+        cfg.read_cache_bytes = self.read_cache;
+        cfg
+    }
+}
+
 /// `nvstack device <subcommand>`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum DeviceCommand {
@@ -185,9 +223,28 @@ pub enum DeviceCommand {
         /// Make this file system on the device first.
         #[arg(long, value_enum)]
         mkfs: Option<Mkfs>,
-        /// Options for mount -o, e.g. data=journal.
+        /// Options for mount -o, e.g. data=journal. For the user-space FAT server: sync (every
+        /// change written and flushed before it returns: Sync-PostMark), async (default),
+        /// writeback=SECONDS (5), expire=SECONDS (30).
         #[arg(long)]
         mount_options: Option<String>,
+        /// Who serves a FAT volume: kernel (vfat over the loop device) or user (`device
+        /// serve-fat`: the fatfs crate through FUSE, on the same modeled device). Default:
+        /// kernel if /proc/filesystems lists vfat, user otherwise. With --nvram the user
+        /// server writes metadata through to the device's NVRAM cache at once (NVFAT).
+        #[arg(long, value_enum)]
+        fat: Option<FatDriver>,
+    },
+    /// Serve the FAT volume on DISK at MOUNTPOINT in user space, in the foreground, until
+    /// MOUNTPOINT is unmounted (`attach` runs it for FAT volumes on kernels without vfat).
+    /// Dirty sectors are held and written back as Linux 2.6 did for vfat: every
+    /// --writeback-interval, those older than --dirty-expire, all of them past --dirty-max,
+    /// at fsync and at unmount.
+    ServeFat {
+        disk: PathBuf,
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        options: FatServeOptions,
     },
     /// Print the device's counters (modeled busy time, requests, bytes, seek distance).
     Stat {
@@ -237,6 +294,24 @@ fn print_human(v: &serde_json::Value) {
     }
 }
 
+fn attach_and_report(req: &AttachRequest, options: &ServeOptions) -> Result<(), DeviceError> {
+    let st = attach::attach(req)?;
+    let via = match (&st.loop_device, st.fat_server_pid) {
+        (Some(dev), _) => dev.clone(),
+        (None, Some(pid)) => format!("user-space FAT server, pid {pid}"),
+        (None, None) => "?".into(),
+    };
+    println!(
+        "attached {} at {} ({}, model {}, timing {})",
+        st.image.display(),
+        st.mountpoint.display(),
+        via,
+        options.model,
+        options.timing.as_str()
+    );
+    Ok(())
+}
+
 /// Runs one `nvstack device` subcommand.
 pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
     match cmd {
@@ -275,24 +350,21 @@ pub fn run(cmd: DeviceCommand) -> Result<(), DeviceError> {
                 Ok(())
             }
         }
-        DeviceCommand::Attach { image, mountpoint, options, size, mkfs, mount_options } => {
-            let st = attach::attach(&AttachRequest {
+        DeviceCommand::Attach { image, mountpoint, options, size, mkfs, mount_options, fat } => {
+            let req = AttachRequest {
                 image,
                 mountpoint,
                 serve_args: options.to_args(),
                 size_bytes: size,
                 mkfs,
                 mount_options,
-            })?;
-            println!(
-                "attached {} at {} ({}, model {}, timing {})",
-                st.image.display(),
-                st.mountpoint.display(),
-                st.loop_device.as_deref().unwrap_or("?"),
-                options.model,
-                options.timing.as_str()
-            );
-            Ok(())
+                fat,
+                nvram_cache: options.nvram.is_some(),
+            };
+            attach_and_report(&req, &options)
+        }
+        DeviceCommand::ServeFat { disk, mountpoint, options } => {
+            userfat::serve_fat(&options.config(disk, mountpoint))
         }
         DeviceCommand::Stat { mountpoint, json } => {
             let v = attach::stat(&mountpoint)?;

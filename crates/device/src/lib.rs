@@ -11,7 +11,9 @@
 //! 3. [`trace`] — an optional per-request trace and a per-LBN write histogram.
 //!
 //! [`engine`] ties these together without FUSE; [`serve`] is the FUSE front end; [`attach`]
-//! orchestrates losetup/mkfs/mount; [`cli`] is the `nvstack device` command line. See
+//! orchestrates losetup/mkfs/mount; [`userfat`] serves a FAT volume on the device in user space
+//! where the kernel has no vfat (the NVFAT experiment); [`cli`] is the `nvstack device` command
+//! line. See
 //! `docs/device.md` for the formulas, presets and power-cut semantics.
 
 pub mod attach;
@@ -24,6 +26,7 @@ pub mod model;
 pub mod nvcache;
 pub mod serve;
 pub mod trace;
+pub mod userfat;
 
 pub use cli::{DeviceCommand, run};
 pub use error::DeviceError;
