@@ -7,7 +7,11 @@ Kernel configurations (the papers' baselines):
   ext4-journal      ext4, data=journal, internal journal of J bytes (the thesis' "Ext3")
   ext4-journal-ram  ext4, data=journal, external journal of J bytes on a loop device over a
                     /dev/shm file (the thesis' "Mext3": logs on MRAM)
-  vfat              FAT (the NVFAT paper's baseline)
+  vfat              FAT (the NVFAT paper's baseline): the kernel's vfat where it exists, else
+                    `nvstack device serve-fat` (fatfs in user space) on the same modeled device
+  nvfat-<N>k        NVFAT: vfat with an NVRAM metadata write cache of N KiB in the device
+                    (`device attach --nvram R --nvram-cache-size NK`; the FAT server then writes
+                    metadata through to it at the end of every change)
 
 nvstack configurations: nvstack mounted over a lower ext2/ext4 with the thesis' Table 4.2
 features as flags: TempFFS = --tempfiles on, WB = the NVRAM page cache with relo write-back
@@ -53,7 +57,9 @@ NVSTACK_FEATURE_OFF = {"tempfiles": "off", "cache": "off"}
 NVSTACK_SETTINGS = {"writeback": "cache"}
 WRITEBACK_POLICIES = ("file", "recency", "location", "relo")
 
-DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "none")
+DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "flash", "none")
+# the NVFAT paper's NVRAM write-cache sizes (KiB), Figures 4-8
+NVFAT_CACHE_KIB = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class FsConfig:
                                     #  "args"?} (a key left out: nvstack's default)
     consistent: bool = False        # gives file-system consistency + data integrity after a crash
     fuse: dict | None = None        # another FUSE daemon: {"daemon": name in bench/.tools/bin, "args"}
+    nvram_cache: str | None = None  # the device's NVRAM block cache, e.g. "128K" (NVFAT)
 
     @property
     def needs(self) -> list[str]:
@@ -108,7 +115,15 @@ def _kernel() -> list[FsConfig]:
                  "ext4 data=journal, external journal on a RAM-backed loop device (thesis' Mext3)",
                  "ext4", "data=journal", journal="ram", consistent=True),
         FsConfig("vfat", "VFAT", "FAT file system (NVFAT paper baseline)", "vfat"),
-    ]
+        FsConfig("ext4-ordered-nvcache-128k", "Ext4-ordered + NVRAM 128KB",
+                 "ext4 data=ordered with a 128 KiB NVRAM metadata write cache in the device",
+                 "ext4", "data=ordered", journal="internal", nvram_cache="128K"),
+        FsConfig("ext4-ordered-nvcache-4m", "Ext4-ordered + NVRAM 4MB",
+                 "ext4 data=ordered with a 4 MiB NVRAM metadata write cache in the device",
+                 "ext4", "data=ordered", journal="internal", nvram_cache="4M"),
+    ] + [FsConfig(f"nvfat-{k}k", f"NVFAT {k}KB", f"FAT with a {k} KiB NVRAM metadata write cache "
+                  f"in the device (NVFAT)", "vfat", nvram_cache=f"{k}K")
+         for k in NVFAT_CACHE_KIB]
 
 
 def sized_journal(cfg: FsConfig) -> bool:
@@ -484,6 +499,10 @@ class Target:
         opts = self._mount_options(jdev)
         if opts:
             argv += ["--mount-options", opts]
+        if cfg.nvram_cache:
+            region = self.layout.nvram
+            argv += ["--nvram", str(region), "--nvram-cache-size", cfg.nvram_cache]
+            self._undo.append(lambda: sh.run(["rm", "-f", str(region)], check=False))
         sh.run(argv, timeout=300)
         self._undo.append(lambda: sh.run([nv, "device", "detach", str(mnt)], check=False,
                                          timeout=600))
@@ -572,6 +591,16 @@ class Target:
             dest.write_text(Path("/sys/block", Path(self.loop_dev).name, "stat").read_text())
         except OSError:
             pass
+
+    def flush_argv(self) -> list[str] | None:
+        """The command that makes durable what a FAT file system still holds, for FAT on a
+        modeled device: `sync MNT` (coreutils fsyncs the directory; a user-space FAT server
+        writes back everything dirty and flushes the device's volatile cache; sync(2) does not
+        reach it). The NVRAM cache is not drained: what it holds is durable already, and a
+        drain would add flash work the NVFAT paper's runs never do. None otherwise."""
+        if self.config.mkfs != "vfat" or self.device == "none" or self.device_mnt is None:
+            return None
+        return ["sync", str(self.device_mnt)]
 
     def fuse_pid(self) -> int | None:
         """pid of the FUSE daemon (the cgroup wrapper execs it), or None."""

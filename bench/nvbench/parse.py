@@ -357,6 +357,7 @@ TOOL_PARSERS = {"postmark": parse_postmark, "bonnie": parse_bonnie, "fio": parse
 
 # metric -> (unit, higher_is_better) for the metrics that get plotted/summarised
 UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
+         "flush_seconds": ("s", False),
          "pm_transactions_per_second": ("tx/s", True), "pm_total_seconds": ("s", False),
          "put_char_kBps": ("KiB/s", True), "put_block_kBps": ("KiB/s", True),
          "rewrite_kBps": ("KiB/s", True), "get_block_kBps": ("KiB/s", True),
@@ -453,7 +454,7 @@ def parse_run(rundir: Path) -> list[dict]:
         return [{**base, "metric": "", "value": "", "unit": "", "higher_is_better": "",
                  "primary": ""}]
     metrics: dict[str, float] = {}
-    for key in ("wall_seconds", "sync_seconds", "sync_point_seconds"):
+    for key in ("wall_seconds", "sync_seconds", "flush_seconds", "sync_point_seconds"):
         if result.get(key) is not None:
             metrics[key] = float(result[key])
     cpu = result.get("cpu") or {}
@@ -462,9 +463,11 @@ def parse_run(rundir: Path) -> list[dict]:
     for key in ("daemon_s", "app_s"):
         if cpu.get(key) is not None:
             metrics[f"cpu_{key}"] = float(cpu[key])
-    if "sync_point_seconds" in metrics:       # the experiment ends at a durability point
+    if "sync_point_seconds" in metrics or "flush_seconds" in metrics:
+        # the experiment ends at a durability point (a sync point; for FAT the write-back of
+        # what the file system still held, `device flush`)
         metrics["durable_seconds"] = sum(metrics.get(k, 0.0) for k in (
-            "wall_seconds", "sync_seconds", "sync_point_seconds"))
+            "wall_seconds", "sync_seconds", "flush_seconds", "sync_point_seconds"))
     parser = TOOL_PARSERS.get(spec["workload"])
     if parser:
         try:

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .parse import read_csv  # noqa: E402
 from . import durability  # noqa: E402
+from . import nvfat  # noqa: E402
 from . import fs as fs_mod  # noqa: E402
 from .summary import (BONNIE_METRICS, DURABLE_WORKLOADS, _meta, _nvram_text,  # noqa: E402
                       aggregate, durability_rows, improvement, natural, tables)
@@ -69,6 +70,8 @@ def plot_experiment(csv_path: Path, out_dir: Path) -> list[Path]:
     if durability.is_durability(rows):
         fig = speedup_figure(rows, out_dir)
         return [fig] if fig else []
+    if nvfat.is_nvfat(rows):
+        return nvfat_figures(rows, out_dir)
     baseline = _meta(out_dir, exp).get("baseline") or rows[0]["fs"]
     agg = aggregate(rows)
     written = []
@@ -325,6 +328,88 @@ def speedup_figure(rows: list[dict], out_dir: Path) -> Path | None:
     return _save(fig, out_dir / f"{slug(m['experiment'])}-speedup.png",
                  f"{m['experiment']}: nvstack over ext4 vs ext4 alone, same device, same "
                  f"durability{_nvram_text(rows)}")
+
+
+def nvfat_figures(rows: list[dict], out_dir: Path) -> list[Path]:
+    """The NVFAT paper's Figures 4-8: execution time against the NVRAM cache size (Async- and
+    Sync-PostMark, VFAT as a dashed line), write requests per LBN from the file system to the
+    FTL and programs per physical page from the FTL to the chip (Sync-PostMark, VFAT vs NVFAT
+    128 KiB), erase count mean and deviation, and energy against the cache size."""
+    ls = nvfat.lines(rows, out_dir)
+    if not ls:
+        return []
+    exp, written = rows[0]["experiment"], []
+    sizes = sorted({ln["kib"] for ln in ls if ln["kib"]})
+
+    def series(config: str, q: str) -> tuple[list[int], list[float], float | None]:
+        sel = {ln["kib"]: ln.get(q) for ln in ls if ln["config"] == config}
+        xs = [k for k in sizes if sel.get(k) is not None]
+        return xs, [sel[k] for k in xs], sel.get(0)
+
+    # Figure 4: execution time.
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (config, title) in zip(axes, nvfat.WORKLOADS.items()):
+        xs, ys, base = series(config, "time")
+        ax.plot(xs, ys, marker="o", label="NVFAT")
+        if base is not None:
+            ax.axhline(base, color="red", linestyle="dashed", label=f"VFAT ({base:.0f} s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(k) for k in sizes])
+        ax.set_xlabel("NVRAM write cache (KiB)")
+        ax.set_ylabel("Postmark execution time (s)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out_dir / f"{slug(exp)}-fig4-time.png",
+                         f"{exp}: execution time as the NVRAM write cache grows (flash model, "
+                         f"sleep timing)"))
+    # Figures 5 and 6: per-LBN requests and per-page programs, Sync-PostMark.
+    for key, fname, what in (("lbn_writes", "fig5-lbn-writes", "write requests from the file "
+                              "system to the FTL per logical block"),
+                             ("page_writes", "fig6-page-writes", "programs from the FTL to the "
+                              "flash per physical page")):
+        hs = nvfat.histograms(rows, out_dir, "nvfat-sync", key)
+        pick = [f for f in (nvfat.BASELINE, nvfat.GOAL_FS) if f in hs]
+        if not pick:
+            continue
+        fig, axes = plt.subplots(len(pick), 1, figsize=(9, 2.6 * len(pick)), squeeze=False)
+        for ax, f in zip(axes[:, 0], pick):
+            h = hs[f]
+            per = h["per_bucket"] or 1
+            ax.bar([i * per for i in range(len(h["sum"]))], h["sum"], width=per,
+                   color="tab:blue" if f == nvfat.BASELINE else "tab:green")
+            ax.set_yscale("symlog")
+            ax.set_ylabel(f"{fs_mod.CONFIGS[f].label}\nper {per} {h['item']}s")
+            ax.set_xlabel(f"{h['item']} number")
+        written.append(_save(fig, out_dir / f"{slug(exp)}-{fname}.png",
+                             f"{exp}: Sync-PostMark, {what}"))
+    # Figure 7: erase count mean and deviation; Figure 8: energy.
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for q, label in (("erase_mean", "mean"), ("erase_stddev", "standard deviation")):
+        xs, ys, base = series("nvfat-sync", q)
+        line = axes[0].plot(xs, ys, marker="o", label=f"NVFAT {label}")[0]
+        if base is not None:
+            axes[0].axhline(base, color=line.get_color(), linestyle="dashed",
+                            label=f"VFAT {label} ({base:.1f})")
+    axes[0].set_ylabel("erases per physical block")
+    axes[0].set_title("Figure 7: erase counts, Sync-PostMark", fontsize=9)
+    for config, title in nvfat.WORKLOADS.items():
+        xs, ys, base = series(config, "energy")
+        line = axes[1].plot(xs, ys, marker="o", label=f"NVFAT, {title}")[0]
+        if base is not None:
+            axes[1].axhline(base, color=line.get_color(), linestyle="dashed",
+                            label=f"VFAT, {title} ({base:.1f} J)")
+    axes[1].set_ylabel("flash energy (J)")
+    axes[1].set_title("Figure 8: energy", fontsize=9)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(k) for k in sizes])
+        ax.set_xlabel("NVRAM write cache (KiB)")
+        ax.legend(fontsize=7)
+    written.append(_save(fig, out_dir / f"{slug(exp)}-fig7-8-erases-energy.png",
+                         f"{exp}: wear and energy as the NVRAM write cache grows"))
+    return written
 
 
 def _save(fig, path: Path, title: str) -> Path:

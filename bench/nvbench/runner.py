@@ -291,6 +291,10 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         result["exit_code"] = res.returncode
         syn = sh.sh("sync", check=False)
         result["sync_seconds"] = round(syn.seconds, 4)
+        flush = target.flush_argv()
+        if flush:
+            fl = sh.run(flush, check=False, time_it=True)
+            result["flush_seconds"] = round(fl.seconds, 4)
         if spec.sync_point:
             sp = sh.run(workloads.sync_point_argv(target.path), check=False, time_it=True)
             result["sync_point_seconds"] = round(sp.seconds, 4)

@@ -12,7 +12,7 @@ import statistics
 from collections import OrderedDict
 from pathlib import Path
 
-from . import durability
+from . import durability, nvfat
 from .parse import read_csv
 
 BONNIE_METRICS = ["put_char_kBps", "put_block_kBps", "rewrite_kBps"]
@@ -408,6 +408,9 @@ def markdown(result_dir: Path) -> str:
         if durability.is_durability(rows):
             # two devices and two baselines in one CSV: its own tables, not the generic ones
             parts += durability.markdown(rows, result_dir)
+        elif nvfat.is_nvfat(rows):
+            # the paper's quantities per cache size and its goals
+            parts += nvfat.markdown(rows, result_dir)
         else:
             parts += _generic_tables(rows, baseline, meta)
         bad = [r for r in rows if r["status"] != "ok"]

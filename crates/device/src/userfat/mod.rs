@@ -800,7 +800,13 @@ impl Filesystem for FatFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.run(move |v| v.nodes.forget(ino.0, nlookup));
+        self.run(move |v| {
+            if v.nodes.forget(ino.0, nlookup) {
+                // A later lookup of its path makes a new node that opens the file again: two
+                // handles on one entry would break V1, so this one closes now.
+                v.close_file(Some(ino.0));
+            }
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

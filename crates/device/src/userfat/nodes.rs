@@ -73,18 +73,21 @@ impl Nodes {
         Some(ino)
     }
 
-    pub fn forget(&mut self, ino: u64, n: u64) {
+    /// The kernel dropped `n` references; returns whether the node is gone.
+    pub fn forget(&mut self, ino: u64, n: u64) -> bool {
         if ino == ROOT {
-            return;
+            return false;
         }
-        let Some(node) = self.by_ino.get_mut(&ino) else { return };
+        let Some(node) = self.by_ino.get_mut(&ino) else { return false };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 {
-            let node = self.by_ino.remove(&ino).expect("present");
-            if let Some(p) = node.path {
-                self.by_path.remove(&p);
-            }
+        if node.lookups > 0 {
+            return false;
         }
+        let node = self.by_ino.remove(&ino).expect("present");
+        if let Some(p) = node.path {
+            self.by_path.remove(&p);
+        }
+        true
     }
 
     /// The object at `path` is gone (N2).
@@ -122,12 +125,12 @@ mod tests {
         let mut n = Nodes::default();
         let a = n.lookup("a").unwrap();
         assert_eq!(n.lookup("a"), Some(a));
-        n.forget(a, 1);
+        assert!(!n.forget(a, 1));
         assert_eq!(n.path(a), Some("a"));
-        n.forget(a, 1);
+        assert!(n.forget(a, 1));
         assert_eq!(n.path(a), None);
         assert_eq!(n.ino_of("a"), None);
-        n.forget(ROOT, 100);
+        assert!(!n.forget(ROOT, 100));
         assert_eq!(n.path(ROOT), Some(""));
     }
 
