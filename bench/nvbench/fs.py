@@ -121,6 +121,10 @@ def _kernel() -> list[FsConfig]:
         FsConfig("ext4-ordered-nvcache-4m", "Ext4-ordered + NVRAM 4MB",
                  "ext4 data=ordered with a 4 MiB NVRAM metadata write cache in the device",
                  "ext4", "data=ordered", journal="internal", nvram_cache="4M"),
+        FsConfig("ext4-ordered-nvcache-64m", "Ext4-ordered + NVRAM 64MB",
+                 "ext4 data=ordered with a 64 MiB NVRAM metadata write cache in the device "
+                 "(holds every metadata and journal write of the Sync-PostMark run)",
+                 "ext4", "data=ordered", journal="internal", nvram_cache="64M"),
     ] + [FsConfig(f"nvfat-{k}k", f"NVFAT {k}KB", f"FAT with a {k} KiB NVRAM metadata write cache "
                   f"in the device (NVFAT)", "vfat", nvram_cache=f"{k}K")
          for k in NVFAT_CACHE_KIB]

@@ -103,6 +103,9 @@ pub struct SectorDisk<B: Backend> {
     pending: BTreeMap<u64, (u64, Sector)>,
     /// The epoch stamped on sectors dirtied from now on (the server's clock, in its units).
     epoch: u64,
+    /// Sectors written since the last `take_fresh`, when tracked (NVFAT: only these need
+    /// classifying at the end of an operation, not every pending data sector).
+    fresh: Option<std::collections::BTreeSet<u64>>,
     clean: SectorMap<(u64, Sector)>,
     clean_max: usize,
     /// A copy of the sector read last: fatfs reads a directory entry as a dozen reads of 1-4
@@ -140,6 +143,7 @@ impl<B: Backend> SectorDisk<B> {
             pos: 0,
             pending: BTreeMap::new(),
             epoch: 0,
+            fresh: None,
             clean: SectorMap::default(),
             clean_max: clean_max.max(64),
             hot: None,
@@ -159,6 +163,23 @@ impl<B: Backend> SectorDisk<B> {
     /// Sectors dirtied from now on carry `epoch` (a sector dirtied again keeps its first).
     pub fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
+    }
+
+    /// Starts keeping the set of sectors written since the last [`Self::take_fresh`].
+    pub fn track_fresh(&mut self) {
+        self.fresh.get_or_insert_with(Default::default);
+    }
+
+    /// The sectors written since the last call (ascending); empty when not tracked.
+    pub fn take_fresh(&mut self) -> Vec<u64> {
+        self.fresh.as_mut().map(|f| std::mem::take(f).into_iter().collect()).unwrap_or_default()
+    }
+
+    /// Puts sectors back into the fresh set (a failed commit retries them next time).
+    pub fn restore_fresh(&mut self, sectors: &[u64]) {
+        if let Some(f) = self.fresh.as_mut() {
+            f.extend(sectors.iter().copied());
+        }
     }
 
     /// The pending sectors as (sector, epoch first dirtied).
@@ -254,6 +275,20 @@ impl<B: Backend> SectorDisk<B> {
             .filter(|(s, (e, d))| select(**s, *e, &d[..]))
             .map(|(s, _)| *s)
             .collect();
+        self.write_runs(&picked)
+    }
+
+    /// Writes those of `sectors` (ascending) that are pending, as `commit_where` does, without
+    /// looking at the other pending sectors.
+    pub fn commit_only(&mut self, sectors: &[u64]) -> io::Result<u64> {
+        debug_assert!(sectors.windows(2).all(|w| w[0] < w[1]), "ascending, no duplicates");
+        let picked: Vec<u64> =
+            sectors.iter().copied().filter(|s| self.pending.contains_key(s)).collect();
+        self.write_runs(&picked)
+    }
+
+    /// Writes the pending sectors `picked` (ascending), adjacent ones as one request.
+    fn write_runs(&mut self, picked: &[u64]) -> io::Result<u64> {
         let mut written = 0;
         let mut i = 0;
         while i < picked.len() {
@@ -359,6 +394,9 @@ impl<B: Backend> Write for SectorDisk<B> {
                 if *h == s {
                     **hot = sector;
                 }
+            }
+            if let Some(f) = self.fresh.as_mut() {
+                f.insert(s);
             }
             let epoch = self.pending.get(&s).map_or(self.epoch, |(e, _)| *e);
             self.pending.insert(s, (epoch, Box::new(sector)));
@@ -481,6 +519,23 @@ mod tests {
         assert_eq!(writes, vec![('w', 0, 1024), ('w', 1536, 512)]);
         assert_eq!(d.pending().map(|p| p.0).collect::<Vec<_>>(), vec![2, 8]);
         assert_eq!(d.backend.data[512..1024], [2; 512]);
+    }
+
+    #[test]
+    fn fresh_sectors_are_the_ones_written_since_the_last_take() {
+        let mut d = SectorDisk::new(mem(32), 64).unwrap();
+        d.write_all(&[1; 512]).unwrap();
+        assert!(d.take_fresh().is_empty(), "not tracked yet");
+        d.track_fresh();
+        d.seek(SeekFrom::Start(512 * 5)).unwrap();
+        d.write_all(&[2; 1024]).unwrap();
+        d.seek(SeekFrom::Start(512 * 5)).unwrap();
+        d.write_all(&[3; 10]).unwrap();
+        assert_eq!(d.take_fresh(), vec![5, 6]);
+        assert!(d.take_fresh().is_empty());
+        d.restore_fresh(&[9]);
+        assert_eq!(d.take_fresh(), vec![9]);
+        assert_eq!(d.pending_sectors(), 3, "fresh is a view; pending is unchanged");
     }
 
     #[test]

@@ -252,6 +252,7 @@ impl Volume {
             .map_err(|e| format!("{} holds no FAT file system: {e}", cfg.disk.display()))?;
         let cluster = fs.cluster_size();
         let classifier = if cfg.metadata_through {
+            disk.borrow_mut().track_fresh();
             let c = Classifier::probe(&mut *disk.borrow_mut());
             if !matches!(c, Classifier::Fat(_)) {
                 return Err("the metadata classifier does not recognize the FAT layout".into());
@@ -417,19 +418,28 @@ impl Volume {
         Ok(())
     }
 
-    /// NVFAT: the pending metadata sectors go to the device now. The classifier learns from
-    /// the metadata about to be written first (a new directory's entry in its parent names
-    /// its clusters), then picks.
+    /// NVFAT: the metadata sectors this operation wrote go to the device now. Only the sectors
+    /// written since the last call are classified (a pending data sector stays data until it
+    /// is written again: a cluster that becomes a directory's is written - zeroed - by the
+    /// operation that makes it one). The classifier learns from the metadata about to be
+    /// written first (a new directory's entry in its parent names its clusters), then picks.
     fn commit_metadata(&mut self) -> io::Result<()> {
         let Some(mut cls) = self.classifier.take() else { return Ok(()) };
         let mut disk = self.disk.borrow_mut();
-        let meta: Vec<u64> =
-            disk.pending().map(|(s, _)| s).filter(|s| cls.class_of(*s).is_metadata()).collect();
-        for s in meta {
-            let data = disk.pending_data(s).expect("pending").to_vec();
-            cls.wrote(s, &data, &mut *disk);
+        let fresh = disk.take_fresh();
+        for &s in &fresh {
+            if cls.class_of(s).is_metadata() {
+                if let Some(data) = disk.pending_data(s).map(<[u8]>::to_vec) {
+                    cls.wrote(s, &data, &mut *disk);
+                }
+            }
         }
-        let r = disk.commit_where(|s, _, _| cls.class_of(s).is_metadata());
+        let picked: Vec<u64> =
+            fresh.iter().copied().filter(|s| cls.class_of(*s).is_metadata()).collect();
+        let r = disk.commit_only(&picked);
+        if r.is_err() {
+            disk.restore_fresh(&fresh);
+        }
         drop(disk);
         self.classifier = Some(cls);
         if r.as_ref().is_ok_and(|n| *n > 0) {
