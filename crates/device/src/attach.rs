@@ -243,6 +243,23 @@ fn control(fuse_dir: &Path, cmd: &str) -> Result<(), DeviceError> {
     })
 }
 
+/// Runs this executable with `args` in its own process group (a terminal's Ctrl-C does not
+/// reach it), stdin closed, stdout and stderr to `log`.
+fn spawn_self(args: &[&std::ffi::OsStr], log: &Path) -> Result<Child, DeviceError> {
+    let exe =
+        std::env::current_exe().map_err(|e| DeviceError::io("cannot find", "/proc/self/exe", e))?;
+    let logf = File::create(log).map_err(|e| DeviceError::io("cannot create", log, e))?;
+    let logf2 = logf.try_clone().map_err(|e| DeviceError::io("cannot open", log, e))?;
+    Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(logf)
+        .stderr(logf2)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| DeviceError::Spawn { command: exe.display().to_string(), source: e })
+}
+
 /// Starts `device serve IMAGE DIR ARGS --foreground` from this executable, in its own process
 /// group, with output to `log`, and waits until the FUSE dir serves a `disk.img` of `size`.
 pub fn spawn_daemon(
@@ -252,23 +269,12 @@ pub fn spawn_daemon(
     log: &Path,
     size_bytes: u64,
 ) -> Result<Child, DeviceError> {
-    let exe =
-        std::env::current_exe().map_err(|e| DeviceError::io("cannot find", "/proc/self/exe", e))?;
-    let logf = File::create(log).map_err(|e| DeviceError::io("cannot create", log, e))?;
-    let logf2 = logf.try_clone().map_err(|e| DeviceError::io("cannot open", log, e))?;
     fs::create_dir_all(fuse_dir).map_err(|e| DeviceError::io("cannot create", fuse_dir, e))?;
-    let mut child = Command::new(&exe)
-        .args(["device", "serve"])
-        .arg(image)
-        .arg(fuse_dir)
-        .args(serve_args)
-        .arg("--foreground")
-        .stdin(Stdio::null())
-        .stdout(logf)
-        .stderr(logf2)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| DeviceError::Spawn { command: exe.display().to_string(), source: e })?;
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["device".as_ref(), "serve".as_ref(), image.as_os_str(), fuse_dir.as_os_str()];
+    args.extend(serve_args.iter().map(std::ffi::OsStr::new));
+    args.push("--foreground".as_ref());
+    let mut child = spawn_self(&args, log)?;
     let start = Instant::now();
     let disk = fuse_dir.join(DISK_FILE);
     loop {
@@ -426,21 +432,10 @@ fn spawn_fat_server(
     args: &[String],
     log: &Path,
 ) -> Result<Child, DeviceError> {
-    let exe =
-        std::env::current_exe().map_err(|e| DeviceError::io("cannot find", "/proc/self/exe", e))?;
-    let logf = File::create(log).map_err(|e| DeviceError::io("cannot create", log, e))?;
-    let logf2 = logf.try_clone().map_err(|e| DeviceError::io("cannot open", log, e))?;
-    let mut child = Command::new(&exe)
-        .args(["device", "serve-fat"])
-        .arg(disk)
-        .arg(mountpoint)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(logf)
-        .stderr(logf2)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| DeviceError::Spawn { command: exe.display().to_string(), source: e })?;
+    let mut all: Vec<&std::ffi::OsStr> =
+        vec!["device".as_ref(), "serve-fat".as_ref(), disk.as_os_str(), mountpoint.as_os_str()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    let mut child = spawn_self(&all, log)?;
     let start = Instant::now();
     loop {
         if let Ok(Some(status)) = child.try_wait() {

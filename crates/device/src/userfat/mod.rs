@@ -787,6 +787,16 @@ impl FatFs {
     }
 }
 
+impl FatFs {
+    /// fsync and fsyncdir: everything dirty written, the device flushed.
+    fn sync_all(&self, reply: ReplyEmpty) {
+        self.run(move |v| match v.sync_all() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        });
+    }
+}
+
 /// Runs a changing operation and what its mode writes after it; an error from either is the
 /// answer.
 fn modify<T>(v: &mut Volume, op: impl FnOnce(&mut Volume) -> Result<T, Errno>) -> Result<T, Errno> {
@@ -980,10 +990,7 @@ impl Filesystem for FatFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
         // FAT keeps no per-file list of dirty sectors here: an fsync writes them all.
-        self.run(move |v| match v.sync_all() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        });
+        self.sync_all(reply);
     }
 
     fn fsyncdir(
@@ -994,10 +1001,7 @@ impl Filesystem for FatFs {
         _ds: bool,
         reply: ReplyEmpty,
     ) {
-        self.run(move |v| match v.sync_all() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        });
+        self.sync_all(reply);
     }
 
     fn readdir(
