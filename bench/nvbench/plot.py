@@ -346,13 +346,19 @@ def nvfat_figures(rows: list[dict], out_dir: Path) -> list[Path]:
         xs = [k for k in sizes if sel.get(k) is not None]
         return xs, [sel[k] for k in xs], sel.get(0)
 
+    def against_vfat(ax, config: str, q: str, label: str, base_label: str) -> float | None:
+        """NVFAT's `q` over the cache sizes, VFAT's as a dashed line of the same colour."""
+        xs, ys, base = series(config, q)
+        line = ax.plot(xs, ys, marker="o", label=label)[0]
+        if base is not None:
+            ax.axhline(base, color=line.get_color(), linestyle="dashed",
+                       label=base_label.format(base))
+        return base
+
     # Figure 4: execution time.
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, (config, title) in zip(axes, nvfat.WORKLOADS.items()):
-        xs, ys, base = series(config, "time")
-        ax.plot(xs, ys, marker="o", label="NVFAT")
-        if base is not None:
-            ax.axhline(base, color="red", linestyle="dashed", label=f"VFAT ({base:.0f} s)")
+        against_vfat(ax, config, "time", "NVFAT", "VFAT ({:.0f} s)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes)
         ax.set_xticklabels([str(k) for k in sizes])
@@ -386,19 +392,11 @@ def nvfat_figures(rows: list[dict], out_dir: Path) -> list[Path]:
     # Figure 7: erase count mean and deviation; Figure 8: energy.
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for q, label in (("erase_mean", "mean"), ("erase_stddev", "standard deviation")):
-        xs, ys, base = series("nvfat-sync", q)
-        line = axes[0].plot(xs, ys, marker="o", label=f"NVFAT {label}")[0]
-        if base is not None:
-            axes[0].axhline(base, color=line.get_color(), linestyle="dashed",
-                            label=f"VFAT {label} ({base:.1f})")
+        against_vfat(axes[0], "nvfat-sync", q, f"NVFAT {label}", f"VFAT {label} ({{:.1f}})")
     axes[0].set_ylabel("erases per physical block")
     axes[0].set_title("Figure 7: erase counts, Sync-PostMark", fontsize=9)
     for config, title in nvfat.WORKLOADS.items():
-        xs, ys, base = series(config, "energy")
-        line = axes[1].plot(xs, ys, marker="o", label=f"NVFAT, {title}")[0]
-        if base is not None:
-            axes[1].axhline(base, color=line.get_color(), linestyle="dashed",
-                            label=f"VFAT, {title} ({base:.1f} J)")
+        against_vfat(axes[1], config, "energy", f"NVFAT, {title}", f"VFAT, {title} ({{:.1f}} J)")
     axes[1].set_ylabel("flash energy (J)")
     axes[1].set_title("Figure 8: energy", fontsize=9)
     for ax in axes:
