@@ -125,6 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment (see `list`), then parse and plot")
     p.add_argument("experiment")
     _common(p, None)
+    p = sub.add_parser("figure", help="draw one of the thesis' chapter-4 figures (4.1-4.19) "
+                       "from a result directory (--from), or run its experiment first",
+                       description="Draws thesis figure N as OUT/thesis-fig-N.png. With --from "
+                       "DIR it draws from DIR (an experiment's result directory; its CSV is "
+                       "parsed first when missing) and runs nothing. Without --from it runs the "
+                       "figure's experiment, restricted to the figure's configurations, into "
+                       "OUT/<experiment>/ with the run options below, then draws.")
+    p.add_argument("number", help="figure number, e.g. 4.18 (`bench/run figure list` lists "
+                   "them with their experiments)")
+    p.add_argument("--from", dest="source", type=Path, help="result directory to draw from")
+    _common(p, "docs/figures")
     p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv (unpacks "
                        "OUT/raw.tar.xz first when OUT/runs/ is missing)")
     p.add_argument("rundir", type=Path)
@@ -230,6 +241,33 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
     path = summary.write(st.out)
     print(f"wrote {len(list(st.out.glob('*.csv')))} CSV, {len(pngs)} PNG, {path}")
     return 1 if counts["failed"] else 0
+
+
+def cmd_figure(args) -> int:
+    """`bench/run figure N`: see its --help."""
+    from . import thesis_figures as tf
+    if args.number == "list":
+        for f in tf.FIGURES.values():
+            print(f"  {f.number:5s} {f.experiment:20s} {f.title}")
+        return 0
+    if args.number not in tf.FIGURES:
+        raise BenchError(f"figure {args.number}: not one the harness draws "
+                         f"({', '.join(tf.FIGURES)}; 4.9 has no experiment)")
+    require_plotting()
+    fig = tf.FIGURES[args.number]
+    out = (args.out or BENCH_DIR.parent / "docs" / "figures").resolve()
+    source = args.source
+    if source is None:
+        source = out / fig.experiment
+        if fig.fs and not args.fs:
+            args.fs = ",".join(fig.fs)
+        args.no_plot = True
+        rc = cmd_run(fig.experiment, args, out=source)
+        if rc or args.dry_run:
+            return rc
+    path = tf.draw(args.number, source.resolve(), out)
+    print(path)
+    return 0
 
 
 SHOWCASE_PARTS = ("durability", "powercut", "postmark")
@@ -432,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                              "--help")
         if args.cmd == "run":
             return cmd_run(args.experiment, args)
+        if args.cmd == "figure":
+            return cmd_figure(args)
         if args.cmd == "parse":
             from . import archive, parse
             if archive.unpack(args.rundir):

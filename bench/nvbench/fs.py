@@ -57,6 +57,15 @@ NVSTACK_FEATURE_OFF = {"tempfiles": "off", "cache": "off"}
 NVSTACK_SETTINGS = {"writeback": "cache"}
 WRITEBACK_POLICIES = ("file", "recency", "location", "relo")
 
+# How the NVRAM region (a /dev/shm file) is charged to the run's memory cgroup:
+#   touched  the daemon creates it; a page counts against M when the daemon first touches it
+#            (the experiments before the thesis matrix)
+#   charged  the whole region is allocated inside the cgroup before the mount: an NVRAM-based
+#            machine whose memory M includes the region (the thesis' model)
+#   extra    the whole region is allocated outside the cgroup before the mount: M is DRAM and
+#            the region an extra device (how pmem and NVDIMMs are deployed)
+NVRAM_ACCOUNTING = ("touched", "charged", "extra")
+
 DEVICE_MODELS = ("hdd-7200", "hdd-15k", "hdd-7200-500g", "ssd", "flash", "none")
 # the NVFAT paper's NVRAM write-cache sizes (KiB), Figures 4-8
 NVFAT_CACHE_KIB = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -75,6 +84,8 @@ class FsConfig:
     consistent: bool = False        # gives file-system consistency + data integrity after a crash
     fuse: dict | None = None        # another FUSE daemon: {"daemon": name in bench/.tools/bin, "args"}
     nvram_cache: str | None = None  # the device's NVRAM block cache, e.g. "128K" (NVFAT)
+    # How nvstack's NVRAM region counts against the run's memory budget M (NVRAM_ACCOUNTING)
+    nvram_accounting: str = "touched"
 
     @property
     def needs(self) -> list[str]:
@@ -196,11 +207,16 @@ def _nvstack() -> list[FsConfig]:
             opt = {"consistency": cons, "tempfiles": tempfiles, "cache": "on" if wb else "off"}
             if wb:
                 opt["writeback"] = wb
-            out.append(FsConfig(
-                f"nvstack-{lower}{suffix}", label.format(L=L), desc, lower,
-                "data=ordered" if lower == "ext4" else "",
-                journal="internal" if lower == "ext4" else None,
-                nvstack=opt, consistent=cons in ("undo", "journal")))
+            for acct in ("touched", "charged", "extra"):
+                # the thesis matrix (issue 17): the same configuration under both accountings
+                name = f"nvstack-{lower}{suffix}" + ("" if acct == "touched" else f"-{acct}")
+                what = {"touched": "", "charged": "; NVRAM region charged to M in full",
+                        "extra": "; NVRAM region outside M (an extra device)"}[acct]
+                out.append(FsConfig(
+                    name, label.format(L=L) + ("" if acct == "touched" else f" ({acct})"),
+                    desc + what, lower, "data=ordered" if lower == "ext4" else "",
+                    journal="internal" if lower == "ext4" else None,
+                    nvstack=opt, consistent=cons in ("undo", "journal"), nvram_accounting=acct))
     for policy in WRITEBACK_POLICIES:
         out.append(FsConfig(
             f"nvstack-ext2-wb-{policy}", f"WB {policy}",
@@ -519,6 +535,19 @@ class Target:
         argv = nvstack_mount_argv(nv, opt, lower, lay.mnt, lay.nvram, self.nvram_bytes,
                                   self.caps.mount_flags if self.caps else None)
         self._undo.append(lambda: sh.run(["rm", "-f", str(lay.nvram)], check=False))
+        acct = self.config.nvram_accounting
+        if acct != "touched":
+            # Format the region, then allocate every page of it (fallocate on tmpfs allocates
+            # and charges them to the caller's memory cgroup; the daemon's later touches are
+            # not charged again): inside the run's cgroup when charged, outside when extra.
+            size = fmt_size(self.nvram_bytes)
+            # the undo slots a mount would give a region it creates (crates/cli daemon.rs:
+            # a quarter of the region in 1,114,112-byte slots, 2 to 16)
+            slots = max(2, min(16, self.nvram_bytes // 4 // 1_114_112))
+            sh.run([nv, "format", "--nvram", str(lay.nvram), "--size", size,
+                    "--undo-slots", str(slots)])
+            alloc = ["fallocate", "-l", size, str(lay.nvram)]
+            sh.run(self.cgroup.wrap(alloc) if acct == "charged" and self.cgroup else alloc)
         self._spawn_daemon(argv, "nvstack mount",
                            lambda: self._stop_daemon([nv, "umount", str(lay.mnt)]))
         return lay.mnt

@@ -19,6 +19,7 @@ OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -57,6 +58,7 @@ class RunSpec:
     scale: float
     device_in_path: bool = False    # an experiment on several devices: runs/<exp>/<device>/...
     sync_point: bool = False        # Experiment.sync_point
+    kernel_dirty: tuple | None = None   # Experiment.kernel_dirty
 
     def reldir(self) -> Path:
         base = Path("runs") / self.experiment
@@ -66,7 +68,10 @@ class RunSpec:
                 f"rep{self.rep}")
 
     def run_id(self) -> str:
-        return f"{os.getpid()}-{slug(self.fs)}-{self.rep}"
+        """Names the run's work directory, NVRAM file and images: short, because workloads
+        see paths under it (Postmark garbles a location past 80 characters)."""
+        tag = hashlib.sha1(f"{self.fs}/{self.variant}/{self.workload}".encode()).hexdigest()[:6]
+        return f"{os.getpid()}-{self.rep}-{tag}"
 
 
 @dataclass
@@ -126,7 +131,8 @@ def matrix(exp: Experiment, st: Settings) -> list[RunSpec]:
                                              rep, device, st.timing, memory,
                                              parse_size(exp.disk), journal, nvram, scale,
                                              device_in_path=len(devices) > 1,
-                                             sync_point=exp.sync_point))
+                                             sync_point=exp.sync_point,
+                                             kernel_dirty=exp.kernel_dirty))
     return specs
 
 
@@ -217,6 +223,37 @@ def skip_reason(spec: RunSpec, inv, cfg: fs_mod.FsConfig, caps: nvstack.Capabili
     return None
 
 
+# The kernel's write-back knobs (/proc/sys/vm) that kernel_dirty sets for a run and restores.
+VM_DIRTY_KEYS = ("dirty_background_ratio", "dirty_ratio", "dirty_background_bytes",
+                 "dirty_bytes", "dirty_expire_centisecs", "dirty_writeback_centisecs")
+
+
+def kernel_dirty_settings(spec: RunSpec) -> dict | None:
+    """The write-back of the machine the budget models (Experiment.kernel_dirty): Linux writes
+    dirty pages in the background past `background` % of memory, throttles writers past
+    `dirty` %, and writes what is dirty for 30 s every 5 s. The host has 24 GiB, so its own
+    thresholds would never apply to a run of M; here they are set in bytes from M. Global
+    (cgroup v1 has no per-cgroup dirty limits): set before the run, restored after it."""
+    if not spec.kernel_dirty:
+        return None
+    background, dirty = spec.kernel_dirty
+    return {"dirty_background_bytes": spec.memory_bytes * background // 100,
+            "dirty_bytes": spec.memory_bytes * dirty // 100,
+            "dirty_expire_centisecs": 3000, "dirty_writeback_centisecs": 500}
+
+
+def set_vm(sh: Shell, values: dict) -> dict:
+    """Sets /proc/sys/vm knobs and returns the previous values of VM_DIRTY_KEYS. A ratio and
+    its bytes twin are one setting (writing either zeroes the other, and dirty_bytes refuses
+    0), so zero values are not written."""
+    before = {}
+    if not sh.dry_run:
+        for k in VM_DIRTY_KEYS:
+            before[k] = int(Path(f"/proc/sys/vm/{k}").read_text().split()[0])
+    sh.run(["sysctl", "-q", "-w", *[f"vm.{k}={v}" for k, v in values.items() if v != 0]])
+    return before
+
+
 def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     """Run one spec; always returns result dict and leaves the run directory complete."""
     rundir = st.out / spec.reldir()
@@ -258,7 +295,12 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         _write_json(rundir / "result.json", result)
         return result
 
+    dirty = kernel_dirty_settings(spec)
+    if dirty:
+        env["run"]["kernel_dirty"] = dirty
+        _write_json(rundir / "env.json", env)
     cg = cgroup_mod.MemoryCgroup(sh, cg_limit) if budget_enforced else None
+    saved_vm = set_vm(sh, dirty) if dirty else None
     wrap = cg.wrap if cg else (lambda argv: argv)
     target = fs_mod.Target(sh, cfg, spec.device, layout, spec.disk_bytes, spec.journal_bytes,
                            spec.nvram_bytes, spec.timing, caps, cg, rundir,
@@ -306,6 +348,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         elif res.returncode != 0:
             result.update(status="failed", reason=f"workload exit {res.returncode}: "
                           + _tail(rundir / "stderr.txt"))
+        elif getattr(mod, "failure", None) and mod.failure(rundir):
+            result.update(status="failed", reason=mod.failure(rundir))
     except BenchError as exc:
         result.update(status="failed", reason=str(exc)[:2000])
     except BaseException:
@@ -319,6 +363,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         errs = target.teardown()
         if cg:
             cg.remove()
+        if saved_vm:
+            set_vm(sh, saved_vm)
         if errs:
             result["teardown_errors"] = errs
         _write_json(rundir / "result.json", result)

@@ -433,8 +433,77 @@ def markdown(result_dir: Path) -> str:
     return "\n".join(parts) + "\n"
 
 
+# Issue 17 section 2's goals: (who, baseline, the thesis' throughput ratio).
+MATRIX_GOALS = [("nvstack-ext2-tempffs", "ext2", 1.34, "tempfiles on vs ext2 (thesis +34-69 %)")]
+MATRIX_GOALS += [(n, "ext2", 1.76, "combination vs ext2 (thesis +76 %)") for n in (
+    "nvstack-ext2-tempffs-wb", "nvstack-ext2-tempffs-trans", "nvstack-ext2-wb-trans",
+    "nvstack-ext2-tempffs-wb-trans")]
+MATRIX_GOALS += [(n, "ext4-journal", 1.94, "combination vs ext4 data=journal (thesis +94 %)")
+                 for n in ("nvstack-ext2-tempffs-trans", "nvstack-ext2-wb-trans",
+                           "nvstack-ext2-tempffs-wb-trans")]
+
+
+def thesis_matrix_tables(rows: list[dict]) -> list[str]:
+    """The Table 4.2 matrix (experiment thesis-matrix): per configuration and memory
+    accounting, throughput, the paired ratios to ext2 and ext4 data=journal, what reached the
+    modeled disk and nvstack's durability work; then the issue's goals, met or not, in each
+    accounting."""
+    from . import thesis_figures as tf
+    table = tf.matrix_table(rows)
+    if not table or rows[0]["experiment"] != "thesis-matrix":
+        return []
+    agg = aggregate(rows)
+    w, c, v = rows[0]["workload"], rows[0]["config"], rows[0]["variant"]
+
+    def m(fs, metric, k=1.0, spec=".1f"):
+        a = agg.get((w, c, v, fs, metric))
+        return format(a["mean"] * k, spec) if a else ""
+
+    def ms(x, spec=".2f"):
+        return "" if not x else f"{x[0]:{spec}} ± {x[1]:{spec}}"
+
+    out = ["### Table 4.2 at the thesis' ratios (means ± std over repetitions; ratios paired "
+           "by repetition, > 1 = faster)", "",
+           "| group | configuration | fs | NVRAM | n | wall s | tx/s | x ext2 | x ext4 data=journal "
+           "| disk busy s | MiB written | lower syncfs | checkpoints (s blocked in them) "
+           "| transformed | deleted in NVRAM | pages written back | cgroup peak MiB |",
+           "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in table:
+        f = t["fs"]
+        ck = m(f, "nv_journal.checkpoints", spec=".0f")
+        cks = m(f, "nv_journal.checkpoint_ms_total", 1e-3)
+        out.append(
+            f"| {t['group']} | {t['label']} | `{f}` | {t['accounting'] or '-'} | {t['n']} | "
+            f"{ms(t['wall'], '.1f')} | {ms(t['tx'], '.0f')} | {ms(t['vs_ext2'])} | "
+            f"{ms(t['vs_ext4_journal'])} | {m(f, 'dev_busy_ms', 1e-3)} | "
+            f"{m(f, 'dev_bytes_written', 1 / (1 << 20))} | "
+            f"{m(f, 'nv_fsync.lower_syncfs', spec='.0f')} | "
+            f"{ck + (f' ({cks})' if ck else '')} | "
+            f"{m(f, 'nv_tempfiles.transformed_total', spec='.0f')} | "
+            f"{m(f, 'nv_tempfiles.deleted_in_nvram', spec='.0f')} | "
+            f"{m(f, 'nv_writeback.pages_written', spec='.0f')} | "
+            f"{m(f, 'cgroup_max_usage_in_bytes', 1 / (1 << 20), '.0f')} |")
+    out += ["", "Group 1 gives no file-system consistency after a crash, group 2 does (the "
+            "thesis' Figs 4.16-4.19). `charged`: the NVRAM region inside the budget M; "
+            "`extra`: outside it.", "",
+            "### Goals (issue 17 section 2)", "",
+            "| configuration | against | goal | NVRAM charged | NVRAM extra | met |",
+            "|---|---|---:|---:|---:|---|"]
+    by = {t["fs"]: t for t in table}
+    for name, base, goal, what in MATRIX_GOALS:
+        key = "vs_ext2" if base == "ext2" else "vs_ext4_journal"
+        got = {a: by.get(f"{name}-{a}", {}).get(key) for a in tf.ACCOUNTINGS}
+        if not any(got.values()):
+            continue
+        met = [a for a, x in got.items() if x and x[0] >= goal]
+        out.append(f"| {what}: `{name}` | {base} | {goal:.2f}x | {ms(got['charged'])} | "
+                   f"{ms(got['extra'])} | {'yes (' + ', '.join(met) + ')' if met else 'no'} |")
+    return out + [""]
+
+
 def _generic_tables(rows: list[dict], baseline: str, meta: dict) -> list[str]:
     parts = []
+    parts += thesis_matrix_tables(rows)
     parts += durability_markdown(rows, baseline, meta.get("fs"))
     parts += tempffs_tables(rows, meta.get("fs"))
     parts += writeback_tables(rows, meta.get("fs"))

@@ -40,9 +40,25 @@ def test_postmark_2m_sizes():
 
 def test_postmark_invocation_paths(tmp_path):
     (_, p), = postmark.variants("smoke", 1.0)
-    inv = postmark.invocation(p, Path("/mnt/t"), tmp_path)
-    assert inv.argv == ["postmark", str(tmp_path / "postmark.cfg")]
-    assert ["mkdir", "-p", "/mnt/t/nvbench-postmark"] in inv.pre
+    long_target = Path("/mnt/" + "t" * 100)
+    inv = postmark.invocation(p, long_target, tmp_path)
+    # Postmark runs in its directory with a relative location: a work directory of any length
+    # (Postmark garbles a location past 80 characters)
+    assert inv.argv == ["env", "-C", str(long_target / "nvbench-postmark"), "postmark",
+                        str(tmp_path / "postmark.cfg")]
+    assert "set location .\n" in inv.files["postmark.cfg"]
+    assert ["mkdir", "-p", str(long_target / "nvbench-postmark")] in inv.pre
+
+
+def test_a_postmark_run_that_printed_errors_is_a_failure(tmp_path):
+    assert postmark.failure(tmp_path) is None
+    (tmp_path / "stdout.txt").write_text("Creating files...Done\n200 seconds total\n")
+    (tmp_path / "stderr.txt").write_text("")
+    assert postmark.failure(tmp_path) is None
+    (tmp_path / "stderr.txt").write_text("Error: cannot open '/m/nvbench-post/#' for writing\n"
+                                         "Error: cannot open '/m/nvbench-post/' for writing\n")
+    why = postmark.failure(tmp_path)
+    assert why.startswith("Postmark reported 2 failed file operations") and "/#'" in why
 
 
 def test_fio_job_files_scale():

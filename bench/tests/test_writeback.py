@@ -217,7 +217,8 @@ def test_dry_run_repro(tmp_path, monkeypatch):
     assert "set number 7500" in cfg and "set transactions 20000" in cfg
     assert "set size 512 10240" in cfg and not any(l.startswith("set subdir") for l in cfg)
     assert "--writeback file --max-dirty-age 0" in (pd / "repro.sh").read_text()
-    assert (pd / "cmd.txt").read_text().rstrip().endswith('sh postmark "${RUN}/postmark.cfg"')
+    assert (pd / "cmd.txt").read_text().rstrip().endswith(
+        '/nvbench-postmark postmark "${RUN}/postmark.cfg"')
 
 
 def test_dry_run_on_an_old_binary_skips_the_cache(tmp_path, monkeypatch):

@@ -1,0 +1,226 @@
+"""The thesis' chapter-4 figures, regenerated from the harness' results: one command each.
+
+    bench/run figure 4.18 --from bench/results/thesis-matrix --out docs/figures
+    bench/run figure 4.18 --out /tmp/fig418          # runs its experiment first (see FIGURES)
+
+A figure is data: the experiment that measures it, the configurations it draws and how. With
+`--from DIR` the command only draws (parsing DIR's raw runs when its CSV is missing); without
+it, it runs the experiment restricted to the figure's configurations into OUT/<experiment>/
+and draws from that. Figures that share an experiment's multi-panel drawing (4.3-4.6, 4.10-4.12)
+name the same panels; the PNG is written under the figure's own name.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from .util import BenchError
+
+
+@dataclass(frozen=True)
+class Figure:
+    number: str
+    title: str                  # the thesis' caption
+    experiment: str
+    fs: tuple[str, ...] | None  # configurations drawn (None: all of the experiment's)
+    kind: str                   # "matrix" | "tempffs" | "writeback" | "bars"
+
+
+# Table 4.2 in the thesis' order: (name without accounting suffix, the thesis' label, group).
+# Group 1 gives no consistency after a crash, group 2 does (Figs 4.16-4.19 draw them apart).
+MATRIX_ROWS = [
+    ("ext2", "Ext2", 1), ("nvstack-ext2", "FUSE-Ext2 (all off)", 1),
+    ("nvstack-ext2-tempffs", "TempFFS", 1), ("nvstack-ext2-wb", "WB", 1),
+    ("nvstack-ext2-tempffs-wb", "TempFFS_WB", 1),
+    ("ext4-ordered", "Ext4 ordered", 2), ("ext4-journal", "Ext3 (ext4 data=journal)", 2),
+    ("ext4-journal-ram", "Mext3 (journal in RAM)", 2), ("nvstack-ext2-trans", "Ext2_Trans", 2),
+    ("nvstack-ext2-tempffs-trans", "TempFFS_Trans", 2), ("nvstack-ext2-wb-trans", "WB_Trans", 2),
+    ("nvstack-ext2-tempffs-wb-trans", "TempFFS_WB_Trans", 2),
+]
+TRANS_ROWS = ("ext4-journal", "ext4-journal-ram", "nvstack-ext2-trans")
+ACCOUNTINGS = ("charged", "extra")
+
+FIGURES = {f.number: f for f in [
+    Figure("4.1", "Performance Improvements of TempFFS (Bonnie++)", "thesis-bonnie",
+           ("ext2", "nvstack-ext2-tempffs"), "bars"),
+    Figure("4.2", "Performance Improvements of TempFFS (Untar and Compile Linux Kernel)",
+           "thesis-untar", ("ext2", "nvstack-ext2-tempffs"), "bars"),
+    Figure("4.3", "Performance Improvements of TempFFS (Postmark)", "tempffs-postmark", None,
+           "tempffs"),
+    Figure("4.4", "Percentages of Files Deleted in TempFFS (Postmark)", "tempffs-postmark",
+           None, "tempffs"),
+    Figure("4.5", "Reduction of IO Traffic with TempFFS", "tempffs-postmark", None, "tempffs"),
+    Figure("4.6", "Average File Span (Postmark)", "tempffs-postmark", None, "tempffs"),
+    Figure("4.7", "Performance Comparison of the Write Back Policies (Bonnie++)",
+           "thesis-bonnie", ("ext2", "nvstack-ext2-wb"), "bars"),
+    Figure("4.8", "Performance Comparison of the Write Back Policies (Untar and Compile)",
+           "thesis-untar", ("ext2", "nvstack-ext2-wb"), "bars"),
+    Figure("4.10", "Performance Comparison of the Write Back Policies (Postmark)",
+           "writeback-policies", None, "writeback"),
+    Figure("4.11", "Accumulate Inter-requests Distance (Postmark)", "writeback-policies", None,
+           "writeback"),
+    Figure("4.12", "Repeated Write Back Blocks (Postmark)", "writeback-policies", None,
+           "writeback"),
+    Figure("4.13", "Performance of the Transactions Support Mechanism (Bonnie++)",
+           "thesis-bonnie", ("ext4-journal", "ext4-journal-ram", "nvstack-ext2-trans"), "bars"),
+    Figure("4.14", "Performance of the Transactions Support Mechanism (Untar and Compile)",
+           "thesis-untar", ("ext4-journal", "ext4-journal-ram", "nvstack-ext2-trans"), "bars"),
+    Figure("4.15", "Performance of the Transactions Support Mechanism (Postmark)",
+           "thesis-matrix", tuple(f"{n}-{a}" if n.startswith("nvstack") else n
+                                  for n in TRANS_ROWS for a in ACCOUNTINGS), "matrix"),
+    Figure("4.16", "Performance Results of Different Combinations (Bonnie++)", "thesis-bonnie",
+           None, "bars"),
+    Figure("4.17", "Performance Results of Different Combinations (Untar and Compilation)",
+           "thesis-untar", None, "bars"),
+    Figure("4.18", "Performance Results of Different Combinations (Postmark, 512-10K bytes)",
+           "thesis-matrix", None, "matrix"),
+    Figure("4.19", "Performance Results of Different Combinations (Postmark, 512-2M bytes)",
+           "thesis-postmark-2m", None, "bars"),
+]}
+# Fig 4.9 (zone, segment and zone/segment locative policies) has no experiment: nvstack builds
+# only relo's zone/segment ordering, not the two halves on their own.
+
+
+def _paired_ratios(rows: list[dict], base: str, fs: str) -> list[float]:
+    """wall(base) / wall(fs) for each repetition both have: throughput relative to base."""
+    wall = {}
+    for r in rows:
+        if r["status"] == "ok" and r["metric"] == "wall_seconds" and r["value"]:
+            wall[(r["fs"], r["rep"])] = float(r["value"])
+    return [wall[(base, rep)] / wall[(fs, rep)] for (f, rep) in wall
+            if f == fs and (base, rep) in wall and wall[(fs, rep)] > 0]
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float] | None:
+    if not xs:
+        return None
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def matrix_table(rows: list[dict], names: list[str] | None = None) -> list[dict]:
+    """One row per Table 4.2 configuration and accounting present in `rows`: throughput
+    (transactions per wall second) mean/std, and the paired ratios to ext2 and to ext4
+    data=journal (mean/std over repetitions)."""
+    present = {r["fs"] for r in rows if r["status"] == "ok"}
+    tx = {}
+    for r in rows:
+        if r["status"] == "ok" and r["metric"] == "pm_tx_per_wall_second":
+            tx.setdefault(r["fs"], []).append(float(r["value"]))
+    wall = {}
+    for r in rows:
+        if r["status"] == "ok" and r["metric"] == "wall_seconds":
+            wall.setdefault(r["fs"], []).append(float(r["value"]))
+    out = []
+    for base_name, label, group in MATRIX_ROWS:
+        variants = ([(base_name, "")] if not base_name.startswith("nvstack")
+                    else [(f"{base_name}-{a}", a) for a in ACCOUNTINGS])
+        for fs, acct in variants:
+            if fs not in present or (names is not None and fs not in names):
+                continue
+            out.append({"fs": fs, "label": label, "group": group, "accounting": acct,
+                        "tx": _mean_std(tx.get(fs, [])), "wall": _mean_std(wall.get(fs, [])),
+                        "n": len(wall.get(fs, [])),
+                        "vs_ext2": _mean_std(_paired_ratios(rows, "ext2", fs)),
+                        "vs_ext4_journal": _mean_std(_paired_ratios(rows, "ext4-journal", fs))})
+    return out
+
+
+def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | None) -> Path:
+    """Fig 4.15/4.18 shape: throughput bars (std as error bars), group 1 (no consistency) left,
+    group 2 right, each nvstack configuration as two bars (NVRAM charged / extra), the ratio
+    to ext2 (group 1) or to ext4 data=journal (group 2) printed above each bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    table = matrix_table(rows, names)
+    if not table:
+        raise BenchError(f"no Table 4.2 configurations in the results for {path.name}")
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(table) + 2), 4.8))
+    colors = {"": "#888888", "charged": "#1f77b4", "extra": "#ff7f0e"}
+    xs, x, last_group = [], 0.0, None
+    for t in table:
+        if last_group is not None and t["group"] != last_group:
+            x += 0.8
+        xs.append(x)
+        last_group = t["group"]
+        x += 1.0 if t["accounting"] != "charged" else 0.85
+    for t, xpos in zip(table, xs):
+        mean, std = t["tx"] or (0.0, 0.0)
+        ax.bar(xpos, mean, 0.8, yerr=std, capsize=2, color=colors[t["accounting"]],
+               edgecolor="black", linewidth=0.4)
+        ratio = t["vs_ext2"] if t["group"] == 1 else t["vs_ext4_journal"]
+        if ratio:
+            ax.annotate(f"{ratio[0]:.2f}x", (xpos, mean + std), ha="center", va="bottom",
+                        fontsize=6, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([t["label"] + (f"\n{t['accounting']}" if t["accounting"] else "")
+                        for t in table], rotation=60, ha="right", fontsize=6)
+    ax.set_ylabel("Postmark transactions / wall second (mean, std)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in ("", "charged", "extra")]
+    ax.legend(handles, ["kernel file system (budget M)", "nvstack, NVRAM charged to M",
+                        "nvstack, NVRAM extra (outside M)"], fontsize=6, loc="upper right")
+    first = rows[0]
+    ax.set_title(f"{title}\nratios above bars: left group (no crash consistency) to ext2, "
+                 f"right group to ext4 data=journal (paired by repetition)\n"
+                 f"device {first['device']}, scale {first['scale']}, "
+                 f"M {int(first['memory_bytes']) >> 20} MiB", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def bars_figure(rows: list[dict], path: Path, title: str) -> Path:
+    """The primary metric of every workload variant, one bar per configuration (mean, std),
+    the improvement over the first configuration of the figure printed on each bar."""
+    from . import plot
+    from .summary import aggregate, improvement
+    agg = aggregate(rows)
+    primary = [(k, a) for k, a in agg.items() if a["primary"]]
+    if not primary:
+        raise BenchError(f"no measured runs for {path.name}")
+    series = list(dict.fromkeys(k[3] for k, _a in primary))
+    groups = list(dict.fromkeys(f"{k[0]} {k[2]} {k[4]}" for k, _a in primary))
+    mean, std, imp = {}, {}, {}
+    for (w, c, v, f, m), a in primary:
+        g = f"{w} {v} {m}"
+        mean[(f, g)], std[(f, g)] = a["mean"], a["std"]
+        base = agg.get((w, c, v, series[0], m))
+        imp[(f, g)] = (improvement(a["mean"], base["mean"], str(a["hib"]) == "1")
+                     if base else None)
+    labels = {f: next(a["label"] for k, a in primary if k[3] == f) for f in series}
+    return plot.grouped_bars(path, title, groups, series, labels, mean, std, "mean (std)",
+                             imp, series[0])
+
+
+def draw(number: str, result_dir: Path, out_dir: Path) -> Path:
+    """Draws figure `number` from `result_dir` (an experiment's result directory) into
+    out_dir/thesis-fig-<number>.png."""
+    from . import parse, plot
+    from .summary import read_csv
+    fig = FIGURES[number]
+    csv = result_dir / f"{fig.experiment}.csv"
+    if not csv.exists():
+        parse.parse_tree(result_dir)
+    if not csv.exists():
+        raise BenchError(f"{result_dir} has no results of experiment {fig.experiment} "
+                         f"(figure {number} is drawn from it)")
+    rows = read_csv(csv)
+    if fig.fs:
+        rows = [r for r in rows if r["fs"] in fig.fs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"thesis-fig-{number}.png"
+    title = f"Thesis Fig {number}: {fig.title}"
+    if fig.kind == "matrix":
+        return matrix_figure(rows, target, title, list(fig.fs) if fig.fs else None)
+    if fig.kind == "bars":
+        return bars_figure(rows, target, title)
+    made = {"tempffs": lambda: plot.tempffs_figure(rows, out_dir),
+            "writeback": lambda: plot.writeback_figure(rows, out_dir, None)}[fig.kind]()
+    if not made:
+        raise BenchError(f"figure {number}: nothing to draw from {csv}")
+    shutil.copyfile(made, target)
+    return target
