@@ -134,10 +134,12 @@ def _bars(ax, groups: list[str], series: list[tuple[str, str]], agg: dict, scale
     ax.legend(fontsize=6)
 
 
-def tempffs_figure(rows: list[dict], out_dir: Path) -> Path | None:
+def tempffs_figure(rows: list[dict], out_dir: Path, only: str | None = None,
+                   path: Path | None = None) -> Path | None:
     """TempFFS acceptance, thesis Figs 4.3-4.6 in one figure: throughput vs the lower FS,
     files deleted in NVRAM, bytes written to the lower FS, average file span; per file-set
-    size, for every tempfiles on/off pair. The budget (M, NVRAM) is in the title."""
+    size, for every tempfiles on/off pair. The budget (M, NVRAM) is in the title. `only` =
+    one of "4.3".."4.6": that panel alone (to `path`)."""
     present = list(dict.fromkeys(r["fs"] for r in rows))
     pairs = fs_mod.tempfiles_pairs(present)
     agg = aggregate(rows)
@@ -145,8 +147,7 @@ def tempffs_figure(rows: list[dict], out_dir: Path) -> Path | None:
         return None
     groups = sorted({k[:3] for k in agg if k[3] in pairs}, key=lambda g: (g[0], g[1], natural(g[2])))
     exp, m = rows[0]["experiment"], rows[0]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    (a, b), (c, d) = axes
+    fig, (a, b, c, d) = _panels(only, ("4.3", "4.4", "4.5", "4.6"), (11, 7.5))
     both = [(f, f"tempfiles {fs_mod.CONFIGS[f].nvstack['tempfiles']}: {f}")
             for on, off in pairs.items() for f in (off, on)]
     _bars(a, groups, [(lab, (f, "throughput_ratio_vs_lower_fs")) for f, lab in both], agg)
@@ -175,14 +176,14 @@ def tempffs_figure(rows: list[dict], out_dir: Path) -> Path | None:
     fig.suptitle(f"{exp}: TempFFS, device {m['device']}, M = {int(m['memory_bytes']) >> 20} MiB"
                  f"{_nvram_text(rows)}", fontsize=9)
     fig.tight_layout()
-    path = out_dir / f"{slug(exp)}-tempffs.png"
+    path = path or out_dir / f"{slug(exp)}-tempffs.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def writeback_figure(rows: list[dict], out_dir: Path,
-                     fs_order: list[str] | None = None) -> Path | None:
+def writeback_figure(rows: list[dict], out_dir: Path, fs_order: list[str] | None = None,
+                     only: str | None = None, path: Path | None = None) -> Path | None:
     """Write-back policies, thesis Figs 4.11-4.12 and what drives Fig 4.10 (the wall-time bars
     with the improvement over WB file are the experiment's generic figure): pages written back,
     repeated write-back pages, accumulated inter-request distance (nvstack's counters, page
@@ -198,8 +199,7 @@ def writeback_figure(rows: list[dict], out_dir: Path,
                     key=lambda g: (g[0], g[1], natural(g[2])))
     exp, m = rows[0]["experiment"], rows[0]
     label = lambda f: (fs_mod.CONFIGS[f].label if f in fs_mod.CONFIGS else f)  # noqa: E731
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
-    (a, b), (c, d) = axes
+    fig, (a, b, c, d) = _panels(only, ("pages", "4.12", "4.11", "busy"), (12, 7.5))
     color = [present.index(f) for f in cached]          # one color per configuration
     _bars(a, groups, [(label(f), (f, "nv_writeback.pages_written")) for f in cached], agg,
           colors=color)
@@ -225,10 +225,30 @@ def writeback_figure(rows: list[dict], out_dir: Path,
     fig.suptitle(f"{exp}: write-back policies, device {m['device']}, M = "
                  f"{int(m['memory_bytes']) >> 20} MiB{_nvram_text(rows)}", fontsize=9)
     fig.tight_layout()
-    path = out_dir / f"{slug(exp)}-writeback.png"
+    path = path or out_dir / f"{slug(exp)}-writeback.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+class _Unused:
+    """An axes stand-in that ignores every call: the panels not drawn when a figure function
+    draws one panel alone (`only`)."""
+
+    def __getattr__(self, _name):
+        return lambda *a, **k: None
+
+
+def _panels(only: str | None, names: tuple, size: tuple):
+    """(figure, four axes) for a 2 x 2 panel figure, or for panel `only` of `names` alone (the
+    other three are _Unused)."""
+    if only is None:
+        fig, axes = plt.subplots(2, 2, figsize=size)
+        return fig, [ax for row in axes for ax in row]
+    if only not in names:
+        raise ValueError(f"panel {only} not among {names}")
+    fig, ax = plt.subplots(figsize=(9.0, size[1] / 1.7))
+    return fig, [ax if n == only else _Unused() for n in names]
 
 
 def durability_figure(rows: list[dict], out_dir: Path, baseline: str,

@@ -6,13 +6,12 @@
 A figure is data: the experiment that measures it, the configurations it draws and how. With
 `--from DIR` the command only draws (parsing DIR's raw runs when its CSV is missing); without
 it, it runs the experiment restricted to the figure's configurations into OUT/<experiment>/
-and draws from that. Figures that share an experiment's multi-panel drawing (4.3-4.6, 4.10-4.12)
-name the same panels; the PNG is written under the figure's own name.
+and draws from that. Figures 4.3-4.6 and 4.11-4.12 are single panels of the experiments' own
+four-panel figures (plot.tempffs_figure, plot.writeback_figure).
 """
 
 from __future__ import annotations
 
-import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ class Figure:
     experiment: str
     fs: tuple[str, ...] | None  # configurations drawn (None: all of the experiment's)
     kind: str                   # "matrix" | "tempffs" | "writeback" | "bars"
+    base: str | None = None     # "bars": the configuration improvements are relative to
 
 
 # Table 4.2 in the thesis' order: (name without accounting suffix, the thesis' label, group).
@@ -59,7 +59,9 @@ FIGURES = {f.number: f for f in [
     Figure("4.8", "Performance Comparison of the Write Back Policies (Untar and Compile)",
            "thesis-untar", ("ext2", "nvstack-ext2-wb"), "bars"),
     Figure("4.10", "Performance Comparison of the Write Back Policies (Postmark)",
-           "writeback-policies", None, "writeback"),
+           "writeback-policies", ("nvstack-ext2-wb-file", "nvstack-ext2-wb-recency",
+                                  "nvstack-ext2-wb-location", "nvstack-ext2-wb-relo"), "bars",
+           "nvstack-ext2-wb-file"),
     Figure("4.11", "Accumulate Inter-requests Distance (Postmark)", "writeback-policies", None,
            "writeback"),
     Figure("4.12", "Repeated Write Back Blocks (Postmark)", "writeback-policies", None,
@@ -173,9 +175,9 @@ def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | N
     return path
 
 
-def bars_figure(rows: list[dict], path: Path, title: str) -> Path:
+def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = None) -> Path:
     """The primary metric of every workload variant, one bar per configuration (mean, std),
-    the improvement over the first configuration of the figure printed on each bar."""
+    the improvement over `base` (default: the first configuration) printed on each bar."""
     from . import plot
     from .summary import aggregate, improvement
     agg = aggregate(rows)
@@ -183,16 +185,26 @@ def bars_figure(rows: list[dict], path: Path, title: str) -> Path:
     if not primary:
         raise BenchError(f"no measured runs for {path.name}")
     series = list(dict.fromkeys(k[3] for k, _a in primary))
-    groups = list(dict.fromkeys(f"{k[0]} {k[2]} {k[4]}" for k, _a in primary))
+    if base in series:
+        series.remove(base)
+        series.insert(0, base)
+    # a group per workload variant; named by its variant alone when one workload and metric
+    one = len({(k[0], k[1], k[4]) for k, _a in primary}) == 1
+
+    def group(w, v, m):
+        return v if one else f"{w} {v} {m}"
+    groups = list(dict.fromkeys(group(k[0], k[2], k[4]) for k, _a in primary))
+    ylabel = (f"{primary[0][0][4]} ({primary[0][1]['unit']}; mean, std)" if one
+              else "mean (std)")
     mean, std, imp = {}, {}, {}
     for (w, c, v, f, m), a in primary:
-        g = f"{w} {v} {m}"
+        g = group(w, v, m)
         mean[(f, g)], std[(f, g)] = a["mean"], a["std"]
         base = agg.get((w, c, v, series[0], m))
         imp[(f, g)] = (improvement(a["mean"], base["mean"], str(a["hib"]) == "1")
                      if base else None)
     labels = {f: next(a["label"] for k, a in primary if k[3] == f) for f in series}
-    return plot.grouped_bars(path, title, groups, series, labels, mean, std, "mean (std)",
+    return plot.grouped_bars(path, title, groups, series, labels, mean, std, ylabel,
                              imp, series[0])
 
 
@@ -213,14 +225,14 @@ def draw(number: str, result_dir: Path, out_dir: Path) -> Path:
         rows = [r for r in rows if r["fs"] in fig.fs]
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"thesis-fig-{number}.png"
-    title = f"Thesis Fig {number}: {fig.title}"
+    title = f"Thesis Fig {number}:\n{fig.title}"
     if fig.kind == "matrix":
         return matrix_figure(rows, target, title, list(fig.fs) if fig.fs else None)
     if fig.kind == "bars":
-        return bars_figure(rows, target, title)
-    made = {"tempffs": lambda: plot.tempffs_figure(rows, out_dir),
-            "writeback": lambda: plot.writeback_figure(rows, out_dir, None)}[fig.kind]()
+        return bars_figure(rows, target, title, fig.base)
+    made = {"tempffs": lambda: plot.tempffs_figure(rows, out_dir, number, target),
+            "writeback": lambda: plot.writeback_figure(rows, out_dir, None, number, target)
+            }[fig.kind]()
     if not made:
         raise BenchError(f"figure {number}: nothing to draw from {csv}")
-    shutil.copyfile(made, target)
-    return target
+    return made

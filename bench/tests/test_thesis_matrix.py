@@ -161,3 +161,22 @@ def test_a_figure_without_its_experiment_results_is_a_clear_error(tmp_path):
     with pytest.raises(BenchError, match="no results of experiment thesis-matrix"):
         tf.draw("4.18", tmp_path / "empty", tmp_path / "figs")
     assert set(tf.FIGURES) == {f"4.{n}" for n in range(1, 20)} - {"4.9"}
+
+
+def test_one_panel_alone_and_bars_relative_to_the_named_base(tmp_path):
+    from nvbench import plot
+    fig, axes = plot._panels("4.4", ("4.3", "4.4", "4.5", "4.6"), (11, 7.5))
+    assert [type(a).__name__ for a in axes].count("_Unused") == 3
+    axes[0].set_title("ignored")            # the panels not drawn accept every call
+    with pytest.raises(ValueError, match="panel 4.9"):
+        plot._panels("4.9", ("4.3", "4.4"), (11, 7.5))
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    root = tmp_path / "res"
+    for fs, w in (("ext2", 6.0), ("ext4-journal", 12.0), ("nvstack-ext2-trans-extra", 4.0)):
+        _run(root, fs, 1, w)
+    parse.parse_tree(root)
+    from nvbench.summary import read_csv
+    rows = read_csv(root / "thesis-matrix.csv")
+    path = tf.bars_figure(rows, tmp_path / "b.png", "t", base="ext4-journal")
+    assert path.read_bytes()[:8] == PNG_MAGIC
