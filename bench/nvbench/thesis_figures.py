@@ -163,7 +163,7 @@ def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | N
     ax.set_ylabel("Postmark transactions / wall second (mean, std)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in ("", "charged", "extra")]
     ax.legend(handles, ["kernel file system (budget M)", "nvstack, NVRAM charged to M",
-                        "nvstack, NVRAM extra (outside M)"], fontsize=6, loc="upper right")
+                        "nvstack, NVRAM extra (outside M)"], fontsize=6, loc="upper center")
     first = rows[0]
     ax.set_title(f"{title}\nratios above bars: left group (no crash consistency) to ext2, "
                  f"right group to ext4 data=journal (paired by repetition)\n"
