@@ -246,10 +246,8 @@ def set_vm(sh: Shell, values: dict) -> dict:
     """Sets /proc/sys/vm knobs and returns the previous values of VM_DIRTY_KEYS. A ratio and
     its bytes twin are one setting (writing either zeroes the other, and dirty_bytes refuses
     0), so zero values are not written."""
-    before = {}
-    if not sh.dry_run:
-        for k in VM_DIRTY_KEYS:
-            before[k] = int(Path(f"/proc/sys/vm/{k}").read_text().split()[0])
+    # read in a dry run too (harmless), so that repro.sh restores what the host had
+    before = {k: int(Path(f"/proc/sys/vm/{k}").read_text().split()[0]) for k in VM_DIRTY_KEYS}
     sh.run(["sysctl", "-q", "-w", *[f"vm.{k}={v}" for k, v in values.items() if v != 0]])
     return before
 

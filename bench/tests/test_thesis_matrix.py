@@ -87,6 +87,11 @@ def test_the_kernel_write_back_of_the_modeled_machine_is_set_for_the_run(tmp_pat
     text = (d / "repro.sh").read_text()
     assert (f"sysctl -q -w vm.dirty_background_bytes={m // 10} vm.dirty_bytes={m * 4 // 10} "
             "vm.dirty_expire_centisecs=3000 vm.dirty_writeback_centisecs=500") in text
+    # the host's own values come back in the cleanup, whichever twin (ratio, bytes) it uses
+    cleanup = text[text.index("cleanup() {"):text.index("trap cleanup EXIT")]
+    restore = [ln for ln in cleanup.splitlines() if "sysctl -q -w" in ln]
+    assert len(restore) == 1 and "vm.dirty_expire_centisecs=" in restore[0]
+    assert "vm.dirty_ratio=" in restore[0] or "vm.dirty_bytes=" in restore[0]
     # an experiment without kernel_dirty leaves the host's settings alone
     spec = runner.RunSpec("x", "postmark", "thesis", "files=1", {}, "ext2", 1, "none", "sleep",
                           m, 1 << 30, 1 << 24, m // 2, 1.0)
