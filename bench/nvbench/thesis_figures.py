@@ -176,34 +176,38 @@ def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | N
 
 
 def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = None) -> Path:
-    """The primary metric of every workload variant, one bar per configuration (mean, std),
-    the improvement over `base` (default: the first configuration) printed on each bar."""
+    """The primary metric of every workload variant (Bonnie++: the thesis' three tests, char
+    write, block write and rewrite), one bar per configuration (mean, std), the improvement
+    over `base` (default: the first configuration) printed on each bar."""
     from . import plot
-    from .summary import aggregate, improvement
+    from .summary import BONNIE_METRICS, aggregate, improvement
     agg = aggregate(rows)
-    primary = [(k, a) for k, a in agg.items() if a["primary"]]
-    if not primary:
+    drawn = [(k, a) for k, a in agg.items()
+             if a["primary"] or (k[0] == "bonnie" and k[4] in BONNIE_METRICS)]
+    if not drawn:
         raise BenchError(f"no measured runs for {path.name}")
-    series = list(dict.fromkeys(k[3] for k, _a in primary))
+    series = list(dict.fromkeys(k[3] for k, _a in drawn))
     if base in series:
         series.remove(base)
         series.insert(0, base)
-    # a group per workload variant; named by its variant alone when one workload and metric
-    one = len({(k[0], k[1], k[4]) for k, _a in primary}) == 1
+    # a group per (workload variant, metric), named by what differs between the groups
+    one_run = len({(k[0], k[1], k[2]) for k, _a in drawn}) == 1
+    one_metric = len({k[4] for k, _a in drawn}) == 1
 
     def group(w, v, m):
-        return v if one else f"{w} {v} {m}"
-    groups = list(dict.fromkeys(group(k[0], k[2], k[4]) for k, _a in primary))
-    ylabel = (f"{primary[0][0][4]} ({primary[0][1]['unit']}; mean, std)" if one
-              else "mean (std)")
+        return m if one_run else v if one_metric else f"{w} {v} {m}"
+    groups = list(dict.fromkeys(group(k[0], k[2], k[4]) for k, _a in drawn))
+    units = {a["unit"] for _k, a in drawn}
+    what = drawn[0][0][4] if one_metric else "the test's result"
+    ylabel = f"{what} ({units.pop()}; mean, std)" if len(units) == 1 else "mean (std)"
     mean, std, imp = {}, {}, {}
-    for (w, c, v, f, m), a in primary:
+    for (w, c, v, f, m), a in drawn:
         g = group(w, v, m)
         mean[(f, g)], std[(f, g)] = a["mean"], a["std"]
-        base = agg.get((w, c, v, series[0], m))
-        imp[(f, g)] = (improvement(a["mean"], base["mean"], str(a["hib"]) == "1")
-                     if base else None)
-    labels = {f: next(a["label"] for k, a in primary if k[3] == f) for f in series}
+        ref = agg.get((w, c, v, series[0], m))
+        imp[(f, g)] = (improvement(a["mean"], ref["mean"], str(a["hib"]) == "1")
+                       if ref else None)
+    labels = {f: next(a["label"] for k, a in drawn if k[3] == f) for f in series}
     return plot.grouped_bars(path, title, groups, series, labels, mean, std, ylabel,
                              imp, series[0])
 

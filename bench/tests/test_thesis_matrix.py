@@ -185,3 +185,30 @@ def test_one_panel_alone_and_bars_relative_to_the_named_base(tmp_path):
     rows = read_csv(root / "thesis-matrix.csv")
     path = tf.bars_figure(rows, tmp_path / "b.png", "t", base="ext4-journal")
     assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_path):
+    """Figs 4.1/4.7/4.13/4.16: char write, block write and rewrite (not only the primary
+    metric), one group per test, improvements relative to the figure's first configuration."""
+    from nvbench import plot
+    seen = {}
+    monkeypatch.setattr(plot, "grouped_bars",
+                        lambda path, title, groups, series, labels, mean, std, ylabel, imp,
+                        base: seen.update(groups=groups, series=series, imp=imp,
+                                          ylabel=ylabel) or path)
+
+    def row(fs, metric, value, primary=False):
+        return {"status": "ok", "workload": "bonnie", "config": "thesis",
+                "variant": "file=256M", "fs": fs, "metric": metric, "value": str(value),
+                "unit": "KiB/s", "fs_label": fs, "higher_is_better": "1",
+                "primary": "1" if primary else "0"}
+    rows = []
+    for fs, k in (("nvstack-ext2-tempffs", 2.0), ("ext2", 1.0)):
+        rows += [row(fs, "put_char_kBps", 100 * k), row(fs, "put_block_kBps", 200 * k, True),
+                 row(fs, "rewrite_kBps", 50 * k), row(fs, "seeks_per_s", 7)]
+    tf.bars_figure(rows, tmp_path / "b.png", "t", base="ext2")
+    assert seen["groups"] == ["put_char_kBps", "put_block_kBps", "rewrite_kBps"]
+    assert seen["series"] == ["ext2", "nvstack-ext2-tempffs"]
+    assert seen["imp"][("nvstack-ext2-tempffs", "rewrite_kBps")] == pytest.approx(100.0)
+    assert seen["imp"][("ext2", "put_char_kBps")] == pytest.approx(0.0)
+    assert seen["ylabel"] == "the test's result (KiB/s; mean, std)"

@@ -101,7 +101,8 @@ def test_bonnie_twice_memory():
     (v, p), = bonnie.variants("thesis", 0.25, 256 << 20)
     assert v == "file=512M" and p["ram_mb"] == 256 and p["scale"] == 0.25
     inv = bonnie.invocation(p, Path("/m"), Path("/r"))
-    assert inv.argv[:5] == ["bonnie++", "-d", "/m/nvbench-bonnie", "-s", "512M:8192"]
+    # file = 2 x M, 8 KiB chunks, and a seek phase of 16 seeks by 1 process (in no figure)
+    assert inv.argv[:5] == ["bonnie++", "-d", "/m/nvbench-bonnie", "-s", "512M:8192:16:1"]
     assert "-q" in inv.argv and ["-n", "0"] == inv.argv[inv.argv.index("-n"):inv.argv.index("-n") + 2]
 
 
