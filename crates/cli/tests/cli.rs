@@ -257,32 +257,39 @@ fn the_demo_runs_and_recovers() {
     assert!(t.contains("every one showed exactly the last committed state"), "{t}");
 }
 
-/// A region holding two metadata-journal records (as a daemon that died before its checkpoint
-/// leaves them), and the frame of the second.
-fn region_with_journal_records(dir: &Path) -> (PathBuf, u64) {
-    use engine::journal::record::{KIND_REDO, Op, Redo};
+/// A region holding two metadata-journal records packed in one frame (as a daemon that died
+/// before its checkpoint leaves them); returns the region offset of the second and its slot.
+fn region_with_journal_records(dir: &Path) -> (PathBuf, u64, usize) {
+    use engine::journal::record::{FRAME_SIZE, KIND_REDO, Op, Redo, SLOT_SIZE};
     let (path, pool) = formatted(dir);
-    let mut offset = 0;
+    let mut frame_bytes = vec![0u8; FRAME_SIZE];
+    let mut slot = 0;
+    let mut second = 0;
     for (seq, op, name) in [(7, Op::Mkdir, "spool"), (8, Op::Create, "message")] {
         let mut redo = Redo::new(op);
         redo.seq = seq;
         redo.dir1 = vec![1; 12];
         redo.object = vec![seq as u8; 12];
         redo.name1 = name.into();
-        let mut tx = pool.begin();
-        let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 }).unwrap();
-        offset = pool.frame_offset(frame);
-        tx.write(offset, &redo.encode());
-        tx.commit();
+        let bytes = redo.encode();
+        frame_bytes[slot * SLOT_SIZE..slot * SLOT_SIZE + bytes.len()].copy_from_slice(&bytes);
+        second = slot;
+        slot += redo.slots();
     }
+    let mut tx = pool.begin();
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 }).unwrap();
+    let offset = pool.frame_offset(frame);
+    tx.write(offset, &frame_bytes);
+    tx.commit();
     drop(pool);
-    (path, offset)
+    (path, offset + (second * SLOT_SIZE) as u64, second)
 }
 
 #[test]
 fn check_and_inspect_list_journal_records_and_refuse_a_damaged_one_naming_its_frame() {
     let dir = shm();
-    let (path, offset) = region_with_journal_records(dir.path());
+    let (path, offset, slot) = region_with_journal_records(dir.path());
+    assert_eq!(slot, 2, "the mkdir takes 2 slots (room for replay's note), the create follows");
     let out = check(&path);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("2 metadata-journal record(s), sequence 7 to 8"), "{}", text(&out));
@@ -291,20 +298,52 @@ fn check_and_inspect_list_journal_records_and_refuse_a_damaged_one_naming_its_fr
     let listed = text(&out);
     assert!(listed.contains("mkdir") && listed.contains("spool"), "{listed}");
     assert!(listed.contains("create") && listed.contains("message"), "{listed}");
+    assert!(listed.contains("slot 2"), "{listed}");
 
-    // A flipped bit in the second record's name: refused, the frame named, never replayed.
+    // A flipped bit in the second record's name (after its 96-byte header and two 12-byte
+    // handles): refused, the frame and slot named, never replayed.
     let layout = layout_of(&path);
     let frame = (offset - layout.frames_offset) / PAGE_SIZE;
-    flip_byte(&path, offset + 630);
+    flip_byte(&path, offset + 96 + 24 + 2);
     let out = check(&path);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let t = text(&out);
     assert!(
-        text(&out).contains("DAMAGED") && text(&out).contains(&format!("frame {frame}")),
-        "{}",
-        text(&out)
+        t.contains("DAMAGED") && t.contains(&format!("frame {frame}")) && t.contains("slot 2"),
+        "{t}"
     );
     let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
     assert!(text(&out).contains(&format!("frame {frame}")), "{}", text(&out));
+}
+
+/// M6: a slot of a journal frame that is neither part of a record nor zero is damage (a
+/// stale byte there could otherwise be read as the start of a record).
+#[test]
+fn check_refuses_a_journal_frame_with_a_stray_byte_between_records() {
+    let dir = shm();
+    let (path, offset, _) = region_with_journal_records(dir.path());
+    // Slot 5: after the create (slots 2-3), in the zeroed rest of the frame.
+    flip_byte(&path, offset + 3 * 256 + 17);
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("slot 5"), "{}", text(&out));
+}
+
+/// A region written by a version with one journal record per frame is refused with what to do,
+/// not read as the packed format (its records would be lost).
+#[test]
+fn check_refuses_a_journal_frame_of_the_earlier_format_saying_what_to_do() {
+    use engine::journal::record::KIND_REDO_V1;
+    let dir = shm();
+    let (path, pool) = formatted(dir.path());
+    let mut tx = pool.begin();
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO_V1, owner: 0, index: 0 }).unwrap();
+    tx.write(pool.frame_offset(frame), &[0x4e; 64]);
+    tx.commit();
+    drop(pool);
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("earlier one-record-per-frame format"), "{}", text(&out));
 }
 
 /// A block cache (`device attach --nvram`) made through the device library: sectors 8 and 9 of

@@ -342,8 +342,8 @@ const TEMPFS: Scenario = Scenario {
 };
 
 /// Temp files off: every create, rename and unlink is a change of lower objects, journaled; a
-/// journal of 16 records (64 KiB) and no timed checkpoints, so that checkpoints run every few
-/// operations and a killed daemon leaves records. A daemon killed between a record's commit
+/// journal of two frames (8 KiB: 10-25 packed records) and no timed checkpoints, so that
+/// checkpoints run every few operations and a killed daemon leaves records. A daemon killed between a record's commit
 /// and the marker (`journal.committed`) leaves a record replay must judge by state: its
 /// successor dies replaying it.
 const JOURNAL: Scenario = Scenario {
@@ -354,7 +354,7 @@ const JOURNAL: Scenario = Scenario {
         "--tempfiles",
         "off",
         "--journal-size",
-        "64K",
+        "8K",
         "--checkpoint-interval",
         "0",
     ],

@@ -22,8 +22,8 @@
 //! | `Overlay` | the overlay: named temp files by directory, pending directory times | no |
 //! | `CacheFiles` | the map of cached files | no |
 //! | `Fetches` | patched pages waiting for an asynchronous fetch | no |
-//! | `Journal` | the committed records of the metadata journal | no |
 //! | `UndoSlot` | an undo slot held by a running transaction (a token, not a lock) | no |
+//! | `Journal` | the committed records of the metadata journal and the frames they are packed in; a record is written and committed under it (the transaction begun before) | no |
 //! | `ZoneTables` | the zone information tables | no |
 //! | `Inodes` | the inode table | no |
 //! | `Inode` | one inode's node and key | no |
@@ -51,8 +51,8 @@ pub enum Rank {
     Overlay,
     CacheFiles,
     Fetches,
-    Journal,
     UndoSlot,
+    Journal,
     ZoneTables,
     Inodes,
     Inode,

@@ -13,9 +13,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use engine::{CacheConfig, Engine, EngineConfig, JournalConfig, TempConfig};
+use engine::journal::checkpoint::Why;
+use engine::{CacheConfig, Engine, EngineConfig, Failpoints, JournalConfig, TempConfig};
 use lower::{Creds, FileKind, LowerFs, MemLower, SetAttr, TimeSet};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -44,8 +46,9 @@ fn config() -> EngineConfig {
             batch_pages: 4,
             ..CacheConfig::default()
         },
-        // Eight records: a checkpoint every few operations.
-        journal: JournalConfig { size_max: 8 * 4096, interval_secs: 0 },
+        // Two frames (16 slots each; a record takes 1-2 here): a checkpoint every few dozen
+        // operations, most of them zeroing records of the frame still taking new ones.
+        journal: JournalConfig { size_max: 2 * 4096, interval_secs: 0 },
         ..EngineConfig::default()
     }
 }
@@ -197,6 +200,40 @@ fn step(e: &Engine<MemLower>, rng: &mut Rng) -> String {
     label
 }
 
+/// At `checkpoint.synced` of a checkpoint the sweep asks for, another thread changes the root's
+/// mode: its record is packed into the frame being checkpointed, which then keeps it while the
+/// listed records' slots are zeroed (M6) - the path a single thread never takes. The
+/// failpoint waits until that record is committed, not for the operation to end (whose own
+/// size check may wait for this checkpoint); the step joins the thread afterwards.
+#[derive(Debug, Default)]
+struct Concurrent {
+    engine: OnceLock<Weak<Engine<MemLower>>>,
+    armed: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Failpoints for Concurrent {
+    fn hit(&self, point: &'static str) {
+        if point != "checkpoint.synced" || !self.armed.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let e = self.engine.get().and_then(Weak::upgrade).expect("the sweep's engine");
+        let before = e.stats().journal.records_total;
+        let chmod = Arc::clone(&e);
+        let handle = std::thread::spawn(move || {
+            let mode = if chmod.stats().journal.records_total % 2 == 0 { 0o750 } else { 0o755 };
+            let set = SetAttr { mode: Some(mode), ..SetAttr::default() };
+            chmod.setattr(chmod.root_id(), None, &set, false).unwrap();
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while e.stats().journal.records_total == before {
+            assert!(std::time::Instant::now() < deadline, "the concurrent chmod never committed");
+            std::thread::yield_now();
+        }
+        *self.thread.lock().unwrap() = Some(handle);
+    }
+}
+
 #[derive(Default)]
 struct Sweep {
     seed: u64,
@@ -220,7 +257,7 @@ fn recover(image: Vec<u8>, lower: MemLower) -> Result<View, String> {
     Ok(v)
 }
 
-fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
+fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64), String> {
     let lower = MemLower::default();
     for d in &DIRS[1..] {
         lower.mkdir(&ROOT, lower.root(), name(d), 0o755).unwrap();
@@ -229,7 +266,11 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
     let region = Arc::new(SimRegion::new(params().region_size));
     Pool::format(&*region, params()).unwrap();
     let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
-    let engine = Engine::new(lower.clone(), pool, config()).map_err(|x| x.to_string())?;
+    let concurrent = Arc::new(Concurrent::default());
+    let failpoints: Arc<dyn Failpoints> = concurrent.clone();
+    let config = EngineConfig { failpoints: Some(failpoints), ..config() };
+    let engine = Arc::new(Engine::new(lower.clone(), pool, config).map_err(|x| x.to_string())?);
+    concurrent.engine.set(Arc::downgrade(&engine)).unwrap();
     let state =
         Arc::new(Mutex::new(Sweep { seed, lower: Some(lower.clone()), ..Sweep::default() }));
     state.lock().unwrap().before = view(&engine)?;
@@ -259,7 +300,18 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
     let (mut points, mut replayed) = (0u64, 0u64);
     for i in 0..ops {
         let checkpoints = engine.stats().journal.checkpoints;
-        let label = step(&engine, &mut rng);
+        let label = if i % 7 == 6 {
+            // A checkpoint below the size limit, with a record committed during it.
+            concurrent.armed.store(true, Ordering::SeqCst);
+            engine.checkpoint(Why::Flush).map_err(|x| x.to_string())?;
+            concurrent.armed.store(false, Ordering::SeqCst);
+            if let Some(t) = concurrent.thread.lock().unwrap().take() {
+                t.join().unwrap();
+            }
+            "checkpoint with a concurrent chmod of the root".to_string()
+        } else {
+            step(&engine, &mut rng)
+        };
         let mut s = state.lock().unwrap();
         s.quiet = true;
         drop(s);
@@ -288,10 +340,15 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64), String> {
     let st = engine.stats();
     replayed += st.journal.records_total;
     eprintln!(
-        "seed {seed}: {} records, {} checkpoints, {} not journaled",
-        st.journal.records_total, st.journal.checkpoints, st.journal.not_journaled
+        "seed {seed}: {} records, {} checkpoints ({} frames freed, {} records zeroed), {} not \
+         journaled",
+        st.journal.records_total,
+        st.journal.checkpoints,
+        st.journal.frames_freed,
+        st.journal.records_zeroed,
+        st.journal.not_journaled
     );
-    Ok((points, replayed, st.journal.checkpoints))
+    Ok((points, replayed, st.journal.checkpoints, st.journal.records_zeroed))
 }
 
 #[test]
@@ -300,18 +357,22 @@ fn every_crash_point_of_lower_namespace_changes_recovers_to_before_or_after() {
         Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
         Err(_) => (1..=6).collect(),
     };
-    let (mut points, mut records, mut checkpoints) = (0, 0, 0);
+    let (mut points, mut records, mut checkpoints, mut zeroed) = (0, 0, 0, 0);
     for seed in seeds {
-        let (p, r, c) = sweep(seed, 120).unwrap_or_else(|x| panic!("{x}"));
+        let (p, r, c, z) = sweep(seed, 120).unwrap_or_else(|x| panic!("{x}"));
         points += p;
         records += r;
         checkpoints += c;
+        zeroed += z;
     }
     eprintln!(
-        "journal crash images: {points} recovered and compared; {records} records, {checkpoints} checkpoints"
+        "journal crash images: {points} recovered and compared; {records} records, \
+         {checkpoints} checkpoints, {zeroed} records zeroed in a frame kept"
     );
     assert!(points > 1000, "too few crash images: {points}");
     assert!(records > 100 && checkpoints > 5, "{records} records, {checkpoints} checkpoints");
+    // The crash points of both ways a checkpoint frees records were swept.
+    assert!(zeroed > 0, "no checkpoint zeroed records of a frame it kept");
 }
 
 /// M3 (the marker): a directory created, moved, then replaced by another one, with every change

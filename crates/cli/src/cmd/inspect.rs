@@ -324,6 +324,8 @@ fn journal_json(found: &CliResult<Vec<engine::journal::record::Found>>) -> serde
                 .take(MAX_LISTED)
                 .map(|f| serde_json::json!({
                     "frame": f.frame.0,
+                    "slot": f.slot,
+                    "slots": f.slots,
                     "seq": f.redo.seq,
                     "op": format!("{:?}", f.redo.op()).to_lowercase(),
                     "name1": f.redo.name1.to_string_lossy(),
@@ -344,9 +346,10 @@ fn print_journal(found: &CliResult<Vec<engine::journal::record::Found>>) {
             for f in list.iter().take(MAX_LISTED) {
                 let r = &f.redo;
                 println!(
-                    "  {:>8}  frame {:<8} {:<11} {} {}",
+                    "  {:>8}  frame {:<8} slot {:<2} {:<11} {} {}",
                     r.seq,
                     f.frame.0,
+                    f.slot,
                     format!("{:?}", r.op()).to_lowercase(),
                     r.name1.to_string_lossy(),
                     r.name2.to_string_lossy()

@@ -166,8 +166,8 @@ pub struct MountArgs {
     /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
     /// durable by a record in NVRAM, so fsync of a directory, and a rename an application
     /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
-    /// them durable there and frees the records when they take this much NVRAM (at most a
-    /// quarter of the region) ...
+    /// them durable there and frees the records when they take this much NVRAM (records are
+    /// packed 8-16 to a 4 KiB frame; at most a quarter of the region) ...
     #[arg(long, value_parser = parse_size, default_value = "32M", value_name = "SIZE")]
     pub journal_size: u64,
     /// ... or when they are this many seconds old (0: only by size, at unmount, and when a

@@ -2,25 +2,34 @@
 //!
 //! Protocol (failpoint names in brackets): (1) note the committed records; (2) one `syncfs` of
 //! the lower file system - every change those records describe was applied before it started,
-//! so all are durable after it [checkpoint.synced]; (3) transactions of at most
-//! `FREE_BATCH` records free their frames [checkpoint.freed]. A crash before a record's free
-//! commits leaves it, and replay redoes a change the lower file system already has - the
-//! records are idempotent (`replay.rs`). Records committed while a checkpoint runs are not in
-//! its list and wait for the next one.
+//! so all are durable after it [checkpoint.synced]; (3) transactions of at most `FREE_BATCH`
+//! frames free the records: a frame none of whose records stays is freed (the open one too,
+//! which then closes), and in a frame that keeps records committed after (1) the freed
+//! records' slots are zeroed (M6) [checkpoint.freed]. A crash before a record's free commits
+//! leaves it, and replay redoes a change the lower file system already has - the records are
+//! idempotent (`replay.rs`). Records committed while a checkpoint runs are not in its list and
+//! wait for the next one. Records are packed in commit order, so only the frame that was open
+//! at (1) can hold both kinds: a checkpoint zeroes at most one frame's worth of slots.
 //!
 //! Triggers: the journal's size limit (checked after every operation), the interval (the
 //! daemon's clock drives `Engine::tick`), a durability call that must reach the lower file
 //! system anyway, NVRAM pressure, `nvstack flush`, unmount, and the end of recovery.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use lower::LowerFs;
+use txn::{FrameId, TxError};
 
+use super::record::{SLOT_SIZE, slot_offset};
+use super::{Pending, Place};
 use crate::engine::Engine;
-use crate::error::FsResult;
+use crate::engine::optx::OpTx;
+use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
 
-/// Records freed per transaction (a freed frame costs its descriptor's undo record).
+/// Frames freed per transaction (a freed frame costs its descriptor's undo record; the one
+/// frame whose records are zeroed instead costs at most its 4 KiB).
 const FREE_BATCH: usize = 1024;
 
 /// Why a checkpoint ran.
@@ -42,18 +51,65 @@ impl<L: LowerFs> Engine<L> {
     pub fn checkpoint(&self, _why: Why) -> FsResult<u64> {
         let _one = self.journal.checkpointing.lock();
         let now = self.lower.now();
-        let listed: Vec<(u64, txn::FrameId)> =
-            self.journal.pending.lock().records.iter().map(|(&s, &f)| (s, f)).collect();
-        if listed.is_empty() {
+        let (listed, idle): (Vec<(u64, Place)>, Vec<FrameId>) = {
+            let pending = self.journal.pending.lock();
+            let idle = pending.frames.iter().filter(|&(_, &n)| n == 0).map(|(&f, _)| f);
+            (pending.records.iter().map(|(&s, &p)| (s, p)).collect(), idle.collect())
+        };
+        if listed.is_empty() && idle.is_empty() {
             return Ok(0);
         }
-        self.syncfs_lower()?;
-        self.fail("checkpoint.synced");
-        for batch in listed.chunks(FREE_BATCH) {
-            self.atomically(|tx| batch.iter().try_for_each(|&(_, frame)| tx.free_frame(frame)))?;
+        if !listed.is_empty() {
+            self.syncfs_lower()?;
+            self.fail("checkpoint.synced");
+        }
+        let mut by_frame: BTreeMap<FrameId, Vec<(u64, Place)>> =
+            idle.into_iter().map(|f| (f, Vec::new())).collect();
+        for &(seq, place) in &listed {
+            by_frame.entry(place.frame).or_default().push((seq, place));
+        }
+        let by_frame: Vec<(FrameId, Vec<(u64, Place)>)> = by_frame.into_iter().collect();
+        let pool = &self.pool;
+        for batch in by_frame.chunks(FREE_BATCH) {
+            // Begun before the journal's lock (short: held while the batch is planned,
+            // written and committed, so no record is packed into a frame being freed).
+            let mut otx = OpTx::new(pool);
+            otx.tx();
             let mut pending = self.journal.pending.lock();
-            for (seq, _) in batch {
-                pending.records.remove(seq);
+            let freed = |frame: &FrameId, records: &[(u64, Place)], pending: &Pending| {
+                pending.frames.get(frame).is_some_and(|&n| n as usize == records.len())
+            };
+            let plan: Vec<bool> = batch.iter().map(|(f, r)| freed(f, r, &pending)).collect();
+            let written = (|| -> Result<(), TxError> {
+                let tx = otx.tx();
+                for ((frame, records), &free) in batch.iter().zip(&plan) {
+                    if free {
+                        tx.free_frame(*frame)?;
+                        continue;
+                    }
+                    for (_, p) in records {
+                        let zero = vec![0u8; p.slots * SLOT_SIZE];
+                        tx.update(slot_offset(pool, p.frame, p.slot), &zero)?;
+                    }
+                }
+                Ok(())
+            })();
+            otx.end(written.map_err(FsError::from))?;
+            for ((frame, records), &free) in batch.iter().zip(&plan) {
+                if free {
+                    pending.frames.remove(frame);
+                    self.journal.frames_held.fetch_sub(1, Ordering::Relaxed);
+                    Counters::add(&self.journal.counters.frames_freed, 1);
+                    if pending.open.is_some_and(|(f, _)| f == *frame) {
+                        pending.open = None;
+                    }
+                } else if let Some(n) = pending.frames.get_mut(frame) {
+                    *n -= u32::try_from(records.len()).expect("records per frame fit u32");
+                    Counters::add(&self.journal.counters.records_zeroed, records.len() as u64);
+                }
+                for (seq, _) in records {
+                    pending.records.remove(seq);
+                }
             }
             if !pending.records.is_empty() {
                 // Committed during the checkpoint: no older than its start.

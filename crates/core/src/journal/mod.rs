@@ -44,7 +44,7 @@ use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
 use crate::sync::{Mutex, Rank};
-use record::{KIND_REDO, Op, RECORD_SIZE, Redo};
+use record::{FRAME_SIZE, KIND_REDO, Op, Redo, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
 /// hidden from the mount.
@@ -85,8 +85,12 @@ pub struct Journal {
     config: JournalConfig,
     /// Frames the journal may hold at most (its size limit, or a quarter of the region).
     frames_max: u64,
+    /// Frames it holds now (`full` reads it without the lock).
+    frames_held: AtomicU64,
     next_seq: AtomicU64,
-    /// Committed records not yet checkpointed (rank `Journal`).
+    /// Committed records not yet checkpointed and the frames they are packed in (rank
+    /// `Journal`, after `UndoSlot`: a record is written and committed under it, its
+    /// transaction begun before, so records and the volatile view of them change together).
     pending: Mutex<Pending>,
     /// One checkpoint at a time (rank `Checkpoint`: held across its syncfs).
     checkpointing: Mutex<()>,
@@ -99,8 +103,22 @@ pub struct Journal {
 /// The committed records not yet checkpointed (see `Journal::pending`).
 #[derive(Debug, Default)]
 struct Pending {
-    /// Sequence -> frame.
-    records: BTreeMap<u64, FrameId>,
+    /// Sequence -> where its record is.
+    records: BTreeMap<u64, Place>,
+    /// Every journal frame -> its records in `records` (J1: a frame is freed when this
+    /// reaches 0; a frame found empty at mount has 0 until the recovery checkpoint frees it).
+    frames: BTreeMap<FrameId, u32>,
+    /// The frame new records are packed into, and its first free slot (J2: every slot from
+    /// there on is zero, M6). None: the next record allocates a frame.
+    open: Option<(FrameId, usize)>,
+}
+
+/// Where a record is: its frame, first slot and slot count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub frame: FrameId,
+    pub slot: usize,
+    pub slots: usize,
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +128,8 @@ struct JournalCounters {
     checkpoints: AtomicU64,
     checkpoint_ms_total: AtomicU64,
     replayed_at_mount: AtomicU64,
+    frames_freed: AtomicU64,
+    records_zeroed: AtomicU64,
 }
 
 /// `nvstack stat --json`: `journal`.
@@ -118,14 +138,20 @@ pub struct JournalStats {
     pub enabled: bool,
     /// Records in NVRAM now (committed, not yet checkpointed).
     pub records: u64,
-    /// NVRAM they take (a frame each).
+    /// NVRAM they take: the frames they are packed in (4 KiB each, 16 slots of 256 bytes).
     pub bytes: u64,
+    /// Those frames.
+    pub frames: u64,
     pub records_total: u64,
     /// Changes that could not be journaled (too large, no frame) and were marked unsynced.
     pub not_journaled: u64,
     pub checkpoints: u64,
     pub checkpoint_ms_total: u64,
     pub replayed_at_mount: u64,
+    /// Frames checkpoints freed (every record in them checkpointed).
+    pub frames_freed: u64,
+    /// Records checkpoints freed by zeroing their slots (their frame kept newer records).
+    pub records_zeroed: u64,
     /// Stores into write-protected committed NVRAM caught (journal consistency mode).
     pub trapped_writes: u64,
     pub size_max: u64,
@@ -137,11 +163,12 @@ pub struct JournalStats {
 
 impl Journal {
     pub fn new(enabled: bool, config: JournalConfig, region_frames: u64) -> Journal {
-        let by_size = config.size_max / RECORD_SIZE as u64;
+        let by_size = config.size_max / FRAME_SIZE as u64;
         Journal {
             enabled,
             config,
             frames_max: by_size.min(region_frames / 4).max(1),
+            frames_held: AtomicU64::new(0),
             next_seq: AtomicU64::new(1),
             pending: Mutex::new(Rank::Journal, Pending::default()),
             checkpointing: Mutex::new(Rank::Checkpoint, ()),
@@ -165,21 +192,25 @@ impl Journal {
 
     /// At the size limit: the next operation checkpoints.
     pub fn full(&self) -> bool {
-        self.enabled && self.len() >= self.frames_max
+        self.enabled && self.frames_held.load(Ordering::Relaxed) >= self.frames_max
     }
 
     pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let records = self.len();
+        let frames = self.frames_held.load(Ordering::Relaxed);
         JournalStats {
             enabled: self.enabled,
             records,
-            bytes: records * RECORD_SIZE as u64,
+            bytes: frames * FRAME_SIZE as u64,
+            frames,
             records_total: get(&self.counters.records_total),
             not_journaled: get(&self.counters.not_journaled),
             checkpoints: get(&self.counters.checkpoints),
             checkpoint_ms_total: get(&self.counters.checkpoint_ms_total),
             replayed_at_mount: get(&self.counters.replayed_at_mount),
+            frames_freed: get(&self.counters.frames_freed),
+            records_zeroed: get(&self.counters.records_zeroed),
             trapped_writes: group.trapped_writes,
             group,
             size_max: self.config.size_max,
@@ -223,22 +254,43 @@ impl<L: LowerFs> Engine<L> {
                 return Ok(());
             }
         };
-        redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
+        let slots = redo.slots();
         let pool = &self.pool;
-        let written = (|| -> Result<FrameId, TxError> {
+        // The transaction first (beginning may wait for an undo slot), then the journal's lock
+        // (short): the record is packed, committed and listed under it, so no other record
+        // takes its slots and a checkpoint never sees a frame with a record half written.
+        otx.tx();
+        let mut pending = self.journal.pending.lock();
+        redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
+        let open = pending.open.filter(|&(_, next)| next + slots <= SLOTS);
+        let written = (|| -> Result<Place, TxError> {
             let tx = otx.tx();
+            if let Some((frame, slot)) = open {
+                // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
+                // them zero again.
+                tx.update(slot_offset(pool, frame, slot), &redo.encode())?;
+                return Ok(Place { frame, slot, slots });
+            }
             let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 })?;
-            tx.write(pool.frame_offset(frame), &redo.encode());
-            Ok(frame)
+            // A new frame: its first record and zeros (M6); a fresh frame needs no snapshot.
+            let mut bytes = redo.encode();
+            bytes.resize(FRAME_SIZE, 0);
+            tx.write(pool.frame_offset(frame), &bytes);
+            Ok(Place { frame, slot: 0, slots })
         })();
         match written {
-            Ok(frame) => {
+            Ok(place) => {
                 otx.end(Ok(()))?;
-                let mut pending = self.journal.pending.lock();
+                if open.is_none() {
+                    pending.frames.insert(place.frame, 0);
+                    self.journal.frames_held.fetch_add(1, Ordering::Relaxed);
+                }
+                *pending.frames.get_mut(&place.frame).expect("the record's frame is listed") += 1;
+                pending.open = Some((place.frame, place.slot + slots));
                 if pending.records.is_empty() {
                     self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
                 }
-                pending.records.insert(redo.seq, frame);
+                pending.records.insert(redo.seq, place);
                 drop(pending);
                 Counters::add(&self.journal.counters.records_total, 1);
                 self.fail("journal.committed");
@@ -246,6 +298,7 @@ impl<L: LowerFs> Engine<L> {
             }
             Err(TxError::NoFrames) => {
                 let _ = otx.end::<()>(Err(FsError::Nvram(TxError::NoFrames)));
+                drop(pending);
                 Counters::add(&self.journal.counters.not_journaled, 1);
                 unjournaled();
             }

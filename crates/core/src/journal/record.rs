@@ -1,19 +1,34 @@
-//! The persistent form of the metadata journal: one *redo record* per frame, describing one
-//! namespace or attribute change of lower objects as it was applied (design.md section 13).
+//! The persistent form of the metadata journal: *redo records*, each describing one namespace
+//! or attribute change of lower objects as it was applied (design.md section 13), packed
+//! several to a frame.
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x4d4a_0001 [`KIND_REDO`] ("MJ") | one record | 0 | 0 |
+//! | 0x4d4a_0002 [`KIND_REDO`] ("MJ") | 16 slots of 256 bytes; a record is a run of slots | 0 | 0 |
 //!
-//! The byte table is [`LAYOUT`] (design.md section 13 shows it; a test keeps the two equal).
-//! Objects are named by their file handles (`LowerFs::file_handle`, with the generation: a
-//! handle never names another object), directories too; a record names the directories it
-//! changed (`dir1`, `dir2`), the names (`name1`, `name2`, or an extended attribute's name in
-//! `name2`), the object it created, moved, changed or removed (`object`, and `other` for the
-//! second object of an exchange), the attributes it set, and a payload (a symlink's target or
-//! an extended attribute's value). Invariants: **M1** every record verifies (magic, checksum,
-//! op, lengths) - anything else is damage, refused with the frame named, never replayed with a
-//! guess; **M2** sequence numbers are unique; replay runs in their order.
+//! A record is a fixed header ([`LAYOUT`]; design.md section 13.2 shows it, a test keeps the
+//! two equal), its variable fields packed after it in a fixed order, zero padding, and an
+//! XXH3-64 in the last 8 bytes of its run of slots. Creations reserve room for `other` (the
+//! handle replay notes when it makes the object again, M5), so that note always fits the
+//! record's slots. Objects are named by their file handles (`LowerFs::file_handle`, with the
+//! generation: a handle never names another object), directories too; a record names the
+//! directories it changed (`dir1`, `dir2`), the names (`name1`, `name2`, or an extended
+//! attribute's name in `name2`), the object it created, moved, changed or removed (`object`,
+//! and `other` for the second object of an exchange), the attributes it set, and a payload (a
+//! symlink's target or an extended attribute's value).
+//!
+//! Invariants: **M1** every record verifies (magic, slot count, checksum, op, lengths, zero
+//! bytes) - anything else is damage, refused with the frame and slot named, never replayed
+//! with a guess; **M2** sequence numbers are unique; replay runs in their order; **M6** a slot
+//! of a journal frame is either part of a record or all zero (a frame is zeroed when it is
+//! allocated, and a record is zeroed when it is freed while others share its frame), so a
+//! frame reads as its records, with nothing stale between them.
+//!
+//! Why packed: a record takes 120-400 bytes for the common changes (a create with two
+//! handles and a name, a setattr with one handle). One 4 KiB frame each made the journal's
+//! NVRAM budget (a quarter of the region at most) fill after a few thousand changes, and a
+//! full journal checkpoints inside the request that filled it; packed, the same NVRAM holds
+//! 10-30 times as many.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -21,26 +36,28 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
-pub const KIND_REDO: u32 = 0x4d4a_0001;
+/// The frame kind of packed journal frames.
+pub const KIND_REDO: u32 = 0x4d4a_0002;
+/// The one-record-per-frame format of earlier versions: refused with a clear error (its
+/// records are not replayed by this version, and ignoring them would lose changes).
+pub const KIND_REDO_V1: u32 = 0x4d4a_0001;
 
-pub const RECORD_SIZE: usize = 4096;
-const MAGIC: &[u8; 8] = b"NVSMJR01";
+pub const FRAME_SIZE: usize = 4096;
+/// The unit of allocation inside a journal frame.
+pub const SLOT_SIZE: usize = 256;
+pub const SLOTS: usize = FRAME_SIZE / SLOT_SIZE;
+const MAGIC: &[u8; 8] = b"NVSMJR02";
 pub const MAX_HANDLE: usize = lower::MAX_DIR_HANDLE;
 pub const MAX_NAME: usize = 255;
-/// Largest payload (symlink target, xattr value) a record holds; larger changes are not
-/// journaled (they are synced in the lower file system instead).
-pub const MAX_PAYLOAD: usize = SUM_OFF - 8 - PAYLOAD_OFF;
+/// The fixed header; the variable fields follow it.
+pub const HEADER: usize = 96;
+const SUM: usize = 8;
+/// Largest payload (symlink target, xattr value) a record holds: a whole frame with every
+/// other field at its largest. Larger changes are not journaled (they are synced in the lower
+/// file system instead).
+pub const MAX_PAYLOAD: usize = FRAME_SIZE - HEADER - 4 * MAX_HANDLE - 2 * MAX_NAME - SUM;
 
-const DIR1_OFF: usize = 96;
-const DIR2_OFF: usize = DIR1_OFF + MAX_HANDLE;
-const OBJECT_OFF: usize = DIR2_OFF + MAX_HANDLE;
-const OTHER_OFF: usize = OBJECT_OFF + MAX_HANDLE;
-const NAME1_OFF: usize = OTHER_OFF + MAX_HANDLE;
-const NAME2_OFF: usize = NAME1_OFF + MAX_NAME;
-const PAYLOAD_OFF: usize = NAME2_OFF + MAX_NAME + 2;
-const SUM_OFF: usize = RECORD_SIZE - 8;
-
-/// The record's byte table.
+/// The record header's byte table (the variable fields and the checksum follow: design.md).
 pub const LAYOUT: &[nvram::layout::Field] = &[
     (0, 8, "magic"),
     (8, 8, "sequence"),
@@ -59,22 +76,14 @@ pub const LAYOUT: &[nvram::layout::Field] = &[
     (80, 2, "name1 length"),
     (82, 2, "name2 length"),
     (84, 4, "payload length"),
-    (88, 8, "zero"),
-    (DIR1_OFF, MAX_HANDLE, "dir1"),
-    (DIR2_OFF, MAX_HANDLE, "dir2"),
-    (OBJECT_OFF, MAX_HANDLE, "object"),
-    (OTHER_OFF, MAX_HANDLE, "other"),
-    (NAME1_OFF, MAX_NAME, "name1"),
-    (NAME2_OFF, MAX_NAME, "name2"),
-    (NAME2_OFF + MAX_NAME, 2, "zero"),
-    (PAYLOAD_OFF, MAX_PAYLOAD, "payload"),
-    (PAYLOAD_OFF + MAX_PAYLOAD, 8, "zero"),
-    (SUM_OFF, 8, "xxh3-64"),
+    (88, 1, "slots"),
+    (89, 7, "zero"),
 ];
 
 const _: () = {
-    assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "redo record table");
-    assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
+    assert!(nvram::layout::contiguous(LAYOUT, HEADER), "redo record header table");
+    assert!(FRAME_SIZE <= nvram::layout::FRAME_SIZE as usize, "a frame of slots fits its frame");
+    assert!(FRAME_SIZE % SLOT_SIZE == 0 && SLOTS <= u8::MAX as usize, "whole slots");
 };
 
 /// What a record says was done.
@@ -156,7 +165,7 @@ impl Redo {
         Redo { op: Some(op), ..Redo::default() }
     }
 
-    /// True when the change fits a record (handles, names, payload within their fields).
+    /// True when the change fits a record (handles, names, payload within their limits).
     pub fn fits(&self) -> bool {
         [&self.dir1, &self.dir2, &self.object, &self.other].iter().all(|h| h.len() <= MAX_HANDLE)
             && self.name1.len() <= MAX_NAME
@@ -168,10 +177,42 @@ impl Redo {
         self.op.expect("a record has an op")
     }
 
-    #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
+    fn fields(&self) -> [&[u8]; 7] {
+        [
+            &self.dir1,
+            &self.dir2,
+            &self.object,
+            &self.other,
+            self.name1.as_bytes(),
+            self.name2.as_bytes(),
+            &self.payload,
+        ]
+    }
+
+    /// The slots this record takes: its header, fields and checksum, with room for a full
+    /// `other` handle in a creation (M5's note is written into the same slots).
+    pub fn slots(&self) -> usize {
+        let other_room = if is_creation(self.op()) { MAX_HANDLE } else { self.other.len() };
+        let body: usize = self.fields().iter().map(|f| f.len()).sum::<usize>() - self.other.len();
+        (HEADER + body + other_room + SUM).div_ceil(SLOT_SIZE)
+    }
+
+    /// The record in exactly `slots()` slots.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_in(self.slots())
+    }
+
+    /// The record in `slots` slots (at least `slots()`; a rewrite keeps its record's slots).
+    #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
+    pub fn encode_in(&self, slots: usize) -> Vec<u8> {
         assert!(self.fits(), "journal record fields too long");
-        let mut b = vec![0u8; RECORD_SIZE];
+        assert!(
+            (self.slots()..=SLOTS).contains(&slots),
+            "a record of {} slots encoded in {slots}",
+            self.slots()
+        );
+        let len = slots * SLOT_SIZE;
+        let mut b = vec![0u8; len];
         b[..8].copy_from_slice(MAGIC);
         put_u64(&mut b, 8, self.seq);
         b[16..18].copy_from_slice(&(self.op() as u16).to_le_bytes());
@@ -184,46 +225,68 @@ impl Redo {
             put_u64(&mut b, off, t.0 as u64);
             put_u32(&mut b, off + 8, t.1);
         }
-        let fields: [(&[u8], usize, usize); 6] = [
-            (&self.dir1, 72, DIR1_OFF),
-            (&self.dir2, 74, DIR2_OFF),
-            (&self.object, 76, OBJECT_OFF),
-            (&self.other, 78, OTHER_OFF),
-            (self.name1.as_bytes(), 80, NAME1_OFF),
-            (self.name2.as_bytes(), 82, NAME2_OFF),
-        ];
-        for (bytes, len_off, off) in fields {
-            b[len_off..len_off + 2].copy_from_slice(&(bytes.len() as u16).to_le_bytes());
-            b[off..off + bytes.len()].copy_from_slice(bytes);
+        let mut at = HEADER;
+        for (i, field) in self.fields().into_iter().enumerate() {
+            if i < 6 {
+                b[72 + 2 * i..74 + 2 * i].copy_from_slice(&(field.len() as u16).to_le_bytes());
+            } else {
+                put_u32(&mut b, 84, field.len() as u32);
+            }
+            b[at..at + field.len()].copy_from_slice(field);
+            at += field.len();
         }
-        put_u32(&mut b, 84, self.payload.len() as u32);
-        b[PAYLOAD_OFF..PAYLOAD_OFF + self.payload.len()].copy_from_slice(&self.payload);
-        let sum = checksum(&[&b[..SUM_OFF]]);
-        put_u64(&mut b, SUM_OFF, sum);
+        b[88] = slots as u8;
+        let sum = checksum(&[&b[..len - SUM]]);
+        put_u64(&mut b, len - SUM, sum);
         b
     }
 
-    /// Decodes and verifies a record (M1); the error says what is wrong.
+    /// Decodes and verifies the record at the start of `b` (a slot boundary up to the end of
+    /// its frame; M1); returns it with the slots it takes. The error says what is wrong.
     #[allow(clippy::cast_possible_wrap)] // times: two's complement round trip with encode
-    pub fn decode(b: &[u8]) -> Result<Redo, &'static str> {
-        if b.len() < RECORD_SIZE || &b[..8] != MAGIC {
+    pub fn decode(b: &[u8]) -> Result<(Redo, usize), &'static str> {
+        if b.len() < SLOT_SIZE || &b[..8] != MAGIC {
             return Err("journal record without its magic");
         }
-        if checksum(&[&b[..SUM_OFF]]) != get_u64(b, SUM_OFF) {
+        let slots = usize::from(b[88]);
+        if slots == 0 || slots * SLOT_SIZE > b.len() {
+            return Err("journal record with a slot count past its frame");
+        }
+        let len = slots * SLOT_SIZE;
+        if checksum(&[&b[..len - SUM]]) != get_u64(b, len - SUM) {
             return Err("journal record checksum mismatch");
+        }
+        if b[89..HEADER].iter().any(|&x| x != 0) {
+            return Err("journal record with nonzero reserved header bytes");
         }
         let u16_at = |off: usize| usize::from(u16::from_le_bytes([b[off], b[off + 1]]));
         let op = Op::from_u16(u16_at(16) as u16).ok_or("journal record with an unknown op")?;
-        let field = |len_off: usize, off: usize, max: usize| {
-            let len = u16_at(len_off);
-            (len <= max).then(|| b[off..off + len].to_vec()).ok_or("journal record field too long")
-        };
-        let payload_len = get_u32(b, 84) as usize;
-        if payload_len > MAX_PAYLOAD {
-            return Err("journal record payload too long");
+        let lens = [
+            (u16_at(72), MAX_HANDLE),
+            (u16_at(74), MAX_HANDLE),
+            (u16_at(76), MAX_HANDLE),
+            (u16_at(78), MAX_HANDLE),
+            (u16_at(80), MAX_NAME),
+            (u16_at(82), MAX_NAME),
+            (get_u32(b, 84) as usize, MAX_PAYLOAD),
+        ];
+        if lens.iter().any(|&(len, max)| len > max) {
+            return Err("journal record field too long");
         }
+        let end = HEADER + lens.iter().map(|&(l, _)| l).sum::<usize>();
+        if end > len - SUM {
+            return Err("journal record fields past its slots");
+        }
+        if b[end..len - SUM].iter().any(|&x| x != 0) {
+            return Err("journal record with nonzero padding");
+        }
+        let mut at = HEADER;
+        let mut next = |n: usize| {
+            at += n;
+            b[at - n..at].to_vec()
+        };
         let time = |off: usize| (get_u64(b, off) as i64, get_u32(b, off + 8));
-        Ok(Redo {
+        let redo = Redo {
             seq: get_u64(b, 8),
             op: Some(op),
             flags: u16_at(18) as u16,
@@ -233,14 +296,18 @@ impl Redo {
             rdev: get_u64(b, 32),
             atime: time(40),
             mtime: time(56),
-            dir1: field(72, DIR1_OFF, MAX_HANDLE)?,
-            dir2: field(74, DIR2_OFF, MAX_HANDLE)?,
-            object: field(76, OBJECT_OFF, MAX_HANDLE)?,
-            other: field(78, OTHER_OFF, MAX_HANDLE)?,
-            name1: OsString::from_vec(field(80, NAME1_OFF, MAX_NAME)?),
-            name2: OsString::from_vec(field(82, NAME2_OFF, MAX_NAME)?),
-            payload: b[PAYLOAD_OFF..PAYLOAD_OFF + payload_len].to_vec(),
-        })
+            dir1: next(lens[0].0),
+            dir2: next(lens[1].0),
+            object: next(lens[2].0),
+            other: next(lens[3].0),
+            name1: OsString::from_vec(next(lens[4].0)),
+            name2: OsString::from_vec(next(lens[5].0)),
+            payload: next(lens[6].0),
+        };
+        if redo.slots() > slots {
+            return Err("journal record in fewer slots than it needs");
+        }
+        Ok((redo, slots))
     }
 
     pub fn name1(&self) -> &OsStr {
@@ -252,42 +319,90 @@ impl Redo {
     }
 }
 
+/// A creation: the record that names an object made again by replay (M5, in `other`).
+pub fn is_creation(op: Op) -> bool {
+    matches!(op, Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
+}
+
 /// One record found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]
 pub struct Found {
     pub frame: txn::FrameId,
+    /// Its first slot, and the slots it takes.
+    pub slot: usize,
+    pub slots: usize,
     pub redo: Redo,
 }
 
-/// Reads every journal record of the region (after recovery rolled back unfinished
-/// transactions), checks M1 and M2, and returns them in sequence order. Damage is reported
-/// with the frame named.
-pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
-    let mut found = Vec::new();
+/// The journal's frames as found in the region.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every record, in sequence order.
+    pub records: Vec<Found>,
+    /// Every journal frame, records or not (a frame whose records were all freed while it
+    /// took new ones stays allocated, empty, until a checkpoint frees it).
+    pub frames: Vec<txn::FrameId>,
+}
+
+/// Reads every journal frame of the region (after recovery rolled back unfinished
+/// transactions), checks M1, M2 and M6, and returns the records in sequence order. Damage is
+/// reported with the frame and slot named.
+pub fn scan_frames(pool: &txn::Pool) -> Result<Scan, nvram::Error> {
+    let mut scan = Scan::default();
     for (frame, tag) in pool.allocated_frames()? {
+        if tag.kind == KIND_REDO_V1 {
+            return Err(nvram::Error::corrupt(
+                nvram::Area::Frame(frame.0),
+                "a metadata-journal record of the earlier one-record-per-frame format: mount \
+                 the region with the nvstack version that wrote it (it replays and frees its \
+                 records at mount and unmount), then with this one",
+            ));
+        }
         if tag.kind != KIND_REDO {
             continue;
         }
-        let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
-        let redo =
-            Redo::decode(&pool.read_vec(pool.frame_offset(frame), RECORD_SIZE)).map_err(corrupt)?;
-        found.push(Found { frame, redo });
+        scan.frames.push(frame);
+        let b = pool.read_vec(pool.frame_offset(frame), FRAME_SIZE);
+        let mut slot = 0;
+        while slot < SLOTS {
+            let at = &b[slot * SLOT_SIZE..];
+            if at[..SLOT_SIZE].iter().all(|&x| x == 0) {
+                slot += 1; // M6: free
+                continue;
+            }
+            let (redo, slots) = Redo::decode(at).map_err(|what| {
+                nvram::Error::corrupt(nvram::Area::Frame(frame.0), format!("slot {slot}: {what}"))
+            })?;
+            scan.records.push(Found { frame, slot, slots, redo });
+            slot += slots;
+        }
     }
-    found.sort_by_key(|f| f.redo.seq);
-    if let Some(w) = found.windows(2).find(|w| w[0].redo.seq == w[1].redo.seq) {
+    scan.records.sort_by_key(|f| f.redo.seq);
+    if let Some(w) = scan.records.windows(2).find(|w| w[0].redo.seq == w[1].redo.seq) {
         return Err(nvram::Error::corrupt(
             nvram::Area::Frame(w[1].frame.0),
-            "two journal records with one sequence number (M2)",
+            format!("slot {}: two journal records with one sequence number (M2)", w[1].slot),
         ));
     }
-    Ok(found)
+    Ok(scan)
+}
+
+/// The records of [`scan_frames`].
+pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
+    Ok(scan_frames(pool)?.records)
+}
+
+/// The region offset of `slot` of journal frame `frame`.
+pub fn slot_offset(pool: &txn::Pool, frame: txn::FrameId, slot: usize) -> u64 {
+    pool.frame_offset(frame) + (slot * SLOT_SIZE) as u64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> Redo {
+    /// Every field at its largest: a whole frame.
+    fn largest() -> Redo {
         Redo {
             seq: 77,
             op: Some(Op::Rename),
@@ -299,38 +414,102 @@ mod tests {
             atime: (1_700_000_000, 5),
             mtime: (-3, 999_999_999),
             dir1: vec![1; MAX_HANDLE],
-            dir2: vec![2; 16],
-            object: vec![3; 16],
-            other: vec![4; 8],
+            dir2: vec![2; MAX_HANDLE],
+            object: vec![3; MAX_HANDLE],
+            other: vec![4; MAX_HANDLE],
             name1: OsString::from("a".repeat(MAX_NAME)),
-            name2: OsString::from("b"),
+            name2: OsString::from("b".repeat(MAX_NAME)),
             payload: vec![9; MAX_PAYLOAD],
         }
     }
 
-    #[test]
-    fn round_trips() {
-        for v in 1..=11 {
-            let r = Redo { op: Op::from_u16(v), ..sample() };
-            assert_eq!(Redo::decode(&r.encode()).unwrap(), r, "op {v}");
+    /// What ext4 gives: 8-byte handles plus the 8-byte type and length header.
+    fn create() -> Redo {
+        Redo {
+            seq: 5,
+            mode: 0o100_644,
+            dir1: vec![7; 16],
+            object: vec![8; 16],
+            name1: OsString::from("file-000123.c"),
+            ..Redo::new(Op::Create)
         }
-        let small = Redo { payload: Vec::new(), name1: OsString::from("x"), ..sample() };
-        assert_eq!(Redo::decode(&small.encode()).unwrap(), small);
     }
 
     #[test]
-    fn bit_flips_are_detected() {
-        let b = sample().encode();
-        for byte in 0..RECORD_SIZE {
-            let mut bad = b.clone();
-            bad[byte] ^= 0x10;
-            assert!(Redo::decode(&bad).is_err(), "byte {byte}");
+    fn round_trips_in_their_slots() {
+        for v in 1..=11 {
+            let r = Redo { op: Op::from_u16(v), ..largest() };
+            let bytes = r.encode();
+            assert_eq!(bytes.len(), SLOTS * SLOT_SIZE, "op {v}: the largest record is a frame");
+            assert_eq!(Redo::decode(&bytes).unwrap(), (r, SLOTS), "op {v}");
         }
+        let c = create();
+        assert_eq!(Redo::decode(&c.encode()).unwrap(), (c.clone(), c.slots()));
+        // A record in more slots than it needs (a rewrite keeps its slots) reads the same.
+        assert_eq!(Redo::decode(&c.encode_in(5)).unwrap(), (c, 5));
+    }
+
+    #[test]
+    fn common_changes_pack_many_to_a_frame() {
+        // A create reserves a full `other` for M5: 96 + 16 + 16 + 13 + 132 + 8 = 281 bytes.
+        assert_eq!(create().slots(), 2);
+        let setattr = Redo { object: vec![8; 16], ..Redo::new(Op::Setattr) };
+        assert_eq!(setattr.slots(), 1);
+        let unlink = Redo { object: vec![8; 16], ..create() };
+        let unlink = Redo { op: Some(Op::Unlink), ..unlink };
+        assert_eq!(unlink.slots(), 1, "a removal needs no room for `other`");
+    }
+
+    #[test]
+    fn the_note_of_an_object_made_again_fits_the_creation_record() {
+        let c = create();
+        let noted = Redo { other: vec![6; MAX_HANDLE], ..c.clone() };
+        let bytes = noted.encode_in(c.slots());
+        assert_eq!(Redo::decode(&bytes).unwrap(), (noted, c.slots()));
+    }
+
+    #[test]
+    fn every_bit_flip_of_a_record_is_refused() {
+        for r in [largest(), create()] {
+            let b = r.encode();
+            for byte in 0..b.len() {
+                let mut bad = b.clone();
+                bad[byte] ^= 0x10;
+                assert!(Redo::decode(&bad).is_err(), "byte {byte} of a {}-slot record", r.slots());
+            }
+        }
+    }
+
+    #[test]
+    fn damage_that_keeps_the_checksum_is_still_refused() {
+        let reseal = |mut b: Vec<u8>| {
+            let n = b.len();
+            let sum = checksum(&[&b[..n - SUM]]);
+            put_u64(&mut b, n - SUM, sum);
+            b
+        };
+        let c = create();
+        let mut padded = c.encode_in(3);
+        padded[HEADER + 60] = 1;
+        assert_eq!(Redo::decode(&reseal(padded)), Err("journal record with nonzero padding"));
+        let mut header = c.encode();
+        header[90] = 1;
+        assert!(Redo::decode(&reseal(header)).unwrap_err().contains("reserved"));
+        let mut long = c.encode();
+        long[88] = (SLOTS + 1) as u8;
+        let mut frame = long.clone();
+        frame.resize(FRAME_SIZE, 0);
+        assert!(Redo::decode(&frame).unwrap_err().contains("past its frame"));
+        let mut short = Redo { other: vec![6; MAX_HANDLE], ..c }.encode_in(2);
+        short[88] = 1;
+        assert!(Redo::decode(&short).is_err(), "a record must not claim fewer slots");
     }
 
     #[test]
     fn oversized_changes_do_not_fit() {
-        let r = Redo { payload: vec![0; MAX_PAYLOAD + 1], ..sample() };
+        let r = Redo { payload: vec![0; MAX_PAYLOAD + 1], ..largest() };
+        assert!(!r.fits());
+        let r = Redo { name1: OsString::from("n".repeat(MAX_NAME + 1)), ..create() };
         assert!(!r.fits());
     }
 }

@@ -28,8 +28,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
-use txn::{FrameId, Tx, TxError};
+use txn::{Tx, TxError};
 
+use super::Place;
 use super::record::{self, Op, Redo};
 use crate::engine::Engine;
 use crate::engine::start::StartError;
@@ -40,13 +41,17 @@ impl<L: LowerFs> Engine<L> {
     /// See the module docs. Runs first at start, before the overlay and the page cache are
     /// rebuilt from records that may name recreated objects.
     pub(crate) fn replay_journal(&self, marker: u64) -> Result<(), StartError> {
-        let found = record::scan(&self.pool)?;
+        let scan = record::scan_frames(&self.pool)?;
+        let found = scan.records;
         let next = found.last().map_or(1, |f| f.redo.seq + 1).max(marker + 1);
         self.journal.next_seq.store(next, Ordering::Relaxed);
-        if found.is_empty() {
+        if scan.frames.is_empty() {
             return Ok(());
         }
-        let records: Vec<(FrameId, Redo)> = found.into_iter().map(|f| (f.frame, f.redo)).collect();
+        let records: Vec<(Place, Redo)> = found
+            .into_iter()
+            .map(|f| (Place { frame: f.frame, slot: f.slot, slots: f.slots }, f.redo))
+            .collect();
         // Objects made again by this replay or an interrupted one: the record that created the
         // object names its old handle in `object` and the one it was made again with in
         // `other` (unused by creations otherwise). Records are redone with handles resolved
@@ -57,17 +62,18 @@ impl<L: LowerFs> Engine<L> {
             .filter(|(_, r)| is_creation(r) && !r.other.is_empty())
             .map(|(_, r)| (r.object.clone(), r.other.clone()))
             .collect();
-        for (frame, redo) in &records {
+        for (place, redo) in &records {
             if redo.seq <= marker {
                 continue; // M3: the lower file system has it
             }
-            let fail = |error: FsError| StartError::Replay { seq: redo.seq, frame: frame.0, error };
+            let fail =
+                |error: FsError| StartError::Replay { seq: redo.seq, frame: place.frame.0, error };
             let resolved = resolve(redo, &remade);
             if let Some(new) = self.redo(&resolved).map_err(fail)? {
                 // M5: the region names the object made again before it moves to its name, so
                 // a crash after that finds it (or makes it again if the lower file system lost
                 // it) instead of making a second one.
-                self.note_remade(*frame, redo, &new).map_err(fail)?;
+                self.note_remade(*place, redo, &new).map_err(fail)?;
                 // W1 (journal mode): that note is durable before the rename.
                 self.group_commit();
                 self.fail("replay.remade");
@@ -93,10 +99,17 @@ impl<L: LowerFs> Engine<L> {
             self.group_commit();
         }
         {
+            // Every frame is listed (one found empty too: the recovery checkpoint frees it);
+            // new records go to a new frame.
             let mut pending = self.journal.pending.lock();
-            for (frame, redo) in &records {
-                pending.records.insert(redo.seq, *frame);
+            for &frame in &scan.frames {
+                pending.frames.insert(frame, 0);
             }
+            for (place, redo) in &records {
+                pending.records.insert(redo.seq, *place);
+                *pending.frames.get_mut(&place.frame).expect("a record's frame is scanned") += 1;
+            }
+            self.journal.frames_held.store(scan.frames.len() as u64, Ordering::Relaxed);
         }
         self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
         Ok(())
@@ -240,10 +253,11 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Stores the handle an object was made again with in the record that created it (M5).
-    fn note_remade(&self, frame: FrameId, redo: &Redo, new: &[u8]) -> FsResult<()> {
-        let off = self.pool.frame_offset(frame);
-        let before = redo.encode();
-        let after = Redo { other: new.to_vec(), ..redo.clone() }.encode();
+    fn note_remade(&self, place: Place, redo: &Redo, new: &[u8]) -> FsResult<()> {
+        let off = record::slot_offset(&self.pool, place.frame, place.slot);
+        // In the record's own slots: a creation reserves room for a full handle in `other`.
+        let before = redo.encode_in(place.slots);
+        let after = Redo { other: new.to_vec(), ..redo.clone() }.encode_in(place.slots);
         self.atomically(|tx| rewrite(tx, off, &before, &after))
     }
 
@@ -303,7 +317,7 @@ impl<L: LowerFs> Engine<L> {
 }
 
 fn is_creation(r: &Redo) -> bool {
-    matches!(r.op(), Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
+    record::is_creation(r.op())
 }
 
 /// The record with every handle of an object made again replaced by its new one (a creation
