@@ -30,13 +30,15 @@ def grouped_bars(path: Path, title: str, groups: list[str], series: list[str],
     """mean[(series, group)] -> bar height; improvements[(series, group)] -> percent."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.5 * len(groups) * len(series)), 4.2))
     width = 0.8 / max(1, len(series))
-    cmap = plt.get_cmap("tab10")
+    # a color per configuration: tab10 repeats after ten, so the thesis' 11-12 take tab20
+    ncolors = 10 if len(series) <= 10 else 20
+    cmap = plt.get_cmap("tab10" if ncolors == 10 else "tab20")
     for i, s in enumerate(series):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         ys = [mean.get((s, grp), 0.0) for grp in groups]
         es = [std.get((s, grp), 0.0) for grp in groups]
-        ax.bar(xs, ys, width, yerr=es, capsize=2, label=labels.get(s, s), color=cmap(i % 10),
-               edgecolor="black", linewidth=0.4)
+        ax.bar(xs, ys, width, yerr=es, capsize=2, label=labels.get(s, s),
+               color=cmap(i % ncolors), edgecolor="black", linewidth=0.4)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=0 if len(groups) < 6 else 30)
     ax.set_ylabel(ylabel)
@@ -51,13 +53,16 @@ def grouped_bars(path: Path, title: str, groups: list[str], series: list[str],
             pts = [(g + off, improvements[(s, grp)]) for g, grp in enumerate(groups)
                    if improvements.get((s, grp)) is not None]
             if pts:
-                ax2.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=cmap(i % 10),
+                # a black edge: a point that falls on its own bar stays visible
+                ax2.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                         color=cmap(i % ncolors), markeredgecolor="black",
                          linestyle="-" if len(pts) > 1 else "none", linewidth=1)
         ax2.axhline(0, color="grey", linewidth=0.5, linestyle=":")
         ax2.set_ylabel(f"improvement over {labels.get(baseline, baseline)} (%)")
-    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0))
+    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.2, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # the legend sits outside the axes: the saved area grows to hold it and the title
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
