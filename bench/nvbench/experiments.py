@@ -397,20 +397,21 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                "tx x scale, memory M = 1 GiB x scale, the thesis machine's write-back thresholds",
                THESIS_FS, [("postmark", "thesis-2m")], baseline="ext2", reps=1,
                memory="51M", scale=0.05, device="hdd-7200", disk="8G", kernel_dirty=(10, 40),
-               estimate="~1 h at scale 0.05 (11 configurations x 1 rep)",
+               estimate="hours at scale 0.05 (ext2 alone wrote 2.3 GB in its first 3 min, "
+               "~15 min a run estimated); measured at --scale 0.005 --memory 36M",
                notes=THESIS_FIGURE_NOTES),
     Experiment("thesis-bonnie", "thesis Figs 4.1/4.7/4.13/4.16: Bonnie++ char write, block "
                "write, rewrite; file = 2 x M, M = 1 GiB x scale, the thesis machine's "
                "write-back thresholds", THESIS_FS, [("bonnie", "thesis")],
                baseline="ext2", reps=3, memory="128M", device="hdd-7200", disk="8G",
-               kernel_dirty=(10, 40), estimate="~35 min (11 configurations x 3 reps, ~1 min "
-               "a run at M = 128 MiB)", notes=THESIS_FIGURE_NOTES),
+               kernel_dirty=(10, 40), estimate="27 min measured (33 runs, 28-83 s each at M = "
+               "128 MiB)", notes=THESIS_FIGURE_NOTES),
     Experiment("thesis-untar", "thesis Figs 4.2/4.8/4.14/4.17: untar of Linux 6.1 fs/ + net/ "
                "(71 MB) with M = 256 MiB, the thesis' tree-to-memory ratio (its 2.6.12 tree, "
                "~230 MB, on 1 GiB), the thesis machine's write-back thresholds",
                THESIS_FS, [("untar", "linux-fs-net")], baseline="ext2", reps=3,
                memory="256M", device="hdd-7200", disk="8G", kernel_dirty=(10, 40),
-               estimate="~15 min (11 configurations x 3 reps; needs bench/install.sh "
+               estimate="5 min measured (33 runs; needs bench/install.sh "
                         "--with-linux-source)", notes=THESIS_FIGURE_NOTES),
     Experiment("tempffs-postmark", "TempFFS acceptance (issue 4; thesis Figs 4.3-4.6, TempFFS "
                "paper Figs 3-6): Postmark 512 B-10 KB, 5k/10k/20k/30k files and 200k "
