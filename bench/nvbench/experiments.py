@@ -66,6 +66,16 @@ THESIS_FIGURE_NOTES = [
     "the command returns; ext2 is not.",
 ]
 
+def _thesis_figure(name: str, description: str, workload: tuple[str, str], reps: int,
+                   memory: str, estimate: str, scale: float = 1.0) -> "Experiment":
+    """One of the thesis' figure experiments on the thesis matrix's machine (hdd-7200, an
+    8 GiB image, the thesis kernel's write-back thresholds, Table 4.2's configurations)."""
+    return Experiment(name, description + ", the thesis machine's write-back thresholds",
+                      THESIS_FS, [workload], baseline="ext2", reps=reps, memory=memory,
+                      scale=scale, device="hdd-7200", disk="8G", kernel_dirty=(10, 40),
+                      estimate=estimate, notes=THESIS_FIGURE_NOTES)
+
+
 # The FUSE tax (issue: benchmark item). Same lower ext4 (fresh loop image per run) for all.
 FUSE_TAX_FS = ["ext4", "passthrough_hp", "passthrough_hp-wt", "nvstack-none"]
 FUSE_TAX_WORKLOADS = [("postmark", "fuse-tax"), ("fio", "tax-seq-write"),
@@ -393,26 +403,20 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                estimate="~70 min at scale 0.1 (20 configurations x 3 reps; ext2 ~6 s, "
                         "ext4-journal ~45 s, nvstack ~60-80 s per run)",
                notes=THESIS_MATRIX_NOTES),
-    Experiment("thesis-postmark-2m", "thesis Fig 4.19: Postmark 512 B-2 MB, 25k files, 200k "
-               "tx x scale, memory M = 1 GiB x scale, the thesis machine's write-back thresholds",
-               THESIS_FS, [("postmark", "thesis-2m")], baseline="ext2", reps=1,
-               memory="51M", scale=0.05, device="hdd-7200", disk="8G", kernel_dirty=(10, 40),
-               estimate="hours at scale 0.05 (ext2 alone wrote 2.3 GB in its first 3 min, "
-               "~15 min a run estimated); measured at --scale 0.005 --memory 36M",
-               notes=THESIS_FIGURE_NOTES),
-    Experiment("thesis-bonnie", "thesis Figs 4.1/4.7/4.13/4.16: Bonnie++ char write, block "
-               "write, rewrite; file = 2 x M, M = 1 GiB x scale, the thesis machine's "
-               "write-back thresholds", THESIS_FS, [("bonnie", "thesis")],
-               baseline="ext2", reps=3, memory="128M", device="hdd-7200", disk="8G",
-               kernel_dirty=(10, 40), estimate="27 min measured (33 runs, 28-83 s each at M = "
-               "128 MiB)", notes=THESIS_FIGURE_NOTES),
-    Experiment("thesis-untar", "thesis Figs 4.2/4.8/4.14/4.17: untar of Linux 6.1 fs/ + net/ "
-               "(71 MB) with M = 256 MiB, the thesis' tree-to-memory ratio (its 2.6.12 tree, "
-               "~230 MB, on 1 GiB), the thesis machine's write-back thresholds",
-               THESIS_FS, [("untar", "linux-fs-net")], baseline="ext2", reps=3,
-               memory="256M", device="hdd-7200", disk="8G", kernel_dirty=(10, 40),
-               estimate="5 min measured (33 runs; needs bench/install.sh "
-                        "--with-linux-source)", notes=THESIS_FIGURE_NOTES),
+    _thesis_figure("thesis-postmark-2m", "thesis Fig 4.19: Postmark 512 B-2 MB, 25k files, "
+                   "200k tx x scale, memory M = 1 GiB x scale", ("postmark", "thesis-2m"),
+                   reps=1, memory="51M", scale=0.05,
+                   estimate="hours at scale 0.05 (ext2 alone wrote 2.3 GB in its first 3 min, "
+                   "~15 min a run estimated); measured at --scale 0.005 --memory 36M"),
+    _thesis_figure("thesis-bonnie", "thesis Figs 4.1/4.7/4.13/4.16: Bonnie++ char write, "
+                   "block write, rewrite; file = 2 x M, M = 1 GiB x scale",
+                   ("bonnie", "thesis"), reps=3, memory="128M",
+                   estimate="27 min measured (33 runs, 28-83 s each at M = 128 MiB)"),
+    _thesis_figure("thesis-untar", "thesis Figs 4.2/4.8/4.14/4.17: untar of Linux 6.1 fs/ + "
+                   "net/ (71 MB) with M = 256 MiB, the thesis' tree-to-memory ratio (its 2.6.12 "
+                   "tree, ~230 MB, on 1 GiB)", ("untar", "linux-fs-net"), reps=3,
+                   memory="256M", estimate="5 min measured (33 runs; needs bench/install.sh "
+                   "--with-linux-source)"),
     Experiment("tempffs-postmark", "TempFFS acceptance (issue 4; thesis Figs 4.3-4.6, TempFFS "
                "paper Figs 3-6): Postmark 512 B-10 KB, 5k/10k/20k/30k files and 200k "
                "transactions x scale, on ext2 and on nvstack (undo) over ext2 with tempfiles "
