@@ -407,7 +407,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                    "200k tx x scale, memory M = 1 GiB x scale", ("postmark", "thesis-2m"),
                    reps=1, memory="51M", scale=0.05,
                    estimate="hours at scale 0.05 (ext2 alone wrote 2.3 GB in its first 3 min, "
-                   "~15 min a run estimated); measured at --scale 0.005 --memory 36M"),
+                   "~15 min a run estimated); measured at --scale 0.005 (18 min, 11 runs; at "
+                   "--memory 36M the TempFFS+WB daemons were OOM-killed by the cgroup)"),
     _thesis_figure("thesis-bonnie", "thesis Figs 4.1/4.7/4.13/4.16: Bonnie++ char write, "
                    "block write, rewrite; file = 2 x M, M = 1 GiB x scale",
                    ("bonnie", "thesis"), reps=3, memory="128M",

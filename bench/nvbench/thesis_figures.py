@@ -41,6 +41,9 @@ MATRIX_ROWS = [
     ("nvstack-ext2-tempffs-wb-trans", "TempFFS_WB_Trans", 2),
 ]
 TRANS_ROWS = ("ext4-journal", "ext4-journal-ram", "nvstack-ext2-trans")
+# Bonnie++'s metrics by the thesis' names for its tests
+BONNIE_TESTS = {"put_char_kBps": "char write", "put_block_kBps": "block write",
+                "rewrite_kBps": "rewrite"}
 ACCOUNTINGS = ("charged", "extra")
 
 FIGURES = {f.number: f for f in [
@@ -195,6 +198,7 @@ def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = Non
     one_metric = len({k[4] for k, _a in drawn}) == 1
 
     def group(w, v, m):
+        m = BONNIE_TESTS.get(m, m)
         return m if one_run else v if one_metric else f"{w} {v} {m}"
     groups = list(dict.fromkeys(group(k[0], k[2], k[4]) for k, _a in drawn))
     units = {a["unit"] for _k, a in drawn}

@@ -207,8 +207,8 @@ def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_p
         rows += [row(fs, "put_char_kBps", 100 * k), row(fs, "put_block_kBps", 200 * k, True),
                  row(fs, "rewrite_kBps", 50 * k), row(fs, "seeks_per_s", 7)]
     tf.bars_figure(rows, tmp_path / "b.png", "t", base="ext2")
-    assert seen["groups"] == ["put_char_kBps", "put_block_kBps", "rewrite_kBps"]
+    assert seen["groups"] == ["char write", "block write", "rewrite"]
     assert seen["series"] == ["ext2", "nvstack-ext2-tempffs"]
-    assert seen["imp"][("nvstack-ext2-tempffs", "rewrite_kBps")] == pytest.approx(100.0)
-    assert seen["imp"][("ext2", "put_char_kBps")] == pytest.approx(0.0)
+    assert seen["imp"][("nvstack-ext2-tempffs", "rewrite")] == pytest.approx(100.0)
+    assert seen["imp"][("ext2", "char write")] == pytest.approx(0.0)
     assert seen["ylabel"] == "the test's result (KiB/s; mean, std)"
