@@ -323,9 +323,9 @@ fn journal_json(found: &CliResult<Vec<engine::journal::record::Found>>) -> serde
                 .iter()
                 .take(MAX_LISTED)
                 .map(|f| serde_json::json!({
-                    "frame": f.frame.0,
-                    "slot": f.slot,
-                    "slots": f.slots,
+                    "frame": f.place.frame.0,
+                    "slot": f.place.slot,
+                    "slots": f.place.slots,
                     "seq": f.redo.seq,
                     "op": format!("{:?}", f.redo.op()).to_lowercase(),
                     "name1": f.redo.name1.to_string_lossy(),
@@ -348,8 +348,8 @@ fn print_journal(found: &CliResult<Vec<engine::journal::record::Found>>) {
                 println!(
                     "  {:>8}  frame {:<8} slot {:<2} {:<11} {} {}",
                     r.seq,
-                    f.frame.0,
-                    f.slot,
+                    f.place.frame.0,
+                    f.place.slot,
                     format!("{:?}", r.op()).to_lowercase(),
                     r.name1.to_string_lossy(),
                     r.name2.to_string_lossy()

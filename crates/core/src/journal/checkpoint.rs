@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use lower::LowerFs;
 use txn::{FrameId, TxError};
 
-use super::record::{SLOT_SIZE, slot_offset};
-use super::{Pending, Place};
+use super::Pending;
+use super::record::{Place, SLOT_SIZE, slot_offset};
 use crate::engine::Engine;
 use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult};
@@ -98,7 +98,6 @@ impl<L: LowerFs> Engine<L> {
             for ((frame, records), &free) in batch.iter().zip(&plan) {
                 if free {
                     pending.frames.remove(frame);
-                    self.journal.frames_held.fetch_sub(1, Ordering::Relaxed);
                     Counters::add(&self.journal.counters.frames_freed, 1);
                     if pending.open.is_some_and(|(f, _)| f == *frame) {
                         pending.open = None;

@@ -44,7 +44,7 @@ use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
 use crate::sync::{Mutex, Rank};
-use record::{FRAME_SIZE, KIND_REDO, Op, Redo, SLOTS, slot_offset};
+use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
 /// hidden from the mount.
@@ -85,8 +85,6 @@ pub struct Journal {
     config: JournalConfig,
     /// Frames the journal may hold at most (its size limit, or a quarter of the region).
     frames_max: u64,
-    /// Frames it holds now (`full` reads it without the lock).
-    frames_held: AtomicU64,
     next_seq: AtomicU64,
     /// Committed records not yet checkpointed and the frames they are packed in (rank
     /// `Journal`, after `UndoSlot`: a record is written and committed under it, its
@@ -111,14 +109,6 @@ struct Pending {
     /// The frame new records are packed into, and its first free slot (J2: every slot from
     /// there on is zero, M6). None: the next record allocates a frame.
     open: Option<(FrameId, usize)>,
-}
-
-/// Where a record is: its frame, first slot and slot count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Place {
-    pub frame: FrameId,
-    pub slot: usize,
-    pub slots: usize,
 }
 
 #[derive(Debug, Default)]
@@ -168,7 +158,6 @@ impl Journal {
             enabled,
             config,
             frames_max: by_size.min(region_frames / 4).max(1),
-            frames_held: AtomicU64::new(0),
             next_seq: AtomicU64::new(1),
             pending: Mutex::new(Rank::Journal, Pending::default()),
             checkpointing: Mutex::new(Rank::Checkpoint, ()),
@@ -192,13 +181,15 @@ impl Journal {
 
     /// At the size limit: the next operation checkpoints.
     pub fn full(&self) -> bool {
-        self.enabled && self.frames_held.load(Ordering::Relaxed) >= self.frames_max
+        self.enabled && self.pending.lock().frames.len() as u64 >= self.frames_max
     }
 
     pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let records = self.len();
-        let frames = self.frames_held.load(Ordering::Relaxed);
+        let (records, frames) = {
+            let pending = self.pending.lock();
+            (pending.records.len() as u64, pending.frames.len() as u64)
+        };
         JournalStats {
             enabled: self.enabled,
             records,
@@ -281,11 +272,7 @@ impl<L: LowerFs> Engine<L> {
         match written {
             Ok(place) => {
                 otx.end(Ok(()))?;
-                if open.is_none() {
-                    pending.frames.insert(place.frame, 0);
-                    self.journal.frames_held.fetch_add(1, Ordering::Relaxed);
-                }
-                *pending.frames.get_mut(&place.frame).expect("the record's frame is listed") += 1;
+                *pending.frames.entry(place.frame).or_insert(0) += 1;
                 pending.open = Some((place.frame, place.slot + slots));
                 if pending.records.is_empty() {
                     self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);

@@ -324,13 +324,18 @@ pub fn is_creation(op: Op) -> bool {
     matches!(op, Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
 }
 
+/// Where a record is: its frame, first slot and slot count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub frame: txn::FrameId,
+    pub slot: usize,
+    pub slots: usize,
+}
+
 /// One record found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]
 pub struct Found {
-    pub frame: txn::FrameId,
-    /// Its first slot, and the slots it takes.
-    pub slot: usize,
-    pub slots: usize,
+    pub place: Place,
     pub redo: Redo,
 }
 
@@ -373,15 +378,15 @@ pub fn scan_frames(pool: &txn::Pool) -> Result<Scan, nvram::Error> {
             let (redo, slots) = Redo::decode(at).map_err(|what| {
                 nvram::Error::corrupt(nvram::Area::Frame(frame.0), format!("slot {slot}: {what}"))
             })?;
-            scan.records.push(Found { frame, slot, slots, redo });
+            scan.records.push(Found { place: Place { frame, slot, slots }, redo });
             slot += slots;
         }
     }
     scan.records.sort_by_key(|f| f.redo.seq);
     if let Some(w) = scan.records.windows(2).find(|w| w[0].redo.seq == w[1].redo.seq) {
         return Err(nvram::Error::corrupt(
-            nvram::Area::Frame(w[1].frame.0),
-            format!("slot {}: two journal records with one sequence number (M2)", w[1].slot),
+            nvram::Area::Frame(w[1].place.frame.0),
+            format!("slot {}: two journal records with one sequence number (M2)", w[1].place.slot),
         ));
     }
     Ok(scan)

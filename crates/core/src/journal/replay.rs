@@ -30,8 +30,7 @@ use std::sync::atomic::Ordering;
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
 use txn::{Tx, TxError};
 
-use super::Place;
-use super::record::{self, Op, Redo};
+use super::record::{self, Op, Place, Redo};
 use crate::engine::Engine;
 use crate::engine::start::StartError;
 use crate::error::{FsError, FsResult};
@@ -48,10 +47,7 @@ impl<L: LowerFs> Engine<L> {
         if scan.frames.is_empty() {
             return Ok(());
         }
-        let records: Vec<(Place, Redo)> = found
-            .into_iter()
-            .map(|f| (Place { frame: f.frame, slot: f.slot, slots: f.slots }, f.redo))
-            .collect();
+        let records: Vec<(Place, Redo)> = found.into_iter().map(|f| (f.place, f.redo)).collect();
         // Objects made again by this replay or an interrupted one: the record that created the
         // object names its old handle in `object` and the one it was made again with in
         // `other` (unused by creations otherwise). Records are redone with handles resolved
@@ -59,7 +55,7 @@ impl<L: LowerFs> Engine<L> {
         // thousands of records.
         let mut remade: HashMap<Vec<u8>, Vec<u8>> = records
             .iter()
-            .filter(|(_, r)| is_creation(r) && !r.other.is_empty())
+            .filter(|(_, r)| record::is_creation(r.op()) && !r.other.is_empty())
             .map(|(_, r)| (r.object.clone(), r.other.clone()))
             .collect();
         for (place, redo) in &records {
@@ -109,7 +105,6 @@ impl<L: LowerFs> Engine<L> {
                 pending.records.insert(redo.seq, *place);
                 *pending.frames.get_mut(&place.frame).expect("a record's frame is scanned") += 1;
             }
-            self.journal.frames_held.store(scan.frames.len() as u64, Ordering::Relaxed);
         }
         self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
         Ok(())
@@ -316,15 +311,11 @@ impl<L: LowerFs> Engine<L> {
     }
 }
 
-fn is_creation(r: &Redo) -> bool {
-    record::is_creation(r.op())
-}
-
 /// The record with every handle of an object made again replaced by its new one (a creation
 /// keeps its note in `other`; its `object` resolves like any handle).
 fn resolve(r: &Redo, remade: &HashMap<Vec<u8>, Vec<u8>>) -> Redo {
     let mut r = r.clone();
-    let creation = is_creation(&r);
+    let creation = record::is_creation(r.op());
     for h in [&mut r.dir1, &mut r.dir2, &mut r.object] {
         if let Some(new) = remade.get(h.as_slice()) {
             h.clone_from(new);
