@@ -18,6 +18,11 @@ from .parse import read_csv
 BONNIE_METRICS = ["put_char_kBps", "put_block_kBps", "rewrite_kBps"]
 
 
+def shown(workload: str, metric: str, a: dict) -> bool:
+    """The metrics tables and figures show: the primary one, and Bonnie++'s three tests."""
+    return a["primary"] or (workload == "bonnie" and metric in BONNIE_METRICS)
+
+
 def aggregate(rows: list[dict]) -> "OrderedDict[tuple, dict]":
     """(workload, config, variant, fs, metric) -> {mean, std, n, unit, hib, label, primary}."""
     acc: "OrderedDict[tuple, dict]" = OrderedDict()
@@ -58,7 +63,7 @@ def tables(rows: list[dict], baseline: str) -> list[dict]:
     for g in groups:
         workload, config = g.split("\t")
         metrics = [m for (w, c, _v, _f, m), a in agg.items() if w == workload and c == config
-                   and (a["primary"] or (workload == "bonnie" and m in BONNIE_METRICS))]
+                   and shown(workload, m, a)]
         metrics = list(OrderedDict.fromkeys(metrics))
         # postmark's own figures are whole seconds: the external wall clock is its metric
         variants = _order([r for r in rows if r["workload"] == workload and r["config"] == config],

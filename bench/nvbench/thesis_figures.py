@@ -183,10 +183,9 @@ def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = Non
     write, block write and rewrite), one bar per configuration (mean, std), the improvement
     over `base` (default: the first configuration) printed on each bar."""
     from . import plot
-    from .summary import BONNIE_METRICS, aggregate, improvement
+    from .summary import aggregate, improvement, shown
     agg = aggregate(rows)
-    drawn = [(k, a) for k, a in agg.items()
-             if a["primary"] or (k[0] == "bonnie" and k[4] in BONNIE_METRICS)]
+    drawn = [(k, a) for k, a in agg.items() if shown(k[0], k[4], a)]
     if not drawn:
         raise BenchError(f"no measured runs for {path.name}")
     series = list(dict.fromkeys(k[3] for k, _a in drawn))
