@@ -412,10 +412,10 @@ fn check_and_inspect_list_and_verify_a_block_cache() {
     assert!(!text(&check(&plain)).contains("block cache"));
 }
 
-/// A region holding one cached file (`size` bytes) with a patch on its page 1; the patch's
-/// frame offset.
-fn region_with_a_patch(dir: &Path) -> (PathBuf, u64) {
-    use engine::cache::patch::{KIND_PATCH, Merged, Patch};
+/// A region holding one cached file with patches on its pages 1 and 2, packed in one patch
+/// frame (slots 0-0 and 1-1); the frame's offset.
+fn region_with_patches(dir: &Path) -> (PathBuf, u64) {
+    use engine::cache::patch::{KIND_PATCHES, Merged, Patch, SLOT};
     use engine::cache::record::{KIND_RECORD, Record};
     let (path, pool) = formatted(dir);
     let rec = Record {
@@ -426,14 +426,19 @@ fn region_with_a_patch(dir: &Path) -> (PathBuf, u64) {
         serial: 1,
         handle: vec![7; 12],
     };
-    let Merged::Patch(one) = Patch::new(1).merge(100, b"patched bytes", 4096) else {
-        panic!("a small write is a patch")
-    };
+    let mut frame_bytes = vec![0u8; 4096];
+    for (page, slot, bytes) in [(1, 0, &b"patched bytes"[..]), (2, 1, &b"more bytes"[..])] {
+        let Merged::Patch(p) = Patch::new(page).merge(100, bytes, 4096) else {
+            panic!("a small write is a patch")
+        };
+        assert_eq!(p.slots(), 1);
+        frame_bytes[slot * SLOT..(slot + 1) * SLOT].copy_from_slice(&p.encode());
+    }
     let mut tx = pool.begin();
     let object = tx.alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 }).unwrap();
     tx.write(pool.frame_offset(object), &rec.encode());
-    let frame = tx.alloc_frame(FrameTag { kind: KIND_PATCH, owner: object.0, index: 1 }).unwrap();
-    tx.write(pool.frame_offset(frame), &one.encode());
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_PATCHES, owner: object.0, index: 0 }).unwrap();
+    tx.write(pool.frame_offset(frame), &frame_bytes);
     tx.commit();
     let offset = pool.frame_offset(frame);
     drop(pool);
@@ -443,19 +448,23 @@ fn region_with_a_patch(dir: &Path) -> (PathBuf, u64) {
 #[test]
 fn check_and_inspect_list_patches_and_refuse_a_damaged_one_naming_its_frame() {
     let dir = shm();
-    let (path, offset) = region_with_a_patch(dir.path());
+    let (path, offset) = region_with_patches(dir.path());
     let out = check(&path);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("0 dirty page(s) and 1 patch(es)"), "{}", text(&out));
+    assert!(text(&out).contains("0 dirty page(s) and 2 patch(es)"), "{}", text(&out));
     let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
-    assert!(text(&out).contains("1 range(s), 13 B"), "{}", text(&out));
+    assert!(text(&out).contains("slots  0+1  file frame"), "{}", text(&out));
+    assert!(text(&out).contains("page 1: 1 range(s), 13 B"), "{}", text(&out));
+    assert!(text(&out).contains("slots  1+1  file frame"), "{}", text(&out));
+    assert!(text(&out).contains("page 2: 1 range(s), 10 B"), "{}", text(&out));
     let layout = layout_of(&path);
     let frame = (offset - layout.frames_offset) / PAGE_SIZE;
-    flip_byte(&path, offset + 40);
+    // A byte of the second patch's data (slot 1).
+    flip_byte(&path, offset + 64 + 40);
     let out = check(&path);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(
-        text(&out).contains("DAMAGED") && text(&out).contains(&format!("frame {frame}")),
+        text(&out).contains("DAMAGED") && text(&out).contains(&format!("frame {frame}: slot 1")),
         "{}",
         text(&out)
     );

@@ -221,14 +221,16 @@ fn check_point(s: &mut Sweep, point: &nvram::CrashPoint<'_>) -> Result<(), Strin
 }
 
 /// The lower tree of the workloads: directory d and, with `victims`, a lower file `victim` in
-/// both directories, durable.
+/// both directories, durable: five pages and a bit, so that small writes to its cold pages
+/// become patches.
 fn lower_tree(victims: bool) -> MemLower {
     let lower = MemLower::default();
     let d = lower.mkdir(&ROOT, lower.root(), OsStr::new("d"), 0o755).unwrap().0;
     for dir in [lower.root(), &d].into_iter().filter(|_| victims) {
         let (_, _, f) =
             lower.create(&ROOT, dir, OsStr::new("victim"), 0o644, libc::O_RDWR).unwrap();
-        lower.write(&f, 0, b"lower victim").unwrap();
+        let content: Vec<u8> = (0..5 * 4096 + 300).map(|i| b"lower victim "[i % 13]).collect();
+        lower.write(&f, 0, &content).unwrap();
     }
     lower.sync_all();
     lower
@@ -278,7 +280,9 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
         }
         2 | 3 => {
             let off = rng.below(5 * 4096);
-            let len = rng.below(9000) as usize;
+            // Half of the writes small, so that a file's patches share frames, grow and move.
+            let most = if rng.below(2) == 0 { 700 } else { 9000 };
+            let len = rng.below(most) as usize;
             let byte = rng.below(256) as u8;
             if let Ok(e) = engine.lookup(p, os) {
                 if let Ok(fh) = engine.open(e.node_id, libc::O_RDWR) {
@@ -346,7 +350,28 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     }
 }
 
-fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
+/// What one seed's sweep did.
+struct Swept {
+    points: u64,
+    images: u64,
+    /// Pages written back.
+    written: u64,
+    patches: u64,
+    fetched: u64,
+    /// The most patches that ever shared frames (patches - patch frames) after a step.
+    shared: u64,
+    moved: u64,
+}
+
+/// One step of a workload (`step`, `patch_step`).
+type Step = fn(&Engine<MemLower>, &mut Rng, &[u64; 2]) -> String;
+
+fn sweep(seed: u64, ops: usize) -> Result<Swept, String> {
+    sweep_with(seed, ops, step)
+}
+
+/// Runs `ops` steps of `step` from seed `seed` over `lower_tree(true)`, crashing at every fence.
+fn sweep_with(seed: u64, ops: usize, step: Step) -> Result<Swept, String> {
     let lower = lower_tree(true);
     let (region, engine, dirs) = start_fresh(&lower, Consistency::Undo, seed);
     let state =
@@ -363,6 +388,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
         }
     })));
     let mut rng = Rng::new(seed);
+    let mut shared = 0;
     for _ in 0..ops {
         // The state after the operation, needed at its crash points, comes from a dry run of
         // the same operation on a fork (copies of the region and of the lower file system).
@@ -398,6 +424,8 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
         drop(s);
         let now = view(&engine)?;
         engine.check_cache().map_err(|e| format!("seed {seed} op {label:?}: cache mirror: {e}"))?;
+        let nbw = engine.stats().nbw;
+        shared = shared.max(nbw.patches - nbw.patch_frames);
         let mut s = state.lock().unwrap();
         s.quiet = false;
         if now != after {
@@ -412,7 +440,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
     region.set_fence_hook(None);
     let st = engine.stats();
     eprintln!(
-        "seed {seed} ({}): {} temp files transformed, {} cache writes hit, {} fetches, {} patches ({} completed without a read, {} fetched, {} written back), {} pages written back in {} batches",
+        "seed {seed} ({}): {} temp files transformed, {} cache writes hit, {} fetches, {} patches ({} completed without a read, {} fetched, {} written back, {} moved; up to {shared} sharing frames), {} pages written back in {} batches",
         st.writeback.policy,
         st.tempfiles.transformed_total,
         st.cache.hits,
@@ -421,17 +449,20 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64, u64), String> {
         st.nbw.pages_completed_without_fetch,
         st.nbw.fetches_async,
         st.nbw.fetches_on_writeback,
+        st.nbw.patches_moved,
         st.writeback.pages_written,
         st.writeback.batches
     );
     let s = state.lock().unwrap();
-    Ok((
-        s.points,
-        s.images,
-        st.writeback.pages_written,
-        st.nbw.patches_created,
-        st.nbw.fetches_async,
-    ))
+    Ok(Swept {
+        points: s.points,
+        images: s.images,
+        written: st.writeback.pages_written,
+        patches: st.nbw.patches_created,
+        fetched: st.nbw.fetches_async,
+        shared,
+        moved: st.nbw.patches_moved,
+    })
 }
 
 #[test]
@@ -441,13 +472,15 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
         Err(_) => (1..=10).collect(),
     };
     let (mut points, mut images, mut written, mut patches, mut fetched) = (0, 0, 0, 0, 0);
+    let mut shared = 0;
     for seed in seeds {
         let got = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
-        points += got.0;
-        images += got.1;
-        written += got.2;
-        patches += got.3;
-        fetched += got.4;
+        points += got.points;
+        images += got.images;
+        written += got.written;
+        patches += got.patches;
+        fetched += got.fetched;
+        shared = shared.max(got.shared);
     }
     eprintln!(
         "crash images: {points} crash points (fences), {images} images recovered and compared; {written} pages written back"
@@ -456,6 +489,69 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
     assert!(written > 0, "the workload never wrote back a page");
     if std::env::var_os("NVSTACK_SEED").is_none() {
         assert!(patches > 0 && fetched > 0, "patches {patches}, fetched {fetched}");
+        // Patches packed: some frame held two or more at once (patchframe.rs).
+        assert!(shared > 0, "no patch frame ever held two patches");
+    }
+}
+
+/// One operation of the patch workload: small writes to the cold pages of the lower file
+/// `victim` (they become patches that share frames, grow in place, grow into the slots after
+/// them, move, and complete pages), larger writes, truncates that clip or drop patches,
+/// fetches that merge them and write-back that writes them and frees them.
+fn patch_step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
+    let dir = rng.below(2) as usize;
+    let Ok(e) = engine.lookup(dirs[dir], OsStr::new("victim")) else {
+        return "no victim".to_string();
+    };
+    let label = match rng.below(10) {
+        0..=5 => {
+            let off = rng.below(6 * 4096);
+            let most = if rng.below(4) == 0 { 4096 } else { 400 };
+            let len = 1 + rng.below(most) as usize;
+            let byte = rng.below(256) as u8;
+            if let Ok(fh) = engine.open(e.node_id, libc::O_RDWR) {
+                let _ = engine.write(fh, off, &vec![byte; len], false);
+                engine.release(fh).unwrap();
+            }
+            format!("write {dir}/victim {off}+{len}")
+        }
+        6 => {
+            let size = 4 * 4096 + rng.below(2 * 4096);
+            let set = SetAttr { size: Some(size), ..SetAttr::default() };
+            let _ = engine.setattr(e.node_id, None, &set, false);
+            format!("truncate {dir}/victim {size}")
+        }
+        7 | 8 => format!("fetch {}", engine.fetch_patches(1 + rng.below(2) as usize)),
+        _ => {
+            let _ = engine.flush_cache(Reason::Flush, &mut |_, _| {});
+            "write back".to_string()
+        }
+    };
+    engine.forget(e.node_id, 1);
+    label
+}
+
+#[test]
+fn every_crash_point_of_patch_changes_recovers_to_before_or_after() {
+    let seeds: Vec<u64> = match std::env::var("NVSTACK_SEED") {
+        Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
+        Err(_) => (101..=106).collect(),
+    };
+    let (mut images, mut patches, mut shared, mut moved) = (0, 0, 0, 0);
+    for seed in seeds {
+        let got = sweep_with(seed, 120, patch_step).unwrap_or_else(|e| panic!("{e}"));
+        images += got.images;
+        patches += got.patches;
+        shared = shared.max(got.shared);
+        moved += got.moved;
+    }
+    eprintln!(
+        "patch crash images: {images} images, {patches} patches, {moved} moved, up to {shared} \
+         sharing"
+    );
+    if std::env::var_os("NVSTACK_SEED").is_none() {
+        assert!(patches > 100 && moved > 0, "patches {patches}, moved {moved}");
+        assert!(shared >= 3, "patch frames shared by at most {shared} patches beyond one each");
     }
 }
 

@@ -177,14 +177,19 @@ fn at_the_patch_limit_and_when_fragmented_the_writer_reads_the_page() {
     let lower = MemLower::default();
     let mut model = pattern(16 * PAGE, 4);
     lower_file(&lower, &model);
-    let e = start(&lower, &region(128), CacheConfig { patch_limit: 2, ..nbw(Nbw::Lazy) });
+    let e = start(&lower, &region(128), CacheConfig { patch_limit: 1, ..nbw(Nbw::Lazy) });
     let (_, fh) = open(&e);
+    // Four small patches share the one frame the limit allows (a slot each)...
     for p in 0..4 {
         write(&e, fh, p * PAGE + 1, b"ab", &mut model);
     }
+    // ... and so does a 2000-byte one (32 slots); the next finds no run of 32 left in it.
+    for p in 4..6 {
+        write(&e, fh, p * PAGE + 1, &[0x5a; 2000], &mut model);
+    }
     let st = e.stats();
-    assert_eq!((st.nbw.patches, st.cache.fetches), (2, 2));
-    assert_eq!(st.nbw.writer_wait_reasons["patch_limit"], 2);
+    assert_eq!((st.nbw.patches, st.nbw.patch_frames, st.cache.fetches), (5, 1, 1));
+    assert_eq!(st.nbw.writer_wait_reasons["patch_limit"], 1);
     // 65 fragments do not fit one patch (MAX_RANGES = 64): the page is read and merged.
     for i in 0..65 {
         write(&e, fh, i * 8, b"z", &mut model);

@@ -257,10 +257,12 @@ fn cached_json(cached: &CliResult<Vec<engine::cache::Found>>) -> serde_json::Val
                     "size": c.rec.size,
                     "valid": c.rec.valid,
                     "dirty_pages": c.pages.len(),
-                    "patches": c.patches.iter().take(MAX_LISTED).map(|(page, (frame, p))| {
+                    "patches": c.patches.iter().take(MAX_LISTED).map(|(page, (at, p))| {
                         serde_json::json!({
                             "page": page,
-                            "frame": frame.0,
+                            "frame": at.frame.0,
+                            "slot": at.slot,
+                            "slots": at.slots,
                             "ranges": p.ranges,
                             "bytes": p.len(),
                         })
@@ -287,10 +289,13 @@ fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
                 list.len()
             );
             for c in list {
-                for (page, (frame, p)) in c.patches.iter().take(20) {
+                for (page, (at, p)) in c.patches.iter().take(20) {
                     println!(
-                        "  patch     frame {:<8} file frame {} page {page}: {} range(s), {} B",
-                        frame.0,
+                        "  patch     frame {:<8} slots {:>2}+{:<2} file frame {} page {page}: {} \
+                         range(s), {} B",
+                        at.frame.0,
+                        at.slot,
+                        at.slots,
                         c.frame.0,
                         p.ranges.len(),
                         p.len()

@@ -186,8 +186,9 @@ pub struct MountArgs {
     /// `lazy` fell below `off` at its patch limit; docs/benchmarks.md, "Non-blocking writes").
     #[arg(long, value_enum, default_value = "async-bg")]
     pub nbw: NbwArg,
-    /// Patches in NVRAM at most (one 4 KiB frame each); beyond, a partial write reads its page
-    /// first, as with --nbw off. Default: 64M or an eighth of the region, the smaller.
+    /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
+    /// bytes, 7 share a frame); beyond, a partial write reads its page first, as with --nbw
+    /// off. Default: 64M or an eighth of the region, the smaller.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub nbw_patch_limit: Option<u64>,
     /// (internal) report readiness on stdout and then write to the log file.

@@ -116,13 +116,16 @@ fn print_caches(value: &serde_json::Value) {
         );
         let n = &value["nbw"];
         println!(
-            "nbw ({}): {} patches created, {} in NVRAM ({} B); {} completed without a read; \
-             fetches: {} async, {} on read, {} on write-back; {} reads from patches; {} writes \
-             waited",
+            "nbw ({}): {} patches created, {} in NVRAM ({} B in {} of at most {} frames, {} \
+             moved); {} completed without a read; fetches: {} async, {} on read, {} on \
+             write-back; {} reads from patches; {} writes waited",
             n["mode"].as_str().unwrap_or("?"),
             n["patches_created"],
             n["patches"],
             n["patch_bytes"],
+            n["patch_frames"],
+            n["patch_limit"],
+            n["patches_moved"],
             n["pages_completed_without_fetch"],
             n["fetches_async"],
             n["fetches_on_read"],

@@ -142,6 +142,9 @@ pub struct NbwCounters {
     /// Patches in NVRAM now, and the bytes they hold.
     pub patches: AtomicU64,
     pub patch_bytes: AtomicU64,
+    /// Frames holding patches now (what `patch_limit` bounds).
+    pub patch_frames: AtomicU64,
+    pub patches_moved: AtomicU64,
     pub pages_completed_without_fetch: AtomicU64,
     pub fetches_async: AtomicU64,
     pub fetches_on_read: AtomicU64,
@@ -154,12 +157,17 @@ pub struct NbwCounters {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct NbwStats {
     pub mode: String,
+    /// Frames that may hold patches (`--nbw-patch-limit`).
     pub patch_limit: u64,
     /// Partial writes to pages not in NVRAM that became patches (no read).
     pub patches_created: u64,
-    /// Patches in NVRAM now (one frame each) and the bytes they hold.
+    /// Patches in NVRAM now and the bytes they hold.
     pub patches: u64,
     pub patch_bytes: u64,
+    /// Frames holding those patches (several patches of a file share one).
+    pub patch_frames: u64,
+    /// Patches that outgrew their run of slots and moved to another (`patchframe.rs`).
+    pub patches_moved: u64,
     /// Patches that later writes completed to a whole page: never read at all.
     pub pages_completed_without_fetch: u64,
     /// Pages fetched and merged by the asynchronous modes (foreground or background).
@@ -187,6 +195,8 @@ impl NbwCounters {
             patches_created: get(&self.patches_created),
             patches: get(&self.patches),
             patch_bytes: get(&self.patch_bytes),
+            patch_frames: get(&self.patch_frames),
+            patches_moved: get(&self.patches_moved),
             pages_completed_without_fetch: get(&self.pages_completed_without_fetch),
             fetches_async: get(&self.fetches_async),
             fetches_on_read: get(&self.fetches_on_read),

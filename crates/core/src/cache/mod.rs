@@ -9,7 +9,7 @@
 //! coherence with operations on the lower file), `writeback.rs` (rounds and batches),
 //! `policy/` (the zone information tables and the four policies), `recovery.rs` (the records
 //! found again at mount), `patch.rs` (non-blocking writes: patches of pages not in NVRAM),
-//! `counters.rs`.
+//! `patchframe.rs` (where they lie: runs of slots in their file's patch frames), `counters.rs`.
 //!
 //! Locks (ranks in `sync.rs`): a file's state (`CachedFile`) is held across the lower reads of
 //! `read` and of a write's fetches (so that a write-back cannot free a page between the lower
@@ -22,6 +22,7 @@ pub mod counters;
 mod nbw;
 mod ops;
 pub mod patch;
+pub mod patchframe;
 pub mod policy;
 pub mod record;
 pub mod recovery;
@@ -63,8 +64,8 @@ pub struct CacheConfig {
     pub writeback_on_unmount: bool,
     /// Non-blocking writes (`--nbw`): what a partial write to a page not in NVRAM does.
     pub nbw: Nbw,
-    /// Patches in NVRAM at most (`--nbw-patch-limit`, in frames); beyond it a partial write
-    /// fetches its page, as with `--nbw off`.
+    /// Frames that may hold patches (`--nbw-patch-limit`, in frames; a frame holds several
+    /// patches of one file); beyond it a partial write fetches its page, as with `--nbw off`.
     pub patch_limit: u64,
 }
 

@@ -7,12 +7,14 @@
 //! the patch's, the others are the lower file's below `valid`, else zero):
 //! - a patch is made only for a page that lies wholly below `valid` (a page reaching past it
 //!   needs at most a partial read, and its tail is zero by the rule anyway) and while fewer
-//!   than `patch_limit` patches exist; otherwise the page is fetched first, as with `--nbw
-//!   off`, and the reason is counted (`nbw.writer_waits`);
+//!   than `patch_limit` frames hold patches (several patches of a file share a frame:
+//!   `patchframe.rs`); otherwise the page is fetched first, as with `--nbw off`, and the
+//!   reason is counted (`nbw.writer_waits`);
 //! - later writes to the page merge into its patch; one that completes the page turns it into
-//!   a dirty page without any read; one that would fragment the patch past its frame fetches;
+//!   a dirty page without any read; one that would fragment the patch past a whole frame
+//!   fetches;
 //! - `async-fg` and `async-bg` fetch patched pages after the write was answered (`fetch_patches`),
-//!   merging the patch in one transaction (a new dirty-page frame replaces the patch frame);
+//!   merging the patch in one transaction (a new dirty-page frame replaces the patch);
 //!   `lazy` never fetches for the patch's sake;
 //! - a read the patches cover is served from them; others read the lower file and overlay the
 //!   patch (that read is the page's fetch: `nbw.fetches_on_read`);
@@ -27,7 +29,8 @@ use txn::{FrameId, FrameTag};
 
 use super::counters::{Wait, inc};
 use super::ops::Cached;
-use super::patch::{KIND_PATCH, Merged, Patch};
+use super::patch::{Merged, Patch};
+use super::patchframe::PatchFrames;
 use super::policy::Loc;
 use super::record::KIND_PAGE;
 use super::state::{self, CacheState};
@@ -41,11 +44,12 @@ const MAX_QUEUED: usize = 1 << 16;
 /// What a cached write does to one page that is not already a whole dirty page in NVRAM,
 /// decided before its transaction (every lower read happens then).
 pub(super) enum Plan {
-    /// A new dirty page; `replaces` is the frame of the page's patch, freed in the same
+    /// A new dirty page; `patched`: it replaces the page's patch, removed in the same
     /// transaction.
-    Page { page: u64, bytes: Box<[u8; PAGE as usize]>, loc: Loc, replaces: Option<FrameId> },
-    /// A new patch (`frame: None`) or the page's patch rewritten in place.
-    Patch { page: u64, patch: Patch, loc: Loc, frame: Option<FrameId> },
+    Page { page: u64, bytes: Box<[u8; PAGE as usize]>, loc: Loc, patched: bool },
+    /// A new patch (`new`) or the page's patch rewritten (in place, grown or moved:
+    /// `patchframe.rs`).
+    Patch { page: u64, patch: Patch, loc: Loc, new: bool },
 }
 
 impl Plan {
@@ -63,7 +67,7 @@ impl Plan {
 
     /// A page new to NVRAM (it takes a place in the zone tables).
     pub(super) fn is_new(&self) -> bool {
-        matches!(self, Plan::Page { replaces: None, .. } | Plan::Patch { frame: None, .. })
+        matches!(self, Plan::Page { patched: false, .. } | Plan::Patch { new: true, .. })
     }
 }
 
@@ -86,22 +90,19 @@ impl<L: LowerFs> Engine<L> {
             let base = page * PAGE;
             let limit = (size_after - base).min(PAGE) as usize;
             if let Some(p) = st.patches.get(&page) {
-                let meta = st.pages[&page];
-                let replaces = Some(meta.frame);
+                let loc = st.pages[&page].loc;
                 plans.push(match p.merge(in_page, piece, limit) {
-                    Merged::Patch(patch) => {
-                        Plan::Patch { page, patch, loc: meta.loc, frame: Some(meta.frame) }
-                    }
+                    Merged::Patch(patch) => Plan::Patch { page, patch, loc, new: false },
                     Merged::Page(bytes) => {
                         inc(&self.cache.nbw.pages_completed_without_fetch);
-                        Plan::Page { page, bytes, loc: meta.loc, replaces }
+                        Plan::Page { page, bytes, loc, patched: true }
                     }
                     Merged::TooLarge => {
                         self.wait_for(Wait::Fragmented);
                         let mut bytes = self.fetch_page(cf, st, page)?;
                         p.apply(&mut bytes[..]);
                         bytes[in_page..in_page + n].copy_from_slice(piece);
-                        Plan::Page { page, bytes, loc: meta.loc, replaces }
+                        Plan::Page { page, bytes, loc, patched: true }
                     }
                 });
                 continue;
@@ -116,14 +117,21 @@ impl<L: LowerFs> Engine<L> {
             let mut bytes = Box::new([0u8; PAGE as usize]);
             if n < PAGE as usize && base < st.rec.valid {
                 let below = base + PAGE <= st.rec.valid;
-                let planned = plans.iter().filter(|p| matches!(p, Plan::Patch { .. })).count();
-                let patches = self.cache.nbw.patches.load(Ordering::Relaxed) + planned as u64;
-                let room = patches < self.cache.config.patch_limit;
                 // (A write of nearly a whole page does not fit a patch frame: it fetches.)
-                let merged = (mode != Nbw::Off && below && room)
+                let merged = (mode != Nbw::Off && below)
                     .then(|| Patch::new(page).merge(in_page, piece, limit));
-                if let Some(Merged::Patch(patch)) = merged {
-                    plans.push(Plan::Patch { page, patch, loc, frame: None });
+                // The limit is on NVRAM, frames holding patches: a new patch needs room in one
+                // of its file's patch frames or a frame below the limit. (The pages of one
+                // write are checked before any is placed: a write may take one frame more.)
+                let room = match &merged {
+                    Some(Merged::Patch(p)) => {
+                        let frames = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
+                        frames < self.cache.config.patch_limit || st.patch_frames.fits(p.slots())
+                    }
+                    _ => true,
+                };
+                if room && let Some(Merged::Patch(patch)) = merged {
+                    plans.push(Plan::Patch { page, patch, loc, new: true });
                     continue;
                 }
                 self.wait_for(match (mode, below, room) {
@@ -135,7 +143,7 @@ impl<L: LowerFs> Engine<L> {
                 bytes = self.fetch_page(cf, st, page)?;
             }
             bytes[in_page..in_page + n].copy_from_slice(piece);
-            plans.push(Plan::Page { page, bytes, loc, replaces: None });
+            plans.push(Plan::Page { page, bytes, loc, patched: false });
         }
         Ok(plans)
     }
@@ -221,7 +229,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Reads page `page` of `cf` from the lower file, applies its patch and makes it a dirty
-    /// page (one transaction: a new page frame, the patch frame freed). `false` when the page
+    /// page (one transaction: a new page frame, the patch removed). `false` when the page
     /// has no patch (any more), or when the page or the file's valid size changed during the
     /// read (the patch stays: it is still correct; the write that changed it queued it again).
     ///
@@ -247,15 +255,18 @@ impl<L: LowerFs> Engine<L> {
             return Ok(false);
         }
         let Some(patch) = st.patches.get(&page).cloned() else { return Ok(false) };
-        let old = st.pages[&page].frame;
         patch.apply(&mut bytes[..]);
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: page };
+        let pf = &mut st.patch_frames;
+        pf.begin();
         let frame = self.atomically(|tx| {
             let frame = tx.alloc_frame(tag)?;
             tx.write(self.pool.frame_offset(frame), &bytes[..]);
-            tx.free_frame(old)?;
+            pf.remove(tx, &self.pool, page)?;
             Ok(frame)
-        })?;
+        });
+        self.settle_patches(pf, frame.is_ok());
+        let frame = frame?;
         let tick = self.cache.tick();
         let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
         meta.frame = frame;
@@ -268,6 +279,18 @@ impl<L: LowerFs> Engine<L> {
         Ok(true)
     }
 
+    /// After a transaction that may have changed `pf` (begun with `pf.begin()`) ended.
+    pub(super) fn settle_patches(&self, pf: &mut PatchFrames, committed: bool) {
+        let done = pf.settle(committed);
+        let nbw = &self.cache.nbw;
+        if done.frames >= 0 {
+            nbw.patch_frames.fetch_add(done.frames.unsigned_abs(), Ordering::Relaxed);
+        } else {
+            nbw.patch_frames.fetch_sub(done.frames.unsigned_abs(), Ordering::Relaxed);
+        }
+        nbw.patches_moved.fetch_add(done.moved, Ordering::Relaxed);
+    }
+
     /// The patches of pages that left NVRAM (their transaction committed).
     pub(super) fn patches_gone(&self, st: &mut CacheState, pages: impl IntoIterator<Item = u64>) {
         for page in pages {
@@ -277,36 +300,30 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// Phase 2 of a cached write for its plans (inside the write's transaction): the frames
-    /// of new pages and patches, in plan order (`None` for a patch rewritten in place).
+    /// Phase 2 of a cached write for its plans (inside the write's transaction, `pf` begun):
+    /// for each plan in order, the frame its page or patch now lies in.
     pub(super) fn write_plans(
         &self,
         tx: &mut txn::Tx<'_>,
         object: FrameId,
         plans: &[Plan],
-    ) -> Result<Vec<Option<FrameId>>, txn::TxError> {
+        pf: &mut PatchFrames,
+    ) -> Result<Vec<FrameId>, txn::TxError> {
         let pool = &self.pool;
         let mut frames = Vec::with_capacity(plans.len());
         for plan in plans {
             match plan {
-                Plan::Page { page, bytes, replaces, .. } => {
+                Plan::Page { page, bytes, patched, .. } => {
                     let tag = FrameTag { kind: KIND_PAGE, owner: object.0, index: *page };
                     let frame = tx.alloc_frame(tag)?;
                     tx.write(pool.frame_offset(frame), &bytes[..]);
-                    if let Some(old) = replaces {
-                        tx.free_frame(*old)?;
+                    if *patched {
+                        pf.remove(tx, pool, *page)?;
                     }
-                    frames.push(Some(frame));
+                    frames.push(frame);
                 }
-                Plan::Patch { patch, frame: Some(f), .. } => {
-                    tx.update(pool.frame_offset(*f), &patch.encode())?;
-                    frames.push(None);
-                }
-                Plan::Patch { page, patch, frame: None, .. } => {
-                    let tag = FrameTag { kind: KIND_PATCH, owner: object.0, index: *page };
-                    let frame = tx.alloc_frame(tag)?;
-                    tx.write(pool.frame_offset(frame), &patch.encode());
-                    frames.push(Some(frame));
+                Plan::Patch { page, patch, .. } => {
+                    frames.push(pf.put(tx, pool, object, *page, &patch.encode())?.frame);
                 }
             }
         }

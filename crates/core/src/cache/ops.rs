@@ -144,11 +144,13 @@ impl<L: LowerFs> Engine<L> {
         rec.mtime = now;
         rec.ctime = now;
         let mut touched: Vec<u64> = Vec::new();
-        let written = (|| -> Result<Vec<Option<txn::FrameId>>, txn::TxError> {
+        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
+        pf.begin();
+        let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
             let tx = otx.tx();
             for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
-                if let Some(meta) = st.pages.get(&page)
-                    && !st.patches.contains_key(&page)
+                if let Some(meta) = pages.get(&page)
+                    && !patches.contains_key(&page)
                 {
                     tx.update(
                         pool.frame_offset(meta.frame) + in_page as u64,
@@ -157,12 +159,14 @@ impl<L: LowerFs> Engine<L> {
                     touched.push(page);
                 }
             }
-            let frames = self.write_plans(tx, cf.object, &plans)?;
+            let frames = self.write_plans(tx, cf.object, &plans, pf)?;
             tx.update(pool.frame_offset(cf.object), &rec.encode())?;
             Ok(frames)
         })();
         // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
-        let frames = otx.end(written.map_err(FsError::from))?;
+        let frames = otx.end(written.map_err(FsError::from));
+        self.settle_patches(pf, frames.is_ok());
+        let frames = frames?;
         st.rec = rec;
         self.space.add(unmapped as u64);
         self.mirror_write(cf, &mut st, touched, plans, frames, now.0);
@@ -176,7 +180,7 @@ impl<L: LowerFs> Engine<L> {
         st: &mut state::CacheState,
         touched: Vec<u64>,
         plans: Vec<super::nbw::Plan>,
-        frames: Vec<Option<txn::FrameId>>,
+        frames: Vec<txn::FrameId>,
         now: i64,
     ) {
         use super::nbw::Plan;
@@ -193,16 +197,14 @@ impl<L: LowerFs> Engine<L> {
         for (plan, frame) in plans.into_iter().zip(frames) {
             let page = plan.page();
             if !plan.is_new() {
-                // The page's patch, rewritten in place or replaced by a whole page.
+                // The page's patch, rewritten (perhaps moved) or replaced by a whole page.
                 let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
                 meta.version = tick;
+                meta.frame = frame;
                 state::accessed(&mut t, c, meta, tick);
                 let old = st.patches.remove(&page).map_or(0, |p| p.len());
                 match plan {
-                    Plan::Page { .. } => {
-                        meta.frame = frame.expect("a new page frame");
-                        self.cache.nbw.patch_removed(old);
-                    }
+                    Plan::Page { .. } => self.cache.nbw.patch_removed(old),
                     Plan::Patch { patch, .. } => {
                         self.cache.nbw.patch_resized(old, patch.len());
                         st.patches.insert(page, patch);
@@ -222,7 +224,7 @@ impl<L: LowerFs> Engine<L> {
                 plan.loc()
             };
             let meta = PageMeta {
-                frame: frame.expect("a new frame"),
+                frame,
                 active: false,
                 referenced: true,
                 version: tick,
@@ -455,12 +457,15 @@ impl<L: LowerFs> Engine<L> {
             _ => None,
         };
         let mut rec = st.rec.clone();
+        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
+        pf.begin();
         let result = (|| -> Result<(), txn::TxError> {
             if let Some(Some(q)) = &clipped {
-                otx.tx().update(pool.frame_offset(st.pages[&tail].frame), &q.encode())?;
+                // Smaller than before: rewritten in its run.
+                pf.put(otx.tx(), pool, cf.object, tail, &q.encode())?;
             } else if size < old && size % PAGE != 0 && clipped.is_none() {
                 // C3: the tail of the last page reads as zeros if the file grows again.
-                if let Some(meta) = st.pages.get(&tail) {
+                if let Some(meta) = pages.get(&tail) {
                     let from = size % PAGE;
                     let to = PAGE.min(old - (size / PAGE) * PAGE);
                     otx.tx().update(
@@ -470,7 +475,11 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             for p in &gone {
-                otx.tx().free_frame(st.pages[p].frame)?;
+                if patches.contains_key(p) {
+                    pf.remove(otx.tx(), pool, *p)?;
+                } else {
+                    otx.tx().free_frame(pages[p].frame)?;
+                }
             }
             rec.size = size;
             rec.valid = rec.valid.min(size);
@@ -480,7 +489,9 @@ impl<L: LowerFs> Engine<L> {
             Ok(())
         })()
         .map_err(FsError::from);
-        otx.end(result)?;
+        let result = otx.end(result);
+        self.settle_patches(pf, result.is_ok());
+        result?;
         st.rec = rec;
         st.shrunk_to = st.shrunk_to.min(size);
         if let Some(Some(q)) = clipped {
@@ -567,12 +578,19 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(());
         }
-        self.atomically(|tx| {
-            for meta in st.pages.values() {
-                tx.free_frame(meta.frame)?;
+        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
+        pf.begin();
+        let freed = self.atomically(|tx| {
+            for (page, meta) in pages.iter() {
+                if !patches.contains_key(page) {
+                    tx.free_frame(meta.frame)?;
+                }
             }
+            pf.free_all(tx)?;
             tx.free_frame(cf.object)
-        })?;
+        });
+        self.settle_patches(pf, freed.is_ok());
+        freed?;
         let pages = std::mem::take(&mut st.pages);
         Counters::add(&self.cache.counters.pages_dropped, pages.len() as u64);
         self.forget_cached(cf, &mut st, &pages);
@@ -618,6 +636,7 @@ impl<L: LowerFs> Engine<L> {
         };
         // Every file's pages first (file locks), then the tables (a later rank).
         let mut pages: Vec<(PageKey, PageMeta)> = Vec::new();
+        let mut patch_frames = 0u64;
         for cf in files {
             let st = cf.lock();
             if st.gone {
@@ -630,9 +649,28 @@ impl<L: LowerFs> Engine<L> {
                     cf.object.0, st.unmapped
                 ));
             }
+            // Patches: where the map says, each patched page's frame theirs, and no other.
+            st.patch_frames.check().map_err(|e| format!("frame {}: {e}", cf.object.0))?;
+            for (&index, meta) in &st.pages {
+                let place = st.patch_frames.place(index);
+                if place.map(|p| p.frame) != st.patches.contains_key(&index).then_some(meta.frame) {
+                    return Err(format!(
+                        "frame {} page {index}: patch at {place:?}, page frame {}",
+                        cf.object.0, meta.frame.0
+                    ));
+                }
+            }
+            if st.patch_frames.len() != st.patches.len() {
+                return Err(format!("frame {}: patches placed and decoded differ", cf.object.0));
+            }
+            patch_frames += st.patch_frames.frame_count() as u64;
             pages.extend(
                 st.pages.iter().map(|(&index, m)| (PageKey { object: cf.object.0, index }, *m)),
             );
+        }
+        let counted = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
+        if counted != patch_frames {
+            return Err(format!("nbw.patch_frames {counted} but files hold {patch_frames}"));
         }
         let t = self.cache.tables();
         let (mut all, mut inactive) = (0u64, 0u64);

@@ -3,44 +3,64 @@
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x5043_0003 [`KIND_PATCH`] | one patch (below) | record frame number | page number |
+//! | 0x5043_0004 [`KIND_PATCHES`] | patches of one file, packed (below) | record frame number | 0 |
 //!
-//! A patch frame holds the byte ranges of its page that writes covered, ascending, disjoint and
-//! not adjacent (merged), followed by their bytes packed in the same order; the byte table is
-//! [`LAYOUT`]. The paper keeps a FIFO queue of patches per page and applies them in order; here
-//! every write merges into the page's one patch inside its transaction, so the patch always
-//! holds the latest byte for every covered offset and applying it is one copy per range.
-//! Invariants: **P4** a patch verifies (magic, checksum, page, ranges sorted, disjoint, not
-//! adjacent, inside the page, lengths summing to the data length); **P5** a patch never covers
-//! its whole page (that is a dirty page) and never reaches the file's size (C3).
+//! A patch frame is 64 slots of 64 bytes. Each patch of the owner file takes a run of
+//! consecutive slots (as few as its bytes need: a 512-byte patch takes 9, so 7 share a frame);
+//! slots that hold no patch are zero (`patchframe.rs` places, moves and frees them). A patch
+//! (an *entry*) is a 32-byte header ([`LAYOUT`]), its byte ranges of the page - ascending,
+//! disjoint and not adjacent (merged) - and their bytes packed in the same order, then zeros to
+//! the end of its run. The paper keeps a FIFO queue of patches per page and applies them in
+//! order; here every write merges into the page's one patch inside its transaction, so the
+//! patch always holds the latest byte for every covered offset and applying it is one copy per
+//! range.
+//!
+//! Invariants: **P4** a patch verifies (magic, checksum, run length, ranges sorted, disjoint,
+//! not adjacent, inside the page, lengths summing to the data length, zeros after its data);
+//! **P5** a patch never covers its whole page (that is a dirty page) and never reaches the
+//! file's size (C3); **P6** every slot of a patch frame is either part of exactly one patch or
+//! zero, a patch frame holds at least one patch, and no page of a file has two patches.
+//!
+//! Before packing (format 0x5043_0003, one patch per frame) a patch took a whole 4 KiB frame:
+//! a 512-byte write used eight times its size of NVRAM, and the patch limit was reached after
+//! an eighth of the writes it now holds. A region holding patches of that format is refused at
+//! start with the way out named ([`KIND_PATCH_V1`]).
 
 use nvram::checksum::checksum;
 
 use super::PAGE;
 
-pub const KIND_PATCH: u32 = 0x5043_0003;
+pub const KIND_PATCHES: u32 = 0x5043_0004;
+/// The unpacked format (one patch per frame), refused at start.
+pub const KIND_PATCH_V1: u32 = 0x5043_0003;
 
-const MAGIC: &[u8; 8] = b"NVSPAT01";
 const FRAME: usize = 4096;
-const RANGES_OFF: usize = 24;
-const SUM_OFF: usize = FRAME - 8;
-/// Bytes for ranges (4 each) and data together.
-pub const CAPACITY: usize = SUM_OFF - RANGES_OFF;
+/// A patch frame's unit of allocation.
+pub const SLOT: usize = 64;
+/// Slots of a patch frame (a `u64` bitmap of them is a frame's occupancy).
+pub const SLOTS: usize = FRAME / SLOT;
+const MAGIC: &[u8; 4] = b"NVP2";
+const HEADER: usize = 32;
+const SUM_OFF: usize = 24;
+/// Bytes for ranges (4 each) and data together: a patch fills at most one whole frame.
+pub const CAPACITY: usize = FRAME - HEADER;
 /// A limit on fragmentation: a write that would leave more ranges fetches the page instead.
 pub const MAX_RANGES: usize = 64;
 
-/// The patch frame's byte table.
+/// The byte table of a patch's header (its ranges and data follow).
 pub const LAYOUT: &[nvram::layout::Field] = &[
-    (0, 8, "magic"),
+    (0, 4, "magic"),
+    (4, 1, "slots"),
+    (5, 1, "zero"),
+    (6, 2, "range count"),
     (8, 8, "page"),
-    (16, 2, "range count"),
-    (18, 2, "data length"),
-    (20, 4, "zero"),
-    (RANGES_OFF, CAPACITY, "ranges and data"),
-    (SUM_OFF, 8, "xxh3-64"),
+    (16, 2, "data length"),
+    (18, 6, "zero"),
+    (SUM_OFF, 8, "xxh3-64 of the patch's run without this field"),
 ];
 
-const _: () = assert!(nvram::layout::contiguous(LAYOUT, FRAME), "patch table");
+const _: () = assert!(nvram::layout::contiguous(LAYOUT, HEADER), "patch header table");
+const _: () = assert!(SLOTS == 64, "a frame's occupancy is one u64");
 
 /// A decoded patch: covered ranges `(offset in page, length)` and a whole page of bytes of
 /// which only the covered ones mean anything (kept zero elsewhere).
@@ -121,14 +141,22 @@ impl Patch {
         Merged::Patch(patch)
     }
 
-    /// The frame's bytes (see [`LAYOUT`]).
+    /// Slots the patch takes in its frame.
+    pub fn slots(&self) -> usize {
+        (HEADER + 4 * self.ranges.len() + self.len()).div_ceil(SLOT)
+    }
+
+    /// The patch's run of slots: header, ranges, data, zeros (see [`LAYOUT`]).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; FRAME];
-        b[..8].copy_from_slice(MAGIC);
+        let slots = self.slots();
+        assert!(slots <= SLOTS, "a patch larger than its frame");
+        let mut b = vec![0u8; slots * SLOT];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = u8::try_from(slots).expect("at most 64 slots");
+        b[6..8].copy_from_slice(&u16::try_from(self.ranges.len()).expect("ranges").to_le_bytes());
         b[8..16].copy_from_slice(&self.page.to_le_bytes());
-        b[16..18].copy_from_slice(&u16::try_from(self.ranges.len()).expect("ranges").to_le_bytes());
-        b[18..20].copy_from_slice(&u16::try_from(self.len()).expect("length").to_le_bytes());
-        let mut at = RANGES_OFF;
+        b[16..18].copy_from_slice(&u16::try_from(self.len()).expect("length").to_le_bytes());
+        let mut at = HEADER;
         for &(o, n) in &self.ranges {
             b[at..at + 2].copy_from_slice(&o.to_le_bytes());
             b[at + 2..at + 4].copy_from_slice(&n.to_le_bytes());
@@ -139,39 +167,45 @@ impl Patch {
             b[at..at + n].copy_from_slice(&self.bytes[o..o + n]);
             at += n;
         }
-        assert!(at <= SUM_OFF, "a patch larger than its frame");
-        let sum = checksum(&[&b[..SUM_OFF]]);
-        b[SUM_OFF..].copy_from_slice(&sum.to_le_bytes());
+        let sum = run_sum(&b);
+        b[SUM_OFF..HEADER].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
-    /// Decodes and verifies a patch frame (P4); the error says what is wrong.
-    pub fn decode(b: &[u8], page: u64) -> Result<Patch, &'static str> {
-        if b.len() < FRAME || &b[..8] != MAGIC {
+    /// Decodes and verifies the patch whose run starts at `b[0]` (`b` reaches at least to the
+    /// end of the run: the rest of the frame will do) (P4, P5); the error says what is wrong.
+    pub fn decode(b: &[u8]) -> Result<Patch, &'static str> {
+        if b.len() < HEADER || &b[..4] != MAGIC {
             return Err("bad patch magic");
         }
-        let sum = u64::from_le_bytes(b[SUM_OFF..FRAME].try_into().expect("8 bytes"));
-        if checksum(&[&b[..SUM_OFF]]) != sum {
+        let slots = usize::from(b[4]);
+        if slots == 0 || slots * SLOT > b.len() {
+            return Err("patch run past its frame");
+        }
+        let b = &b[..slots * SLOT];
+        let sum = u64::from_le_bytes(b[SUM_OFF..HEADER].try_into().expect("8 bytes"));
+        if run_sum(b) != sum {
             return Err("patch checksum mismatch");
         }
-        if u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")) != page {
-            return Err("patch of another page");
+        let count = usize::from(u16::from_le_bytes([b[6], b[7]]));
+        let len = usize::from(u16::from_le_bytes([b[16], b[17]]));
+        if b[5] != 0 || b[18..24] != [0; 6] || count == 0 || count > MAX_RANGES {
+            return Err("bad patch header");
         }
-        let count = usize::from(u16::from_le_bytes([b[16], b[17]]));
-        let len = usize::from(u16::from_le_bytes([b[18], b[19]]));
-        if b[20..24] != [0; 4] || count == 0 || count > MAX_RANGES || count * 4 + len > CAPACITY {
-            return Err("bad patch lengths");
+        if (HEADER + 4 * count + len).div_ceil(SLOT) != slots {
+            return Err("patch lengths disagree with its run");
         }
+        let page = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
         let mut p = Patch::new(page);
-        let mut data = RANGES_OFF + 4 * count;
+        let mut data = HEADER + 4 * count;
         let mut end = 0usize;
         for i in 0..count {
-            let at = RANGES_OFF + 4 * i;
+            let at = HEADER + 4 * i;
             let o = u16::from_le_bytes([b[at], b[at + 1]]);
             let n = u16::from_le_bytes([b[at + 2], b[at + 3]]);
             let (uo, un) = (usize::from(o), usize::from(n));
             // Ascending, disjoint and not adjacent (the first may start at 0), inside the page.
-            if un == 0 || (i > 0 && uo <= end) || uo + un > PAGE as usize {
+            if un == 0 || (i > 0 && uo <= end) || uo + un > PAGE as usize || data + un > b.len() {
                 return Err("bad patch range");
             }
             end = uo + un;
@@ -182,7 +216,7 @@ impl Patch {
         if p.len() != len {
             return Err("patch data length mismatch");
         }
-        if b[data..SUM_OFF].iter().any(|&x| x != 0) {
+        if b[data..].iter().any(|&x| x != 0) {
             return Err("bytes after the patch data");
         }
         if p.ranges == [(0, PAGE as u16)] {
@@ -190,6 +224,37 @@ impl Patch {
         }
         Ok(p)
     }
+}
+
+/// The checksum of a patch's run, its own field left out.
+fn run_sum(run: &[u8]) -> u64 {
+    checksum(&[&run[..SUM_OFF], &run[HEADER..]])
+}
+
+/// The patches of a patch frame as (first slot, patch), in slot order, verified (P4, P6:
+/// slots outside every patch are zero, at least one patch, no page twice); the error names
+/// the slot.
+pub fn decode_frame(frame: &[u8]) -> Result<Vec<(usize, Patch)>, (usize, &'static str)> {
+    let mut out: Vec<(usize, Patch)> = Vec::new();
+    let mut slot = 0;
+    while slot < SLOTS {
+        let b = &frame[slot * SLOT..FRAME];
+        if b[..SLOT].iter().all(|&x| x == 0) {
+            slot += 1;
+            continue;
+        }
+        let patch = Patch::decode(b).map_err(|what| (slot, what))?;
+        if out.iter().any(|(_, q)| q.page == patch.page) {
+            return Err((slot, "two patches of one page (P6)"));
+        }
+        let next = slot + patch.slots();
+        out.push((slot, patch));
+        slot = next;
+    }
+    if out.is_empty() {
+        return Err((0, "a patch frame without patches (P6)"));
+    }
+    Ok(out)
 }
 
 /// The maximal runs of `true` as (offset, length).
@@ -238,7 +303,8 @@ mod tests {
         assert_eq!(&page[10..13], b"bbd");
         assert_eq!(&page[100..106], b"aacccc");
         assert!(p.covers(101, 106) && !p.covers(99, 101) && p.covers(5, 5));
-        assert_eq!(Patch::decode(&p.encode(), 9).unwrap(), p);
+        assert_eq!(Patch::decode(&p.encode()).unwrap(), p);
+        assert_eq!(p.slots(), (32 + 8 + 9usize).div_ceil(SLOT));
     }
 
     #[test]
@@ -275,11 +341,53 @@ mod tests {
     #[test]
     fn every_bit_flip_is_detected() {
         let b = patched(&[(3, b"hello"), (4000, b"world")]).encode();
-        for byte in 0..FRAME {
+        for byte in 0..b.len() {
             let mut bad = b.clone();
             bad[byte] ^= 0x04;
-            assert!(Patch::decode(&bad, 9).is_err(), "byte {byte}");
+            assert!(Patch::decode(&bad).is_err(), "byte {byte}");
         }
-        assert!(Patch::decode(&b, 8).is_err(), "another page");
+    }
+
+    #[test]
+    fn a_512_byte_patch_takes_9_slots_and_7_share_a_frame() {
+        let p = patched(&[(512, &[5; 512])]);
+        assert_eq!(p.slots(), 9);
+        assert_eq!(SLOTS / p.slots(), 7);
+        // The largest patch fills exactly one frame.
+        let big = patched(&[(0, &[1; CAPACITY - 4])]);
+        assert_eq!(big.slots(), SLOTS);
+    }
+
+    /// A frame with `patches` placed at their slots, zeros elsewhere.
+    fn frame_of(patches: &[(usize, &Patch)]) -> Vec<u8> {
+        let mut f = vec![0u8; FRAME];
+        for &(slot, p) in patches {
+            let e = p.encode();
+            f[slot * SLOT..slot * SLOT + e.len()].copy_from_slice(&e);
+        }
+        f
+    }
+
+    #[test]
+    fn a_frame_decodes_to_its_patches_and_refuses_stray_bytes_and_duplicates() {
+        let mut a = patched(&[(0, &[1; 100])]);
+        a.page = 3;
+        let mut b = patched(&[(2000, &[0; 300])]); // zero data: its run has zero slots inside
+        b.page = 7;
+        let f = frame_of(&[(0, &a), (10, &b)]);
+        let got = decode_frame(&f).unwrap();
+        assert_eq!(got, vec![(0, a.clone()), (10, b.clone())]);
+        let mut stray = f.clone();
+        stray[63 * SLOT + 5] = 1;
+        assert_eq!(decode_frame(&stray).unwrap_err().0, 63);
+        let twice = frame_of(&[(0, &a), (20, &a)]);
+        assert_eq!(decode_frame(&twice).unwrap_err(), (20, "two patches of one page (P6)"));
+        assert!(decode_frame(&[0u8; FRAME]).is_err(), "an empty patch frame");
+        // A run claiming to reach past the frame.
+        let mut late = vec![0u8; FRAME];
+        let e = b.encode();
+        assert_eq!(b.slots(), 6);
+        late[60 * SLOT..].copy_from_slice(&e[..4 * SLOT]);
+        assert_eq!(decode_frame(&late).unwrap_err(), (60, "patch run past its frame"));
     }
 }

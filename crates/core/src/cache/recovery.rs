@@ -10,7 +10,8 @@ use lower::{Errno, LowerFs};
 use txn::FrameId;
 
 use super::PAGE;
-use super::patch::{KIND_PATCH, Patch};
+use super::patch::{self, KIND_PATCH_V1, KIND_PATCHES, Patch};
+use super::patchframe::{PatchFrames, Place};
 use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
 use super::state::{self, CachedFile, PageMeta};
@@ -24,8 +25,8 @@ pub struct Found {
     pub frame: FrameId,
     pub rec: Record,
     pub pages: BTreeMap<u64, FrameId>,
-    /// Patched pages (non-blocking writes): frame and patch.
-    pub patches: BTreeMap<u64, (FrameId, Patch)>,
+    /// Patched pages (non-blocking writes): where the patch lies, and the patch.
+    pub patches: BTreeMap<u64, (Place, Patch)>,
 }
 
 /// Reads every cached-file record, dirty page and patch of the region (after recovery rolled
@@ -35,15 +36,22 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
     let mut records: BTreeMap<u64, Found> = BTreeMap::new();
     let mut pages = Vec::new();
     for (frame, tag) in pool.allocated_frames()? {
+        let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
         match tag.kind {
             record::KIND_RECORD => {
                 let b = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
-                let rec = Record::decode(&b)
-                    .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
+                let rec = Record::decode(&b).map_err(corrupt)?;
                 let (pages, patches) = (BTreeMap::new(), BTreeMap::new());
                 records.insert(frame.0, Found { frame, rec, pages, patches });
             }
-            record::KIND_PAGE | KIND_PATCH => pages.push((frame, tag)),
+            record::KIND_PAGE | KIND_PATCHES => pages.push((frame, tag)),
+            KIND_PATCH_V1 => {
+                return Err(corrupt(
+                    "a patch of the unpacked format (0x5043_0003, nvstack before packed patches): \
+                     mount this region with the nvstack that wrote it and unmount it (write-back \
+                     empties the cache), then use this one",
+                ));
+            }
             _ => {}
         }
     }
@@ -52,21 +60,32 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
         let Some(found) = records.get_mut(&tag.owner) else {
             return Err(corrupt("cached page whose owner is not a cached-file record (C2)"));
         };
-        if tag.index >= found.rec.size.div_ceil(PAGE) {
+        let pages = found.rec.size.div_ceil(PAGE);
+        if tag.kind == KIND_PATCHES {
+            let b = pool.read_vec(pool.frame_offset(frame), PAGE as usize);
+            let in_slot = |slot: usize, what: &str| {
+                nvram::Error::corrupt(nvram::Area::Frame(frame.0), format!("slot {slot}: {what}"))
+            };
+            let patches = patch::decode_frame(&b).map_err(|(slot, what)| in_slot(slot, what))?;
+            for (slot, p) in patches {
+                let corrupt = |what| in_slot(slot, what);
+                let end = p.ranges.last().map_or(0, |&(o, n)| u64::from(o) + u64::from(n));
+                if p.page >= pages || p.page * PAGE + end > found.rec.size {
+                    return Err(corrupt("patch reaching beyond the file size (P5)"));
+                }
+                if found.pages.contains_key(&p.page) || found.patches.contains_key(&p.page) {
+                    return Err(corrupt("two frames for one cached page"));
+                }
+                let place = Place { frame, slot, slots: p.slots() };
+                found.patches.insert(p.page, (place, p));
+            }
+            continue;
+        }
+        if tag.index >= pages {
             return Err(corrupt("cached page beyond the file size (C3)"));
         }
         if found.pages.contains_key(&tag.index) || found.patches.contains_key(&tag.index) {
             return Err(corrupt("two frames for one cached page"));
-        }
-        if tag.kind == KIND_PATCH {
-            let b = pool.read_vec(pool.frame_offset(frame), PAGE as usize);
-            let patch = Patch::decode(&b, tag.index).map_err(corrupt)?;
-            let end = patch.ranges.last().map_or(0, |&(o, n)| u64::from(o) + u64::from(n));
-            if tag.index * PAGE + end > found.rec.size {
-                return Err(corrupt("patch reaching beyond the file size (P5)"));
-            }
-            found.patches.insert(tag.index, (frame, patch));
-            continue;
         }
         found.pages.insert(tag.index, frame);
     }
@@ -83,21 +102,22 @@ impl<L: LowerFs> Engine<L> {
         let mut next_serial = 1;
         for Found { frame: object, rec, pages: mut frames, patches } in found {
             let mut patched = BTreeMap::new();
-            for (index, (frame, patch)) in patches {
-                frames.insert(index, frame);
+            let mut places = Vec::new();
+            for (index, (place, patch)) in patches {
+                frames.insert(index, place.frame);
                 patched.insert(index, patch);
+                places.push((index, place));
             }
+            let patch_frames = PatchFrames::found(places);
             next_serial = next_serial.max(rec.serial + 1);
             let node = match self.lower.find_file(&rec.handle, self.max_walk) {
                 Ok(node) => node,
                 Err(Errno(libc::ENOENT | libc::ESTALE)) => {
-                    self.atomically(|tx| {
-                        for f in frames.values().chain(std::iter::once(&object)) {
-                            tx.free_frame(*f)?;
-                        }
-                        Ok(())
-                    })
-                    .map_err(|error| StartError::DropDeleted { object: object.0, error })?;
+                    // Patched pages share their patch frames: each frame once.
+                    let all: std::collections::BTreeSet<FrameId> =
+                        frames.values().copied().chain(std::iter::once(object)).collect();
+                    self.atomically(|tx| all.iter().try_for_each(|f| tx.free_frame(*f)))
+                        .map_err(|error| StartError::DropDeleted { object: object.0, error })?;
                     Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
                     eprintln!(
                         "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
@@ -146,6 +166,9 @@ impl<L: LowerFs> Engine<L> {
             for patch in patched.values() {
                 self.cache.nbw.patch_added(patch.len());
             }
+            let n = patch_frames.frame_count() as u64;
+            self.cache.nbw.patch_frames.fetch_add(n, Ordering::Relaxed);
+            st.patch_frames = patch_frames;
             drop(t);
             // The asynchronous modes fetch what they had not fetched before the stop.
             self.queue_fetches(object.0, patched.keys().copied());

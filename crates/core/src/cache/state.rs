@@ -11,6 +11,7 @@ use txn::FrameId;
 use super::PAGE;
 use super::counters::{CacheCounters, dec, inc};
 use super::patch::Patch;
+use super::patchframe::PatchFrames;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::Record;
 use crate::sync::{Mutex, MutexGuard, Rank};
@@ -41,10 +42,13 @@ pub struct PageMeta {
 #[derive(Debug)]
 pub struct CacheState {
     pub rec: Record,
-    /// Pages in NVRAM: dirty pages and patched pages (a patched page's frame holds its patch).
+    /// Pages in NVRAM: dirty pages and patched pages (a patched page's `frame` is the patch
+    /// frame its patch lies in, shared with other patches of the file).
     pub pages: BTreeMap<u64, PageMeta>,
     /// The patches of patched pages (a subset of `pages`' keys), decoded.
     pub patches: BTreeMap<u64, Patch>,
+    /// Where those patches lie.
+    pub patch_frames: PatchFrames,
     /// FIEMAP of the lower file, fetched on demand, dropped when a write-back changed the
     /// lower file's allocation.
     pub extents: Option<Vec<Extent>>,
@@ -86,6 +90,7 @@ impl<N, F> CachedFile<N, F> {
                     rec,
                     pages: BTreeMap::new(),
                     patches: BTreeMap::new(),
+                    patch_frames: PatchFrames::default(),
                     extents: None,
                     shrunk_to: size,
                     gone: false,

@@ -589,9 +589,12 @@ impl<L: LowerFs> Engine<L> {
     fn commit_batch(&self, jobs: &[BatchFile<L>]) -> FsResult<u64> {
         // Jobs are in record-frame order (`snapshot`), the order several file locks are taken.
         let mut states: Vec<_> = jobs.iter().map(|j| j.cf.lock()).collect();
+        for st in &mut states {
+            st.patch_frames.begin();
+        }
         let plans = self.atomically(|tx| {
             let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
-            for (job, st) in jobs.iter().zip(states.iter()) {
+            for (job, st) in jobs.iter().zip(states.iter_mut()) {
                 if st.gone {
                     plans.push((Vec::new(), st.rec.clone(), false));
                     continue;
@@ -603,12 +606,17 @@ impl<L: LowerFs> Engine<L> {
                 // the lower file: a page written after a truncate stays dirty there).
                 let below = |index: u64| ((index + 1) * PAGE).min(rec.size) <= rec.valid;
                 let mut clean = Vec::new();
+                let state::CacheState { pages, patches, patch_frames, .. } = &mut **st;
                 for &(index, _, version) in &job.pages {
-                    if let Some(meta) = st.pages.get(&index)
+                    if let Some(meta) = pages.get(&index)
                         && meta.version == version
                         && below(index)
                     {
-                        tx.free_frame(meta.frame)?;
+                        if patches.contains_key(&index) {
+                            patch_frames.remove(tx, &self.pool, index)?;
+                        } else {
+                            tx.free_frame(meta.frame)?;
+                        }
                         clean.push(index);
                     }
                 }
@@ -626,7 +634,11 @@ impl<L: LowerFs> Engine<L> {
                 plans.push((clean, rec, free_record));
             }
             Ok(plans)
-        })?;
+        });
+        for st in &mut states {
+            self.settle_patches(&mut st.patch_frames, plans.is_ok());
+        }
+        let plans = plans?;
         // Committed: the volatile mirror, still under every file's lock.
         let mut freed = 0u64;
         for ((job, st), (clean, rec, free_record)) in jobs.iter().zip(states.iter_mut()).zip(plans)
