@@ -190,6 +190,12 @@ fn at_the_patch_limit_and_when_fragmented_the_writer_reads_the_page() {
     let st = e.stats();
     assert_eq!((st.nbw.patches, st.nbw.patch_frames, st.cache.fetches), (5, 1, 1));
     assert_eq!(st.nbw.writer_wait_reasons["patch_limit"], 1);
+    // A patch that would outgrow its run with no room left reads its page too (the limit
+    // holds for moves); the frame keeps the four others.
+    write(&e, fh, PAGE + 100, &[0xa5; 2000], &mut model);
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.nbw.patch_frames, st.cache.fetches), (4, 1, 2));
+    assert_eq!((st.nbw.writer_wait_reasons["patch_limit"], st.nbw.patches_moved), (2, 0));
     // 65 fragments do not fit one patch (MAX_RANGES = 64): the page is read and merged.
     for i in 0..65 {
         write(&e, fh, i * 8, b"z", &mut model);
@@ -197,6 +203,30 @@ fn at_the_patch_limit_and_when_fragmented_the_writer_reads_the_page() {
     let st = e.stats();
     assert_eq!(st.nbw.writer_wait_reasons["fragmented"], 1);
     assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    e.check_cache().unwrap();
+}
+
+#[test]
+fn scattered_512_byte_patches_pack_seven_to_a_frame() {
+    let lower = MemLower::default();
+    let mut model = pattern(400 * PAGE, 6);
+    lower_file(&lower, &model);
+    // Watermarks count frames: 100 patches in 15 frames (and a record) stay below 50.
+    let e = start(
+        &lower,
+        &region(512),
+        CacheConfig { high_pages: 50, low_pages: 30, ..nbw(Nbw::Lazy) },
+    );
+    let (_, fh) = open(&e);
+    // 100 pages in a scattered order: frames fill to 63 of 64 slots, and the one slot left in
+    // each must not keep a later patch from the frames that still have room.
+    for i in 0..100 {
+        write(&e, fh, (i * 37 % 400) * PAGE + 512, &[i as u8; 512], &mut model);
+    }
+    let st = e.stats();
+    assert_eq!((st.nbw.patches, st.nbw.patch_frames, st.cache.fetches), (100, 15, 0));
+    assert_eq!(st.writeback.pages_written, 0, "a pressure round ran");
+    assert_eq!(read(&e, fh, 0, 400 * PAGE as u32), model);
     e.check_cache().unwrap();
 }
 

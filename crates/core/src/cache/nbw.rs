@@ -91,20 +91,26 @@ impl<L: LowerFs> Engine<L> {
             let limit = (size_after - base).min(PAGE) as usize;
             if let Some(p) = st.patches.get(&page) {
                 let loc = st.pages[&page].loc;
-                plans.push(match p.merge(in_page, piece, limit) {
-                    Merged::Patch(patch) => Plan::Patch { page, patch, loc, new: false },
+                // A patch that grows out of its run needs room elsewhere: at the limit, with
+                // none in the file's frames, the page is fetched instead (the limit holds).
+                let wait = match p.merge(in_page, piece, limit) {
+                    Merged::Patch(patch) if self.patch_room(st, page, patch.slots()) => {
+                        plans.push(Plan::Patch { page, patch, loc, new: false });
+                        continue;
+                    }
+                    Merged::Patch(_) => Wait::PatchLimit,
                     Merged::Page(bytes) => {
                         inc(&self.cache.nbw.pages_completed_without_fetch);
-                        Plan::Page { page, bytes, loc, patched: true }
+                        plans.push(Plan::Page { page, bytes, loc, patched: true });
+                        continue;
                     }
-                    Merged::TooLarge => {
-                        self.wait_for(Wait::Fragmented);
-                        let mut bytes = self.fetch_page(cf, st, page)?;
-                        p.apply(&mut bytes[..]);
-                        bytes[in_page..in_page + n].copy_from_slice(piece);
-                        Plan::Page { page, bytes, loc, patched: true }
-                    }
-                });
+                    Merged::TooLarge => Wait::Fragmented,
+                };
+                self.wait_for(wait);
+                let mut bytes = self.fetch_page(cf, st, page)?;
+                p.apply(&mut bytes[..]);
+                bytes[in_page..in_page + n].copy_from_slice(piece);
+                plans.push(Plan::Page { page, bytes, loc, patched: true });
                 continue;
             }
             if st.pages.contains_key(&page) {
@@ -124,10 +130,7 @@ impl<L: LowerFs> Engine<L> {
                 // of its file's patch frames or a frame below the limit. (The pages of one
                 // write are checked before any is placed: a write may take one frame more.)
                 let room = match &merged {
-                    Some(Merged::Patch(p)) => {
-                        let frames = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
-                        frames < self.cache.config.patch_limit || st.patch_frames.fits(p.slots())
-                    }
+                    Some(Merged::Patch(p)) => self.patch_room(st, page, p.slots()),
                     _ => true,
                 };
                 if room && let Some(Merged::Patch(patch)) = merged {
@@ -146,6 +149,14 @@ impl<L: LowerFs> Engine<L> {
             plans.push(Plan::Page { page, bytes, loc, patched: false });
         }
         Ok(plans)
+    }
+
+    /// Whether page `page` may have a patch of `slots` slots: it fits where the page's patch
+    /// is (or would be put) in the file's patch frames, or fewer than `patch_limit` frames
+    /// hold patches.
+    fn patch_room(&self, st: &CacheState, page: u64, slots: usize) -> bool {
+        let frames = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
+        frames < self.cache.config.patch_limit || st.patch_frames.holds(page, slots)
     }
 
     fn wait_for(&self, why: Wait) {

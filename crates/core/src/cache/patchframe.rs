@@ -5,9 +5,10 @@
 //! change, [`PatchFrames::settle`] after it committed or rolled back.
 //!
 //! Protocol (keeps P6, `patch.rs`):
-//! - a new patch goes into the first free run of a frame of the file that has one (at most
-//!   [`MAX_TRIED`] frames looked at), else into a new frame written whole (its patch, then
-//!   zeros: a fresh frame's bytes are undefined);
+//! - a new patch goes into the first free run of the frame of the file whose longest free run
+//!   is the shortest that fits it (best fit, one lookup in an index by longest free run), else
+//!   into a new frame written whole (its patch, then zeros: a fresh frame's bytes are
+//!   undefined);
 //! - a patch rewritten in place keeps its run if it still fits (the slots it no longer needs
 //!   are zeroed), grows into the free slots after it if they are free, else moves;
 //! - a patch that leaves NVRAM has its run zeroed, unless it is the frame's last: then the
@@ -21,10 +22,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use super::patch::{KIND_PATCHES, SLOT, SLOTS};
-
-/// Frames with free slots looked at for a new patch before a new frame is taken (a limit on
-/// the work of one placement).
-pub const MAX_TRIED: usize = 8;
 
 /// Where a patch lies: `slots` slots from `slot` on, in `frame`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,8 +51,8 @@ pub struct PatchFrames {
     at: BTreeMap<u64, Place>,
     /// Occupied slots per frame (bit i = slot i); never 0 (an empty frame is freed).
     used: BTreeMap<FrameId, u64>,
-    /// The frames of `used` with at least one free slot.
-    roomy: BTreeSet<FrameId>,
+    /// The frames of `used` with a free slot, by their longest run of free slots.
+    by_run: BTreeSet<(usize, FrameId)>,
     /// Changes of the running transaction (`begin` .. `settle`).
     undo: Vec<Undo>,
     frames_at_begin: usize,
@@ -83,6 +80,21 @@ fn free_run(used: u64, slots: usize) -> Option<usize> {
     (0..=SLOTS - slots).find(|&s| used & run_mask(s, slots) == 0)
 }
 
+/// The longest run of free slots in a frame with occupancy `used`.
+fn longest_free(used: u64) -> usize {
+    let (mut best, mut run) = (0, 0);
+    for i in 0..SLOTS {
+        run = if used & (1 << i) == 0 { run + 1 } else { 0 };
+        best = best.max(run);
+    }
+    best
+}
+
+/// The index of frames by longest free run, built from occupancies.
+fn index(used: &BTreeMap<FrameId, u64>) -> BTreeSet<(usize, FrameId)> {
+    used.iter().map(|(&f, &u)| (longest_free(u), f)).filter(|&(r, _)| r > 0).collect()
+}
+
 impl PatchFrames {
     /// The map of patches found at start (`recovery.rs`), already verified (P6).
     pub fn found(patches: impl IntoIterator<Item = (u64, Place)>) -> PatchFrames {
@@ -91,7 +103,7 @@ impl PatchFrames {
             pf.at.insert(page, place);
             *pf.used.entry(place.frame).or_insert(0) |= place.mask();
         }
-        pf.roomy = pf.used.iter().filter(|&(_, &u)| u != u64::MAX).map(|(&f, _)| f).collect();
+        pf.by_run = index(&pf.used);
         pf
     }
 
@@ -104,9 +116,24 @@ impl PatchFrames {
         self.used.keys().copied()
     }
 
-    /// Whether a patch of `slots` slots fits a frame the file has (looking where `put` would).
-    pub fn fits(&self, slots: usize) -> bool {
-        self.roomy.iter().take(MAX_TRIED).any(|f| free_run(self.used[f], slots).is_some())
+    /// The frame with the shortest longest free run that still holds `slots` slots.
+    fn best_fit(&self, slots: usize) -> Option<FrameId> {
+        self.by_run.range((slots, FrameId(0))..).next().map(|&(_, f)| f)
+    }
+
+    /// Whether `put` of a patch of `slots` slots for `page` needs no new frame: it stays in
+    /// (or grows into the free slots after) the page's run, or fits a frame the file has.
+    pub fn holds(&self, page: u64, slots: usize) -> bool {
+        self.place(page).is_some_and(|old| self.in_place(old, slots))
+            || self.best_fit(slots).is_some()
+    }
+
+    /// Whether a patch at `old` rewritten to `slots` slots stays in its run or grows into the
+    /// free slots after it.
+    fn in_place(&self, old: Place, slots: usize) -> bool {
+        let used = self.used[&old.frame];
+        slots <= old.slots
+            || (old.slot + slots <= SLOTS && used & run_mask(old.slot, slots) & !old.mask() == 0)
     }
 
     /// Patches placed.
@@ -153,16 +180,15 @@ impl PatchFrames {
     }
 
     fn set_used(&mut self, frame: FrameId, bits: Option<u64>) {
+        if let Some(old) = self.used.remove(&frame) {
+            self.by_run.remove(&(longest_free(old), frame));
+        }
         if let Some(b) = bits {
             self.used.insert(frame, b);
-            if b == u64::MAX {
-                self.roomy.remove(&frame);
-            } else {
-                self.roomy.insert(frame);
+            let run = longest_free(b);
+            if run > 0 {
+                self.by_run.insert((run, frame));
             }
-        } else {
-            self.used.remove(&frame);
-            self.roomy.remove(&frame);
         }
     }
 
@@ -196,10 +222,7 @@ impl PatchFrames {
         if let Some(old) = self.place(page) {
             let used = self.used[&old.frame];
             let grown = Place { slots, ..old };
-            let fits = slots <= old.slots
-                || (old.slot + slots <= SLOTS
-                    && used & run_mask(old.slot, slots) & !old.mask() == 0);
-            if fits {
+            if self.in_place(old, slots) {
                 // Over the old run (and the free slots it grows into): the entry, then zeros
                 // for the slots it no longer needs.
                 let mut bytes = entry.to_vec();
@@ -212,11 +235,10 @@ impl PatchFrames {
             self.remove(tx, pool, page)?;
             self.moved += 1;
         }
-        let candidate = self
-            .roomy
-            .iter()
-            .take(MAX_TRIED)
-            .find_map(|&f| free_run(self.used[&f], slots).map(|s| (f, s)));
+        let candidate = self.best_fit(slots).map(|f| {
+            let slot = free_run(self.used[&f], slots).expect("the index says it fits");
+            (f, slot)
+        });
         let place = if let Some((frame, slot)) = candidate {
             let place = Place { frame, slot, slots };
             // The run is zero (P6): snapshotted, so a crash leaves it zero.
@@ -283,10 +305,8 @@ impl PatchFrames {
         if seen != self.used {
             return Err(format!("patch frame occupancy {:?} but places {:?}", self.used, seen));
         }
-        let roomy: BTreeSet<FrameId> =
-            self.used.iter().filter(|&(_, &u)| u != u64::MAX).map(|(&f, _)| f).collect();
-        if roomy != self.roomy {
-            return Err("patch frames with room disagree with their occupancy".into());
+        if index(&self.used) != self.by_run {
+            return Err("the index by free run disagrees with the occupancy".into());
         }
         Ok(())
     }
@@ -304,5 +324,10 @@ mod tests {
         assert_eq!(free_run(u64::MAX >> 1, 1), Some(63));
         assert_eq!(free_run(u64::MAX >> 1, 2), None);
         assert_eq!(free_run(0, 64), Some(0));
+        assert_eq!(longest_free(0), 64);
+        assert_eq!(longest_free(u64::MAX), 0);
+        assert_eq!(longest_free(0b1000_0001), 56);
+        assert_eq!(longest_free(!0b0111_1110), 6);
+        assert_eq!(longest_free(!(0b111 << 40)), 3);
     }
 }
