@@ -80,38 +80,6 @@ fn free_run(used: u64, slots: usize) -> Option<usize> {
     (0..=SLOTS - slots).find(|&s| used & run_mask(s, slots) == 0)
 }
 
-/// Bytes of unchanged data between two changed spans that are still written as one (an undo
-/// record has a header; a short gap costs less written than a second record).
-const SPAN_GAP: usize = 32;
-
-/// Stores `new` at `off` like `tx.update`, but snapshots and writes only the spans that
-/// differ from what is there: a patch growing by a small write changes its header, one range
-/// and the new bytes, not the whole run it is re-encoded into. The bytes at `off` are `new`
-/// afterwards either way.
-fn update_changed(tx: &mut Tx<'_>, pool: &Pool, off: u64, new: &[u8]) -> Result<(), TxError> {
-    let old = pool.read_vec(off, new.len());
-    let mut i = 0;
-    while i < new.len() {
-        if old[i] == new[i] {
-            i += 1;
-            continue;
-        }
-        // A span from the first differing byte to the last one before a gap of SPAN_GAP.
-        let start = i;
-        let mut end = i + 1;
-        let mut j = end;
-        while j < new.len() && j < end + SPAN_GAP {
-            if old[j] != new[j] {
-                end = j + 1;
-            }
-            j += 1;
-        }
-        tx.update(off + start as u64, &new[start..end])?;
-        i = end;
-    }
-    Ok(())
-}
-
 /// The longest run of free slots in a frame with occupancy `used`.
 fn longest_free(used: u64) -> usize {
     let (mut best, mut run) = (0, 0);
@@ -259,7 +227,7 @@ impl PatchFrames {
                 // for the slots it no longer needs.
                 let mut bytes = entry.to_vec();
                 bytes.resize(slots.max(old.slots) * SLOT, 0);
-                update_changed(tx, pool, at(old), &bytes)?;
+                tx.update(at(old), &bytes)?;
                 self.change_used(old.frame, Some(used & !old.mask() | grown.mask()));
                 self.change_at(page, Some(grown));
                 return Ok(grown);
