@@ -181,9 +181,12 @@ pub struct MountArgs {
     /// needed (a read the patch does not cover reads the lower file; write-back writes just
     /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
     /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `async-bg` is the default: it was the fastest or within 4 % of
-    /// it in the measured rows (random 512 B writes 2.5x `off` on hdd-7200, 1.1x on ssd where
-    /// `lazy` fell below `off` at its patch limit; docs/benchmarks.md, "Non-blocking writes").
+    /// (the blocking baseline). `async-bg` is the default: with packed patches, random writes
+    /// to cold pages on hdd-7200 ran 33x `off` at 128 B and 11.6x at 512 B, as `lazy` did;
+    /// `lazy` led with a concurrent reader (1.4-1.8x), but it fell below `off` on ssd at its
+    /// patch limit before packing, and ssd is not re-measured (docs/benchmarks.md,
+    /// "Non-blocking writes"). Only files on the NVRAM path make patches: with --passthrough
+    /// on, a file never fsynced is served by the kernel.
     #[arg(long, value_enum, default_value = "async-bg")]
     pub nbw: NbwArg,
     /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
