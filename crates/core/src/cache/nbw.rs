@@ -268,16 +268,14 @@ impl<L: LowerFs> Engine<L> {
         let Some(patch) = st.patches.get(&page).cloned() else { return Ok(false) };
         patch.apply(&mut bytes[..]);
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: page };
-        let pf = &mut st.patch_frames;
-        pf.begin();
-        let frame = self.atomically(|tx| {
-            let frame = tx.alloc_frame(tag)?;
-            tx.write(self.pool.frame_offset(frame), &bytes[..]);
-            pf.remove(tx, &self.pool, page)?;
-            Ok(frame)
-        });
-        self.settle_patches(pf, frame.is_ok());
-        let frame = frame?;
+        let frame = self.patch_tx(&mut st.patch_frames, |pf| {
+            self.atomically(|tx| {
+                let frame = tx.alloc_frame(tag)?;
+                tx.write(self.pool.frame_offset(frame), &bytes[..]);
+                pf.remove(tx, &self.pool, page)?;
+                Ok(frame)
+            })
+        })?;
         let tick = self.cache.tick();
         let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
         meta.frame = frame;
@@ -288,6 +286,20 @@ impl<L: LowerFs> Engine<L> {
         self.cache.nbw.patch_removed(patch.len());
         self.fail("nbw.merged");
         Ok(true)
+    }
+
+    /// Runs `f`, which changes `pf` in a transaction that it also ends (`Ok` = committed),
+    /// between `pf.begin()` and the settling of those changes: kept if `f` succeeded, undone if
+    /// not. The one way a file's patch map follows a transaction.
+    pub(super) fn patch_tx<T>(
+        &self,
+        pf: &mut PatchFrames,
+        f: impl FnOnce(&mut PatchFrames) -> FsResult<T>,
+    ) -> FsResult<T> {
+        pf.begin();
+        let result = f(pf);
+        self.settle_patches(pf, result.is_ok());
+        result
     }
 
     /// After a transaction that may have changed `pf` (begun with `pf.begin()`) ended.

@@ -144,29 +144,28 @@ impl<L: LowerFs> Engine<L> {
         rec.mtime = now;
         rec.ctime = now;
         let mut touched: Vec<u64> = Vec::new();
-        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
-        pf.begin();
-        let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
-            let tx = otx.tx();
-            for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
-                if let Some(meta) = pages.get(&page)
-                    && !patches.contains_key(&page)
-                {
-                    tx.update(
-                        pool.frame_offset(meta.frame) + in_page as u64,
-                        &data[done..done + n],
-                    )?;
-                    touched.push(page);
+        let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
+        let frames = self.patch_tx(patch_frames, |pf| {
+            let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
+                let tx = otx.tx();
+                for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
+                    if let Some(meta) = pages.get(&page)
+                        && !patches.contains_key(&page)
+                    {
+                        tx.update(
+                            pool.frame_offset(meta.frame) + in_page as u64,
+                            &data[done..done + n],
+                        )?;
+                        touched.push(page);
+                    }
                 }
-            }
-            let frames = self.write_plans(tx, cf.object, &plans, pf)?;
-            tx.update(pool.frame_offset(cf.object), &rec.encode())?;
-            Ok(frames)
-        })();
-        // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
-        let frames = otx.end(written.map_err(FsError::from));
-        self.settle_patches(pf, frames.is_ok());
-        let frames = frames?;
+                let frames = self.write_plans(tx, cf.object, &plans, pf)?;
+                tx.update(pool.frame_offset(cf.object), &rec.encode())?;
+                Ok(frames)
+            })();
+            // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
+            otx.end(written.map_err(FsError::from))
+        })?;
         st.rec = rec;
         self.space.add(unmapped as u64);
         self.mirror_write(cf, &mut st, touched, plans, frames, now.0);
@@ -457,41 +456,40 @@ impl<L: LowerFs> Engine<L> {
             _ => None,
         };
         let mut rec = st.rec.clone();
-        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
-        pf.begin();
-        let result = (|| -> Result<(), txn::TxError> {
-            if let Some(Some(q)) = &clipped {
-                // Smaller than before: rewritten in its run.
-                pf.put(otx.tx(), pool, cf.object, tail, &q.encode())?;
-            } else if size < old && size % PAGE != 0 && clipped.is_none() {
-                // C3: the tail of the last page reads as zeros if the file grows again.
-                if let Some(meta) = pages.get(&tail) {
-                    let from = size % PAGE;
-                    let to = PAGE.min(old - (size / PAGE) * PAGE);
-                    otx.tx().update(
-                        pool.frame_offset(meta.frame) + from,
-                        &vec![0u8; (to - from) as usize],
-                    )?;
+        let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
+        self.patch_tx(patch_frames, |pf| {
+            let result = (|| -> Result<(), txn::TxError> {
+                if let Some(Some(q)) = &clipped {
+                    // Smaller than before: rewritten in its run.
+                    pf.put(otx.tx(), pool, cf.object, tail, &q.encode())?;
+                } else if size < old && size % PAGE != 0 && clipped.is_none() {
+                    // C3: the tail of the last page reads as zeros if the file grows again.
+                    if let Some(meta) = pages.get(&tail) {
+                        let from = size % PAGE;
+                        let to = PAGE.min(old - (size / PAGE) * PAGE);
+                        otx.tx().update(
+                            pool.frame_offset(meta.frame) + from,
+                            &vec![0u8; (to - from) as usize],
+                        )?;
+                    }
                 }
-            }
-            for p in &gone {
-                if patches.contains_key(p) {
-                    pf.remove(otx.tx(), pool, *p)?;
-                } else {
-                    otx.tx().free_frame(pages[p].frame)?;
+                for p in &gone {
+                    if patches.contains_key(p) {
+                        pf.remove(otx.tx(), pool, *p)?;
+                    } else {
+                        otx.tx().free_frame(pages[p].frame)?;
+                    }
                 }
-            }
-            rec.size = size;
-            rec.valid = rec.valid.min(size);
-            rec.mtime = now;
-            rec.ctime = now;
-            otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
-            Ok(())
-        })()
-        .map_err(FsError::from);
-        let result = otx.end(result);
-        self.settle_patches(pf, result.is_ok());
-        result?;
+                rec.size = size;
+                rec.valid = rec.valid.min(size);
+                rec.mtime = now;
+                rec.ctime = now;
+                otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
+                Ok(())
+            })()
+            .map_err(FsError::from);
+            otx.end(result)
+        })?;
         st.rec = rec;
         st.shrunk_to = st.shrunk_to.min(size);
         if let Some(Some(q)) = clipped {
@@ -578,19 +576,18 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(());
         }
-        let state::CacheState { pages, patches, patch_frames: pf, .. } = &mut *st;
-        pf.begin();
-        let freed = self.atomically(|tx| {
-            for (page, meta) in pages.iter() {
-                if !patches.contains_key(page) {
-                    tx.free_frame(meta.frame)?;
+        let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
+        self.patch_tx(patch_frames, |pf| {
+            self.atomically(|tx| {
+                for (page, meta) in pages.iter() {
+                    if !patches.contains_key(page) {
+                        tx.free_frame(meta.frame)?;
+                    }
                 }
-            }
-            pf.free_all(tx)?;
-            tx.free_frame(cf.object)
-        });
-        self.settle_patches(pf, freed.is_ok());
-        freed?;
+                pf.free_all(tx)?;
+                tx.free_frame(cf.object)
+            })
+        })?;
         let pages = std::mem::take(&mut st.pages);
         Counters::add(&self.cache.counters.pages_dropped, pages.len() as u64);
         self.forget_cached(cf, &mut st, &pages);
