@@ -564,12 +564,12 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         let io = self.cache_io(&job.cf)?;
         let c = &self.cache.counters;
-        for &(o, n) in &patch.ranges {
-            let (o, n) = (usize::from(o), usize::from(n));
+        for (o, piece) in patch.pieces() {
+            let n = piece.len();
             let mut done = 0;
             while done < n {
                 let at = index * PAGE + (o + done) as u64;
-                match self.lower.write(io, at, &patch.bytes[o + done..o + n])? {
+                match self.lower.write(io, at, &piece[done..])? {
                     0 => return Err(Errno(libc::EIO).into()),
                     k => done += k,
                 }
