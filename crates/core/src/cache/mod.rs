@@ -19,6 +19,7 @@
 //! (`ZoneTables`) are short locks taken after a file's state, never held across a lower call.
 
 pub mod counters;
+mod fetchqueue;
 mod nbw;
 mod ops;
 pub mod patch;
@@ -29,7 +30,7 @@ pub mod recovery;
 pub mod state;
 mod writeback;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -192,9 +193,9 @@ pub struct PageCache<N, F> {
     round: Mutex<History>,
     /// The cache clock: page versions and recency ticks.
     clock: AtomicU64,
-    /// Patched pages waiting for an asynchronous fetch, as (record frame, page) (rank
-    /// `Fetches`; bounded by the patch limit: one entry per patch).
-    fetches: Mutex<VecDeque<(u64, u64)>>,
+    /// Patched pages waiting for an asynchronous fetch, as (record frame, page), in elevator
+    /// order (rank `Fetches`; bounded: `nbw::MAX_QUEUED`).
+    fetches: Mutex<fetchqueue::FetchQueue>,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -218,7 +219,7 @@ impl<N, F> PageCache<N, F> {
             stripes: std::array::from_fn(|_| Mutex::new(Rank::Stripe, ())),
             round: Mutex::new(Rank::Round, History::default()),
             clock: AtomicU64::new(1),
-            fetches: Mutex::new(Rank::Fetches, VecDeque::new()),
+            fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
         }
     }
 

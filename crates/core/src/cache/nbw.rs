@@ -14,8 +14,8 @@
 //!   a dirty page without any read; one that would fragment the patch past a whole frame
 //!   fetches;
 //! - `async-fg` and `async-bg` fetch patched pages after the write was answered (`fetch_patches`),
-//!   merging the patch in one transaction (a new dirty-page frame replaces the patch);
-//!   `lazy` never fetches for the patch's sake;
+//!   merging the patch in one transaction (a new dirty-page frame replaces the patch), in
+//!   elevator order (`fetchqueue.rs`); `lazy` never fetches for the patch's sake;
 //! - a read the patches cover is served from them; others read the lower file and overlay the
 //!   patch (that read is the page's fetch: `nbw.fetches_on_read`);
 //! - write-back writes only the patched bytes (`writeback.rs`); truncate drops or clips
@@ -39,14 +39,14 @@ use crate::engine::Engine;
 use crate::error::FsResult;
 
 /// Queued fetches at most (a limit on the queue; a page not queued stays a patch, as in lazy).
-const MAX_QUEUED: usize = 1 << 16;
+pub(super) const MAX_QUEUED: usize = 1 << 16;
 
 /// What a cached write does to one page that is not already a whole dirty page in NVRAM,
 /// decided before its transaction (every lower read happens then).
 pub(super) enum Plan {
     /// A new dirty page; `patched`: it replaces the page's patch, removed in the same
-    /// transaction.
-    Page { page: u64, bytes: Box<[u8; PAGE as usize]>, loc: Loc, patched: bool },
+    /// transaction; `completed`: the write covered the rest of the patched page (no read).
+    Page { page: u64, bytes: Box<[u8; PAGE as usize]>, loc: Loc, patched: bool, completed: bool },
     /// A new patch (`new`) or the page's patch rewritten (in place, grown or moved:
     /// `patchframe.rs`).
     Patch { page: u64, patch: Patch, loc: Loc, new: bool },
@@ -100,8 +100,7 @@ impl<L: LowerFs> Engine<L> {
                     }
                     Merged::Patch(_) => Wait::PatchLimit,
                     Merged::Page(bytes) => {
-                        inc(&self.cache.nbw.pages_completed_without_fetch);
-                        plans.push(Plan::Page { page, bytes, loc, patched: true });
+                        plans.push(Plan::Page { page, bytes, loc, patched: true, completed: true });
                         continue;
                     }
                     Merged::TooLarge => Wait::Fragmented,
@@ -110,7 +109,7 @@ impl<L: LowerFs> Engine<L> {
                 let mut bytes = self.fetch_page(cf, st, page)?;
                 p.apply(&mut bytes[..]);
                 bytes[in_page..in_page + n].copy_from_slice(piece);
-                plans.push(Plan::Page { page, bytes, loc, patched: true });
+                plans.push(Plan::Page { page, bytes, loc, patched: true, completed: false });
                 continue;
             }
             if st.pages.contains_key(&page) {
@@ -146,7 +145,7 @@ impl<L: LowerFs> Engine<L> {
                 bytes = self.fetch_page(cf, st, page)?;
             }
             bytes[in_page..in_page + n].copy_from_slice(piece);
-            plans.push(Plan::Page { page, bytes, loc, patched: false });
+            plans.push(Plan::Page { page, bytes, loc, patched: false, completed: false });
         }
         Ok(plans)
     }
@@ -200,9 +199,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut q = self.cache.fetches.lock();
         for page in pages {
-            if q.len() < MAX_QUEUED {
-                q.push_back((object, page));
-            }
+            q.push(object, page);
         }
     }
 
@@ -220,7 +217,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn fetch_patches(&self, max: usize) -> usize {
         let mut merged = 0;
         for _ in 0..max {
-            let Some((object, page)) = self.cache.fetches.lock().pop_front() else { break };
+            let Some((object, page)) = self.cache.fetches.lock().pop() else { break };
             let Some(cf) = self.cache.by_object(object) else { continue };
             match self.complete_patch(&cf, page) {
                 Ok(true) => {

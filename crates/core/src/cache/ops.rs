@@ -203,7 +203,12 @@ impl<L: LowerFs> Engine<L> {
                 state::accessed(&mut t, c, meta, tick);
                 let old = st.patches.remove(&page).map_or(0, |p| p.len());
                 match plan {
-                    Plan::Page { .. } => self.cache.nbw.patch_removed(old),
+                    Plan::Page { completed, .. } => {
+                        if completed {
+                            inc(&self.cache.nbw.pages_completed_without_fetch);
+                        }
+                        self.cache.nbw.patch_removed(old);
+                    }
                     Plan::Patch { patch, .. } => {
                         self.cache.nbw.patch_resized(old, patch.len());
                         st.patches.insert(page, patch);
