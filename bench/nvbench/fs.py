@@ -430,6 +430,7 @@ class Target:
     remount_options: str = ""       # a stacked FS: `mount -o remount,<these>` once it is up
                                     # (e.g. sync: Sync-PostMark on a FUSE mount)
     _undo: list = field(default_factory=list)
+    interrupted: BaseException | None = None   # a Ctrl-C that came during teardown()
     daemon: object = None
     path: Path | None = None        # where the workload runs
     device_mnt: Path | None = None  # mount point of the (modeled) device, for `device stat`
@@ -587,21 +588,31 @@ class Target:
                 time.sleep(0.1)
 
     def _stop_daemon(self, umount_argv: list[str]) -> None:
+        """Unmount and wait for the daemon. A Ctrl-C during the unmount (which may write back
+        for minutes) still stops the daemon and detaches the mount before it is passed on:
+        otherwise the daemon outlived its run, holding the modeled disk the next steps detach."""
         sh, mnt = self.shell, self.layout.mnt
-        sh.run(umount_argv, check=False, timeout=600)
-        if self.daemon is None:
-            return
+        interrupted = None
         try:
-            self.daemon.wait(timeout=60)
-        except Exception:  # noqa: BLE001 - the daemon is ours; stop it by pid
-            self.daemon.terminate()
+            sh.run(umount_argv, check=False, timeout=600)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+        if self.daemon is not None:
             try:
-                self.daemon.wait(timeout=10)
-            except Exception:  # noqa: BLE001
-                self.daemon.kill()
-                self.daemon.wait()
+                if interrupted:
+                    raise TimeoutError("interrupted: stop the daemon now")
+                self.daemon.wait(timeout=60)
+            except BaseException:  # noqa: BLE001 - the daemon is ours; stop it by pid
+                self.daemon.terminate()
+                try:
+                    self.daemon.wait(timeout=10)
+                except BaseException:  # noqa: BLE001
+                    self.daemon.kill()
+                    self.daemon.wait()
         if _is_mounted(mnt):
             sh.run(["fusermount3", "-uz", str(mnt)], check=False)
+        if interrupted:
+            raise interrupted
 
     # ----- measurement helpers ---------------------------------------------------------------
     def device_stat(self, dest: Path) -> None:
@@ -651,13 +662,19 @@ class Target:
 
     # ----- teardown --------------------------------------------------------------------------
     def teardown(self) -> list[str]:
-        """Undo every setup step in reverse; returns the errors (never raises)."""
+        """Undo every setup step in reverse; returns the errors (never raises). A Ctrl-C (or
+        SIGTERM) that arrives meanwhile does not stop the undoing: it is kept in
+        `self.interrupted`, which the caller raises once its bookkeeping is written, so that
+        the harness stops instead of starting the next run."""
         errors = []
         while self._undo:
             step = self._undo.pop()
             try:
                 step()
-            except BaseException as exc:  # noqa: BLE001 - keep undoing on Ctrl-C too
+            except KeyboardInterrupt as exc:
+                self.interrupted = exc
+                errors.append(f"interrupted: {exc}")
+            except BaseException as exc:  # noqa: BLE001 - keep undoing whatever failed
                 errors.append(str(exc))
         return errors
 

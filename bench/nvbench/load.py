@@ -452,6 +452,8 @@ def main(args) -> int:
         repro.write_text(sh.repro_script("load test: setup and checks (the workers are run by "
                                          "bench/run load itself)"))
         repro.chmod(0o755)
+        if target.interrupted:
+            raise target.interrupted
     print(summary_text(result))
     return 0 if result["status"] == "ok" else 1
 

@@ -373,6 +373,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         repro = rundir / "repro.sh"
         repro.write_text(sh.repro_script(header))
         repro.chmod(0o755)
+        if target.interrupted:
+            raise target.interrupted
     return result
 
 

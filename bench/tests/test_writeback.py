@@ -418,3 +418,23 @@ def test_no_writeback_tables_without_the_cache(tmp_path, samples):
     md = summary.write(tmp_path).read_text()
     assert "Write-back:" not in md
     assert "writeback-policies-writeback.png" not in [p.name for p in plot.plot_dir(tmp_path)]
+
+
+def test_a_ctrl_c_during_teardown_undoes_everything_and_is_kept(tmp_path):
+    """A Ctrl-C while a run is torn down (an nvstack unmount may write back for minutes) must
+    not stop the undoing - the daemon would outlive its run - and must not be lost either: the
+    harness would go on to the next run (seen 2026-11-26: two runs' daemons at once)."""
+    sh = Shell(dry_run=True)
+    t = fs.Target(sh, fs.CONFIGS["ext4-ordered"], "none", fs.Layout(tmp_path / "t", "t"),
+                  1 << 30, 16 << 20, 32 << 20)
+    done = []
+
+    def interrupted():
+        done.append("umount")
+        raise KeyboardInterrupt("signal 2")
+
+    t._undo.extend([lambda: done.append("detach"), interrupted, lambda: done.append("stop")])
+    errors = t.teardown()
+    assert done == ["stop", "umount", "detach"]
+    assert errors == ["interrupted: signal 2"]
+    assert isinstance(t.interrupted, KeyboardInterrupt)
