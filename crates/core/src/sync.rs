@@ -18,7 +18,7 @@
 //! | `Stripe` | a stripe of lower files: no cached-file record starts while a file's data changes in the lower FS directly | yes (one file's) |
 //! | `Listing` | the merged listing of one open directory | yes (its readdir) |
 //! | `TempFile` | one temp file's state; several in serial order | yes (its shadowed name's unlink) |
-//! | `CachedFile` | one cached file's state; several in record-frame order | yes (its fetches and reads) |
+//! | `CachedFile` | one cached file's state; several in record-frame order | yes (its fetches; a read only on its last attempt, `cache/ops.rs`) |
 //! | `Overlay` | the overlay: named temp files by directory, pending directory times | no |
 //! | `CacheFiles` | the map of cached files | no |
 //! | `Fetches` | patched pages waiting for an asynchronous fetch | no |

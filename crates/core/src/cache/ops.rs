@@ -34,6 +34,10 @@ use crate::stats::Counters;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
+/// Attempts of a cached read to read the lower file without the file's lock; the last one
+/// holds it (a limit: a file written back over and over cannot starve its readers).
+const READ_ATTEMPTS: u32 = 4;
+
 impl<L: LowerFs> Engine<L> {
     /// The cached file of `key`, if it has a record.
     pub(crate) fn cached(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
@@ -252,7 +256,14 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Reads through the cache: the lower file's bytes below `valid`, zeros up to the size,
-    /// dirty pages over both. `None` when the record was freed meanwhile.
+    /// dirty pages and patches over both. `None` when the record was freed meanwhile.
+    ///
+    /// The lower file is read without the file's lock (a cold read waits for the disk, and a
+    /// writer of the same file - a patch, at NVRAM speed - must not wait behind it). What was
+    /// read is used only if the size, `valid` and `lower_gen` are unchanged when the lock is
+    /// taken again: then nothing changed the lower bytes below `valid` meanwhile (only a
+    /// committed write-back does, and it bumps `lower_gen`), and every page written since is
+    /// in NVRAM and laid over them. Otherwise it reads again; the last attempt holds the lock.
     pub(crate) fn cached_read(
         &self,
         cf: &Cached<L>,
@@ -260,59 +271,106 @@ impl<L: LowerFs> Engine<L> {
         offset: u64,
         buf: &mut [u8],
     ) -> FsResult<Option<usize>> {
-        let mut st = cf.lock();
-        if st.gone {
-            return Ok(None);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let st = cf.lock();
+            if st.gone {
+                return Ok(None);
+            }
+            let seen = |st: &state::CacheState| (st.rec.size, st.rec.valid, st.lower_gen);
+            let before = seen(&st);
+            let Some(lower) = Self::lower_part(&st, offset, buf.len()) else {
+                return self.read_nvram(cf, st, offset, buf, 0).map(Some);
+            };
+            // The last attempt keeps the lock across the lower read.
+            let held = (attempt >= READ_ATTEMPTS).then_some(st);
+            let from_lower = self.read_lower(file, offset, &mut buf[..lower])?;
+            let st = if let Some(st) = held {
+                st
+            } else {
+                self.fail("cache.read_unlocked"); // (writers and write-back of the file go on)
+                let st = cf.lock();
+                if st.gone {
+                    return Ok(None);
+                }
+                if seen(&st) != before {
+                    continue;
+                }
+                st
+            };
+            return self.read_nvram(cf, st, offset, buf, from_lower).map(Some);
         }
+    }
+
+    /// How many bytes from `offset` a read of `len` must take from the lower file (below
+    /// `valid`, and not every page in NVRAM over what it wants); `None` for none.
+    fn lower_part(st: &state::CacheState, offset: u64, len: usize) -> Option<usize> {
+        let size = st.rec.size;
+        if offset >= size || offset >= st.rec.valid {
+            return None;
+        }
+        let len = (len as u64).min(size - offset);
+        let (first, last) = (offset / PAGE, (offset + len - 1) / PAGE);
+        let in_nvram = |p: u64| {
+            st.pages.contains_key(&p)
+                && st.patches.get(&p).is_none_or(|patch| {
+                    let from = (p * PAGE).max(offset) - p * PAGE;
+                    let to = ((p + 1) * PAGE).min(offset + len) - p * PAGE;
+                    patch.covers(from as usize, to as usize)
+                })
+        };
+        if (first..=last).all(in_nvram) {
+            return None;
+        }
+        Some(((st.rec.valid - offset).min(len)) as usize)
+    }
+
+    /// Reads `buf` from the lower file at `offset` until its end or the lower file's; returns
+    /// the bytes read.
+    fn read_lower(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let n = self.lower.read(file, offset + done as u64, &mut buf[done..])?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Counters::add(&self.counters.lower_bytes_read, done as u64);
+        Ok(done)
+    }
+
+    /// The rest of a cached read, under the file's lock: `buf[..from_lower]` holds the lower
+    /// file's bytes; zeros up to the size, then the pages and patches in NVRAM over them.
+    /// Returns the length read.
+    fn read_nvram(
+        &self,
+        cf: &Cached<L>,
+        mut st: crate::sync::MutexGuard<'_, state::CacheState>,
+        offset: u64,
+        buf: &mut [u8],
+        from_lower: usize,
+    ) -> FsResult<usize> {
         let size = st.rec.size;
         if offset >= size {
-            return Ok(Some(0));
+            return Ok(0);
         }
         let len = (buf.len() as u64).min(size - offset) as usize;
         let buf = &mut buf[..len];
         let first = offset / PAGE;
         let last = (offset + len as u64 - 1) / PAGE;
-        // The part of page `p` this read wants, as offsets in the page.
-        let wanted = |p: u64| {
-            let from = (p * PAGE).max(offset) - p * PAGE;
-            let to = ((p + 1) * PAGE).min(offset + len as u64) - p * PAGE;
-            (from as usize, to as usize)
-        };
-        // Served from NVRAM alone: every page dirty, or patched over what the read wants.
-        let in_nvram = |p: u64| {
-            st.pages.contains_key(&p)
-                && st.patches.get(&p).is_none_or(|patch| {
-                    let (from, to) = wanted(p);
-                    patch.covers(from, to)
-                })
-        };
-        let all_dirty = (first..=last).all(in_nvram);
         let nbw = &self.cache.nbw;
         for (&p, patch) in st.patches.range(first..=last) {
-            let (from, to) = wanted(p);
-            inc(if patch.covers(from, to) {
+            let from = (p * PAGE).max(offset) - p * PAGE;
+            let to = ((p + 1) * PAGE).min(offset + len as u64) - p * PAGE;
+            inc(if patch.covers(from as usize, to as usize) {
                 &nbw.reads_served_from_patches
             } else {
                 &nbw.fetches_on_read
             });
         }
-        let mut from_lower = 0usize;
-        if !all_dirty && offset < st.rec.valid {
-            let want = ((st.rec.valid - offset) as usize).min(len);
-            while from_lower < want {
-                let n = self.lower.read(
-                    file,
-                    offset + from_lower as u64,
-                    &mut buf[from_lower..want],
-                )?;
-                if n == 0 {
-                    break;
-                }
-                from_lower += n;
-            }
-            Counters::add(&self.counters.lower_bytes_read, from_lower as u64);
-        }
-        buf[from_lower..].fill(0);
+        buf[from_lower.min(len)..].fill(0);
         if st.atime_checked != st.rec.mtime {
             // relatime against the cached mtime (the lower file's own is older): the lower
             // file system would update atime on this read.
@@ -349,7 +407,7 @@ impl<L: LowerFs> Engine<L> {
             state::accessed(t, c, meta, tick);
             inc(&c.hits);
         }
-        Ok(Some(len))
+        Ok(len)
     }
 
     /// SEEK_DATA / SEEK_HOLE of a cached file: data is a dirty page or lower data below

@@ -61,6 +61,10 @@ pub struct CacheState {
     pub unmapped: u64,
     /// The record's mtime when a read last applied relatime to the lower file's atime.
     pub atime_checked: (i64, u32),
+    /// Bumped by every committed write-back (step 3) of the file, the only change to the
+    /// lower file's bytes while it has a record: a read that read the lower file without the
+    /// lock uses what it read only if this, `valid` and the size are what they were before.
+    pub lower_gen: u64,
 }
 
 /// A lower file with a record in NVRAM. `object` (its record frame) and `key` never change.
@@ -96,6 +100,7 @@ impl<N, F> CachedFile<N, F> {
                     gone: false,
                     unmapped: 0,
                     atime_checked: (i64::MIN, 0),
+                    lower_gen: 0,
                 },
             ),
             io: OnceLock::new(),

@@ -658,6 +658,7 @@ impl<L: LowerFs> Engine<L> {
             freed += gone_pages.len() as u64;
             st.rec = rec;
             st.extents = None; // the lower allocation changed
+            st.lower_gen += 1; // step 2 wrote the lower file (cached_read)
             if free_record {
                 self.forget_cached(&job.cf, st, &gone_pages);
             } else {
