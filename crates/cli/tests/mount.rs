@@ -436,7 +436,7 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
     }
     let f = Fixture::new();
     std::fs::write(f.lower().join("data"), vec![b'l'; 20_000]).unwrap();
-    // --nbw lazy: the patch stays a patch (the default, async-bg, would fetch it soon);
+    // --nbw lazy (the default, named: async-bg would fetch it soon): the patch stays a patch;
     // --passthrough off: the write goes through NVRAM (in passthrough the kernel would write
     // the lower file itself).
     let out = f.mount_with(&["--keep-dirty", "--nbw", "lazy", "--passthrough", "off"]);

@@ -181,13 +181,15 @@ pub struct MountArgs {
     /// needed (a read the patch does not cover reads the lower file; write-back writes just
     /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
     /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `async-bg` is the default: with packed patches, random writes
-    /// to cold pages on hdd-7200 ran 33x `off` at 128 B and 11.6x at 512 B, as `lazy` did;
-    /// `lazy` led with a concurrent reader (1.4-1.8x), but it fell below `off` on ssd at its
-    /// patch limit before packing, and ssd is not re-measured (docs/benchmarks.md,
-    /// "Non-blocking writes"). Only files on the NVRAM path make patches: with --passthrough
-    /// on, a file never fsynced is served by the kernel.
-    #[arg(long, value_enum, default_value = "async-bg")]
+    /// (the blocking baseline). `lazy` is the default: in 15-second runs on cold pages
+    /// (docs/benchmarks.md, "Non-blocking writes") it made 33x ext4's random 128-byte writes
+    /// on hdd-7200 (`async-bg` 35.5x), 2.5x `off` on ssd (`async-bg` 1.9x), and with a reader
+    /// of the same file 33x ext4 on hdd with the reader 46 % faster than beside `async-bg`,
+    /// whose fetcher reads from the same disk. `async-bg` drains patches in the background (in
+    /// elevator order): it keeps writers below the patch limit longer on a disk with seeks.
+    /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
+    /// is served by the kernel.
+    #[arg(long, value_enum, default_value = "lazy")]
     pub nbw: NbwArg,
     /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
     /// bytes, 7 share a frame); beyond, a partial write reads its page first, as with --nbw
