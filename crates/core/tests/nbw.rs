@@ -304,14 +304,15 @@ fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
     }
 }
 
-/// Failpoints that make the fetcher linger between its read and its merge, as a disk read
-/// would.
+/// A failpoint that makes the thread that hits it linger, as a disk read would: the fetcher
+/// between its read and its merge (`nbw.fetched`), a reader between its unlocked lower read
+/// and its overlay (`cache.read_unlocked`).
 #[derive(Debug)]
-struct SlowFetch;
-impl engine::Failpoints for SlowFetch {
+struct Linger(&'static str, u64);
+impl engine::Failpoints for Linger {
     fn hit(&self, point: &'static str) {
-        if point == "nbw.fetched" {
-            std::thread::sleep(std::time::Duration::from_micros(50));
+        if point == self.0 {
+            std::thread::sleep(std::time::Duration::from_micros(self.1));
         }
     }
 }
@@ -333,7 +334,7 @@ fn a_fetch_racing_writes_truncates_and_write_back_never_loses_a_byte() {
     let config = EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache: CacheConfig { patch_limit: 64, ..nbw(Nbw::AsyncBg) },
-        failpoints: Some(Arc::new(SlowFetch)),
+        failpoints: Some(Arc::new(Linger("nbw.fetched", 50))),
         ..EngineConfig::default()
     };
     let e = Engine::new(lower.clone(), pool, config).unwrap();
@@ -396,23 +397,15 @@ fn a_fetch_racing_writes_truncates_and_write_back_never_loses_a_byte() {
     assert_eq!(lower_content(&lower), model, "written back");
 }
 
-#[derive(Debug)]
-struct SlowRead;
-impl engine::Failpoints for SlowRead {
-    fn hit(&self, point: &'static str) {
-        if point == "cache.read_unlocked" {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
-}
-
 /// A cached read reads the lower file without its file's lock (a writer of the file does not
-/// wait for a reader's disk read): while one thread rewrites a page with ever larger
-/// versions and another writes the file back over and over, a reader lingering after its
-/// lower read never returns a page mixed from two versions, an older version than it returned
-/// before, or one older than a write that returned before the read began (a write-back that
-/// freed the page meanwhile made its lower read stale: it must read again). Removing the `lower_gen` check makes it fail. (Thread timing
-/// decides the interleavings; the assertions hold for every one.)
+/// wait for a reader's disk read): while one thread rewrites page 0 with ever larger versions
+/// (and then the file's last byte with the same version) and another writes the file back
+/// over and over, a reader lingering after its lower read never returns a page mixed from two
+/// versions, an older version than it returned before, one older than a write that returned
+/// before the read began, or page 0 older than the last byte (a write-back that freed page 0
+/// meanwhile made its lower read stale: it must read again). Without the `lower_gen` check the
+/// last assertion fails. (Thread timing decides the interleavings; the assertions hold for
+/// every one.)
 #[test]
 fn an_unlocked_read_never_returns_a_page_older_than_one_it_saw() {
     const PAGES: usize = 8;
@@ -423,7 +416,7 @@ fn an_unlocked_read_never_returns_a_page_older_than_one_it_saw() {
     let config = EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache: nbw(Nbw::Lazy),
-        failpoints: Some(Arc::new(SlowRead)),
+        failpoints: Some(Arc::new(Linger("cache.read_unlocked", 200))),
         ..EngineConfig::default()
     };
     let e = Engine::new(lower.clone(), pool, config).unwrap();
