@@ -304,6 +304,18 @@ fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
     }
 }
 
+/// An engine as `start` makes it (on a fresh 256-frame region), lingering at a failpoint.
+fn start_lingering(lower: &MemLower, cache: CacheConfig, linger: Linger) -> Engine<MemLower> {
+    let pool = Pool::open(region(256), Consistency::Undo).unwrap().0;
+    let config = EngineConfig {
+        temp: TempConfig { enabled: false, ..TempConfig::default() },
+        cache,
+        failpoints: Some(Arc::new(linger)),
+        ..EngineConfig::default()
+    };
+    Engine::new(lower.clone(), pool, config).unwrap()
+}
+
 /// A failpoint that makes the thread that hits it linger, as a disk read would: the fetcher
 /// between its read and its merge (`nbw.fetched`), a reader between its unlocked lower read
 /// and its overlay (`cache.read_unlocked`).
@@ -329,15 +341,8 @@ fn a_fetch_racing_writes_truncates_and_write_back_never_loses_a_byte() {
     let lower = MemLower::default();
     let mut model = pattern(32 * PAGE, 7);
     lower_file(&lower, &model);
-    let r = region(256);
-    let pool = Pool::open(r.clone(), Consistency::Undo).unwrap().0;
-    let config = EngineConfig {
-        temp: TempConfig { enabled: false, ..TempConfig::default() },
-        cache: CacheConfig { patch_limit: 64, ..nbw(Nbw::AsyncBg) },
-        failpoints: Some(Arc::new(Linger("nbw.fetched", 50))),
-        ..EngineConfig::default()
-    };
-    let e = Engine::new(lower.clone(), pool, config).unwrap();
+    let cache = CacheConfig { patch_limit: 64, ..nbw(Nbw::AsyncBg) };
+    let e = start_lingering(&lower, cache, Linger("nbw.fetched", 50));
     let (id, fh) = open(&e);
     let done = std::sync::atomic::AtomicBool::new(false);
     let so_far = std::sync::atomic::AtomicUsize::new(0);
@@ -411,15 +416,7 @@ fn an_unlocked_read_never_returns_a_page_older_than_one_it_saw() {
     const PAGES: usize = 8;
     let lower = MemLower::default();
     lower_file(&lower, &vec![0u8; PAGES * PAGE]);
-    let r = region(256);
-    let pool = Pool::open(r.clone(), Consistency::Undo).unwrap().0;
-    let config = EngineConfig {
-        temp: TempConfig { enabled: false, ..TempConfig::default() },
-        cache: nbw(Nbw::Lazy),
-        failpoints: Some(Arc::new(Linger("cache.read_unlocked", 200))),
-        ..EngineConfig::default()
-    };
-    let e = Engine::new(lower.clone(), pool, config).unwrap();
+    let e = start_lingering(&lower, nbw(Nbw::Lazy), Linger("cache.read_unlocked", 200));
     let (_, fh) = open(&e);
     let done = std::sync::atomic::AtomicBool::new(false);
     let written = std::sync::atomic::AtomicU8::new(0);
