@@ -430,6 +430,32 @@ fn xattrs_off_stops_the_kernel_asking_before_every_write() {
 }
 
 #[test]
+fn stat_says_why_writes_waited_at_the_patch_limit() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    std::fs::write(f.lower().join("data"), vec![b'l'; 64 * 4096]).unwrap();
+    // One frame of patches: 128-byte patches take 3 of its 64 slots, so 21 fit.
+    let out = f.mount_with(&["--nbw", "lazy", "--nbw-patch-limit", "4K", "--passthrough", "off"]);
+    assert!(out.status.success(), "{}", text(&out));
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(f.mnt().join("data")).unwrap();
+        for page in 0..30u64 {
+            file.write_all_at(&[b'M'; 128], page * 4096 + 7).unwrap();
+        }
+    }
+    let out = nvstack(&["stat", f.mnt().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let all = text(&out);
+    let line = all.lines().find(|l| l.starts_with("nbw (lazy)")).unwrap_or_else(|| panic!("{all}"));
+    assert!(line.contains("21 patches created"), "{line}");
+    assert!(line.contains("9 writes waited (9 patch_limit)"), "{line}");
+    f.umount();
+}
+
+#[test]
 fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_refused() {
     if skip() {
         return;

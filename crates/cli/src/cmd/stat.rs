@@ -115,10 +115,22 @@ fn print_caches(value: &serde_json::Value) {
             wb["syncs"]
         );
         let n = &value["nbw"];
+        // The reasons a write still read its page first, those that occurred.
+        let reasons: Vec<String> = n["writer_wait_reasons"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reasons =
+            if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
         println!(
             "nbw ({}): {} patches created, {} in NVRAM ({} B in {} of at most {} frames, {} \
              moved); {} completed without a read; fetches: {} async, {} on read, {} on \
-             write-back; {} reads from patches; {} writes waited",
+             write-back; {} reads from patches; {} writes waited{}",
             n["mode"].as_str().unwrap_or("?"),
             n["patches_created"],
             n["patches"],
@@ -131,7 +143,8 @@ fn print_caches(value: &serde_json::Value) {
             n["fetches_on_read"],
             n["fetches_on_writeback"],
             n["reads_served_from_patches"],
-            n["writer_waits"]
+            n["writer_waits"],
+            reasons
         );
     }
 }
