@@ -598,17 +598,7 @@ class Target:
         except KeyboardInterrupt as exc:
             interrupted = exc
         if self.daemon is not None:
-            try:
-                if interrupted:
-                    raise TimeoutError("interrupted: stop the daemon now")
-                self.daemon.wait(timeout=60)
-            except BaseException:  # noqa: BLE001 - the daemon is ours; stop it by pid
-                self.daemon.terminate()
-                try:
-                    self.daemon.wait(timeout=10)
-                except BaseException:  # noqa: BLE001
-                    self.daemon.kill()
-                    self.daemon.wait()
+            _end(self.daemon, grace=0 if interrupted else 60)
         if _is_mounted(mnt):
             sh.run(["fusermount3", "-uz", str(mnt)], check=False)
         if interrupted:
@@ -686,6 +676,18 @@ def _is_mounted(path: Path) -> bool:
             return any(line.split()[4] == target for line in f)
     except OSError:
         return False
+
+
+def _end(proc, grace: float) -> None:
+    """Waits `grace` seconds for our daemon to exit, then terminates it (10 s), then kills it."""
+    for stop, timeout in ((None, grace), (proc.terminate, 10), (proc.kill, None)):
+        if stop:
+            stop()
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except BaseException:  # noqa: BLE001 - a timeout, or Ctrl-C: escalate
+            continue
 
 
 def _umount(sh: Shell, mnt: Path) -> None:

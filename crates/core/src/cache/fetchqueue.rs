@@ -38,10 +38,9 @@ impl FetchQueue {
 
     /// The next page of the sweep: the lowest above the cursor, else the lowest of all.
     pub fn pop(&mut self) -> Option<(u64, u64)> {
-        let above = match self.cursor {
-            Some(c) => self.queued.range((Bound::Excluded(c), Bound::Unbounded)).next().copied(),
-            None => None,
-        };
+        let above = self.cursor.and_then(|c| {
+            self.queued.range((Bound::Excluded(c), Bound::Unbounded)).next().copied()
+        });
         let next = above.or_else(|| self.queued.first().copied())?;
         self.queued.remove(&next);
         self.cursor = Some(next);

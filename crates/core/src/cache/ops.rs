@@ -38,6 +38,13 @@ pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 /// holds it (a limit: a file written back over and over cannot starve its readers).
 const READ_ATTEMPTS: u32 = 4;
 
+/// The part of page `p` a read of `len` bytes at `offset` wants, as offsets in the page.
+fn wanted(offset: u64, len: u64, p: u64) -> (usize, usize) {
+    let from = (p * PAGE).max(offset) - p * PAGE;
+    let to = ((p + 1) * PAGE).min(offset + len) - p * PAGE;
+    (from as usize, to as usize)
+}
+
 impl<L: LowerFs> Engine<L> {
     /// The cached file of `key`, if it has a record.
     pub(crate) fn cached(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
@@ -285,7 +292,8 @@ impl<L: LowerFs> Engine<L> {
             };
             // The last attempt keeps the lock across the lower read.
             let held = (attempt >= READ_ATTEMPTS).then_some(st);
-            let from_lower = self.read_lower(file, offset, &mut buf[..lower])?;
+            let from_lower = self.lower.read_full(file, offset, &mut buf[..lower])?;
+            Counters::add(&self.counters.lower_bytes_read, from_lower as u64);
             let st = if let Some(st) = held {
                 st
             } else {
@@ -315,30 +323,14 @@ impl<L: LowerFs> Engine<L> {
         let in_nvram = |p: u64| {
             st.pages.contains_key(&p)
                 && st.patches.get(&p).is_none_or(|patch| {
-                    let from = (p * PAGE).max(offset) - p * PAGE;
-                    let to = ((p + 1) * PAGE).min(offset + len) - p * PAGE;
-                    patch.covers(from as usize, to as usize)
+                    let (from, to) = wanted(offset, len, p);
+                    patch.covers(from, to)
                 })
         };
         if (first..=last).all(in_nvram) {
             return None;
         }
         Some(((st.rec.valid - offset).min(len)) as usize)
-    }
-
-    /// Reads `buf` from the lower file at `offset` until its end or the lower file's; returns
-    /// the bytes read.
-    fn read_lower(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> FsResult<usize> {
-        let mut done = 0usize;
-        while done < buf.len() {
-            let n = self.lower.read(file, offset + done as u64, &mut buf[done..])?;
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
-        Counters::add(&self.counters.lower_bytes_read, done as u64);
-        Ok(done)
     }
 
     /// The rest of a cached read, under the file's lock: `buf[..from_lower]` holds the lower
@@ -362,9 +354,8 @@ impl<L: LowerFs> Engine<L> {
         let last = (offset + len as u64 - 1) / PAGE;
         let nbw = &self.cache.nbw;
         for (&p, patch) in st.patches.range(first..=last) {
-            let from = (p * PAGE).max(offset) - p * PAGE;
-            let to = ((p + 1) * PAGE).min(offset + len as u64) - p * PAGE;
-            inc(if patch.covers(from as usize, to as usize) {
+            let (from, to) = wanted(offset, len as u64, p);
+            inc(if patch.covers(from, to) {
                 &nbw.reads_served_from_patches
             } else {
                 &nbw.fetches_on_read
@@ -386,22 +377,17 @@ impl<L: LowerFs> Engine<L> {
         let mut t = None;
         let state::CacheState { pages, patches, .. } = &mut *st;
         for (&page, meta) in pages.range_mut(first..=last) {
-            let start = (page * PAGE).max(offset);
-            let stop = ((page + 1) * PAGE).min(offset + len as u64);
-            let at = (start - offset) as usize;
+            let (lo, hi) = wanted(offset, len as u64, page);
+            let at = (page * PAGE + lo as u64 - offset) as usize;
+            let out = &mut buf[at..at + (hi - lo)];
             if let Some(patch) = patches.get(&page) {
                 // The patched bytes over the lower ones read above.
-                let base = (page * PAGE) as usize;
                 let mut whole = [0u8; PAGE as usize];
-                let (lo, hi) = ((start as usize) - base, (stop as usize) - base);
-                whole[lo..hi].copy_from_slice(&buf[at..at + (hi - lo)]);
+                whole[lo..hi].copy_from_slice(out);
                 patch.apply(&mut whole);
-                buf[at..at + (hi - lo)].copy_from_slice(&whole[lo..hi]);
+                out.copy_from_slice(&whole[lo..hi]);
             } else {
-                self.pool.read(
-                    self.pool.frame_offset(meta.frame) + (start - page * PAGE),
-                    &mut buf[at..at + (stop - start) as usize],
-                );
+                self.pool.read(self.pool.frame_offset(meta.frame) + lo as u64, out);
             }
             let t = t.get_or_insert_with(|| self.cache.tables());
             state::accessed(t, c, meta, tick);

@@ -286,7 +286,6 @@ pub fn decode_frame(frame: &[u8]) -> Result<Vec<(usize, Patch)>, (usize, &'stati
     Ok(out)
 }
 
-/// The maximal runs of `true` as (offset, length).
 fn to_u16(x: usize) -> u16 {
     u16::try_from(x).expect("offsets in a page fit 16 bits")
 }
