@@ -41,7 +41,7 @@ enum Command {
     /// /srv/data ...`): the mount then hides the lower directory, which nvstack still reaches
     /// through the descriptor it opened before mounting; the same holds for a mount point above
     /// the lower directory, which hides everything below it.
-    Mount(cmd::mount::MountArgs),
+    Mount(Box<cmd::mount::MountArgs>),
     /// Unmount cleanly: retries while the mount is busy (--busy-timeout, 10 s), then waits
     /// until the daemon has marked the region clean.
     Umount(cmd::umount::UmountArgs),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -690,6 +690,55 @@ fn a_mount_point_reached_through_a_bind_mount_of_the_lower_directory_is_refused(
     assert!(unbound && !is_mounted(&mp), "nothing left mounted");
 }
 
+/// A walk over more files than `--node-fds` works: nodes past the limit release their
+/// descriptors and reopen by handle; a deleted file that an application still holds (an
+/// O_PATH descriptor: the daemon sees no open) keeps answering after its node was released.
+#[test]
+fn a_walk_over_more_files_than_node_fds_works_and_a_held_deleted_file_answers() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let files = 600;
+    for i in 0..files {
+        std::fs::write(f.lower().join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    // attr-timeout 0: the fstat below reaches the daemon.
+    let out = f.mount_with(&["--node-fds", "16", "--attr-timeout", "0", "--tempfiles", "off"]);
+    assert!(out.status.success(), "mount: {}", text(&out));
+    let held = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(f.mnt().join("f0"))
+        .unwrap();
+    for round in 0..2 {
+        for i in 0..files {
+            let data = std::fs::read_to_string(f.mnt().join(format!("f{i}"))).unwrap();
+            assert_eq!(data, format!("{i}"), "round {round}");
+        }
+    }
+    // f0's node was released by the walks (clock order), and unlinking re-pins it.
+    std::fs::remove_file(f.mnt().join("f0")).unwrap();
+    for i in 1..files {
+        std::fs::metadata(f.mnt().join(format!("f{i}"))).unwrap();
+    }
+    let m = held.metadata().unwrap();
+    assert_eq!((m.nlink(), m.len()), (0, 1), "the deleted file the application holds");
+    let stat = nvstack(&["stat", f.mnt().to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&stat.stdout).expect("stat json");
+    let nodes = &v["lower_nodes"];
+    assert_eq!(nodes["handles"], true, "root on ext4 or tmpfs: {nodes}");
+    assert_eq!(nodes["fds_limit"], 16, "{nodes}");
+    // The limit may be passed for a moment by nodes in use, never by much.
+    assert!(nodes["fds_held"].as_u64().unwrap() <= 16 + 8, "{nodes}");
+    assert!(nodes["releases"].as_u64().unwrap() >= files, "{nodes}");
+    assert!(nodes["reopens"].as_u64().unwrap() > 0, "{nodes}");
+    let line = text(&nvstack(&["stat", f.mnt().to_str().unwrap()]));
+    assert!(line.contains("of at most 16"), "{line}");
+    drop(held);
+    f.umount();
+}
+
 /// Every option of `nvstack mount`, at a value other than its default: (flag, value given or
 /// None for a switch, the value `stat --json` must report under `mount.options`).
 fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)> {
@@ -723,6 +772,7 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("checkpoint-interval", Some("9"), json!(9)),
         ("nbw", Some("async-bg"), json!("async-bg")),
         ("nbw-patch-limit", Some("8M"), json!(8 << 20)),
+        ("node-fds", Some("100"), json!(100)),
     ]
 }
 

@@ -237,17 +237,20 @@ fn posix_table_mount_matches_lower() {
     // With temp files off every file is a lower file: with passthrough on (the default) the
     // kernel serves the ones with nothing in NVRAM itself (docs/design.md section 14); with it
     // off their partial writes are patches in the non-blocking-write modes (async-bg by
-    // default, lazy) or fetches (off).
-    for (mode, tempfiles, nbw, passthrough) in [
-        ("undo", "on", "lazy", "on"),
-        ("none", "on", "lazy", "on"),
-        ("undo", "off", "lazy", "on"),
-        ("journal", "on", "lazy", "on"),
-        ("undo", "off", "lazy", "off"),
-        ("undo", "off", "off", "off"),
-        ("undo", "off", "async-bg", "off"),
+    // default, lazy) or fetches (off). One row holds the fewest node descriptors, so that
+    // nodes are released and reopened by handle all through the table.
+    for (mode, tempfiles, nbw, passthrough, node_fds) in [
+        ("undo", "on", "lazy", "on", None),
+        ("none", "on", "lazy", "on", None),
+        ("undo", "off", "lazy", "on", Some("16")),
+        ("journal", "on", "lazy", "on", None),
+        ("undo", "off", "lazy", "off", None),
+        ("undo", "off", "off", "off", None),
+        ("undo", "off", "async-bg", "off", None),
     ] {
-        let config = format!("{mode}-tempfiles-{tempfiles}-nbw-{nbw}-passthrough-{passthrough}");
+        let nodes = node_fds.map(|n| format!("-node-fds-{n}")).unwrap_or_default();
+        let config =
+            format!("{mode}-tempfiles-{tempfiles}-nbw-{nbw}-passthrough-{passthrough}{nodes}");
         let (lower, mnt) =
             (root.join(format!("lower-{config}")), root.join(format!("mnt-{config}")));
         for d in [&lower, &mnt] {
@@ -256,14 +259,19 @@ fn posix_table_mount_matches_lower() {
         }
         let out = results.path().join(format!("mount-{config}.jsonl"));
         {
-            let _mount = NvMount::new(
-                &lower,
-                &mnt,
-                mode,
-                tempfiles,
-                &["--nbw", nbw, "--passthrough", passthrough],
-            );
+            let mut extra = vec!["--nbw", nbw, "--passthrough", passthrough];
+            if let Some(n) = node_fds {
+                extra.extend(["--node-fds", n]);
+            }
+            let _mount = NvMount::new(&lower, &mnt, mode, tempfiles, &extra);
             table(&runner, &mnt, &out);
+            if node_fds.is_some() {
+                // The row is only worth its name if nodes were released and reopened.
+                let o = run(Command::new(NVSTACK).arg("stat").arg(&mnt).arg("--json"));
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stat json");
+                let n = &v["lower_nodes"];
+                assert!(n["releases"].as_u64() > Some(0) && n["reopens"].as_u64() > Some(0), "{n}");
+            }
         }
         let o = run(Command::new(&runner)
             .arg("--compare")
@@ -272,7 +280,9 @@ fn posix_table_mount_matches_lower() {
             .arg("--known")
             .arg(if tempfiles == "on" { &known_temp } else { &known }));
         let what = format!(
-            "--consistency {mode} --tempfiles {tempfiles} --nbw {nbw} --passthrough {passthrough}"
+            "--consistency {mode} --tempfiles {tempfiles} --nbw {nbw} --passthrough \
+             {passthrough}{}",
+            node_fds.map(|n| format!(" --node-fds {n}")).unwrap_or_default()
         );
         eprintln!("{what}:\n{}", text(&o));
         if !o.status.success() {

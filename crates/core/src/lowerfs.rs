@@ -42,6 +42,10 @@ impl<L: LowerFs> Lower<L> {
         self.fs.now()
     }
 
+    pub fn node_stats(&self) -> lower::NodeStats {
+        self.fs.node_stats()
+    }
+
     // Namespace and attribute changes (the metadata journal's hook).
 
     pub fn mknod(

@@ -14,7 +14,7 @@ pub mod types;
 
 pub use creds::Creds;
 pub use mem::{Clock, LogicalClock, MemConfig, MemLower};
-pub use types::{Attr, DirEntry, Errno, Extent, FileKind, SetAttr, StatFs, TimeSet};
+pub use types::{Attr, DirEntry, Errno, Extent, FileKind, NodeStats, SetAttr, StatFs, TimeSet};
 
 use std::ffi::OsStr;
 
@@ -130,6 +130,11 @@ pub trait LowerFs: Send + Sync + std::fmt::Debug + 'static {
 
     /// syncfs(2): everything written to the lower file system so far is durable.
     fn syncfs(&self) -> Result<()>;
+
+    /// How nodes hold their descriptors, for `stat`.
+    fn node_stats(&self) -> NodeStats {
+        NodeStats::default()
+    }
 
     /// The lower file system's clock (for objects nvstack keeps itself, e.g. temp files, whose
     /// times must read like the lower file system's own).

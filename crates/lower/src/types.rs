@@ -165,3 +165,23 @@ pub struct Extent {
     /// FIEMAP_EXTENT_* flags (e.g. UNWRITTEN, DELALLOC: no physical block yet).
     pub flags: u32,
 }
+
+/// How a lower file system's nodes hold their descriptors (the POSIX implementation bounds
+/// them; others report zeros).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Node descriptors open now, and the most that may be (past it, nodes release theirs).
+    pub fds_held: u64,
+    pub fds_limit: u64,
+    /// Nodes without a descriptor now (they reopen by file handle when used).
+    pub released_now: u64,
+    /// Descriptors released and reopened since the start.
+    pub releases: u64,
+    pub reopens: u64,
+    /// Nodes that never release theirs (the root, objects without a name or on another file
+    /// system, and all of them when `handles` is false).
+    pub pinned: u64,
+    /// Whether file handles reopen here (the file system exports them and the daemon has
+    /// CAP_DAC_READ_SEARCH): without them no node releases its descriptor.
+    pub handles: bool,
+}

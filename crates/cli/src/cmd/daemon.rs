@@ -28,9 +28,9 @@ use super::rundir;
 use crate::error::{CliError, CliResult};
 use crate::size::human;
 
-/// Every inode the kernel knows holds one O_PATH descriptor (and every open file one more), so
-/// the soft limit on open files (often 1024) would cap the number of live files: raise it to
-/// the hard limit, as libfuse's passthrough_hp does.
+/// Every open file holds a descriptor, and so do the nodes the kernel knows up to
+/// `--node-fds` (half this limit by default): raise the soft limit on open files (often 1024)
+/// to the hard limit, as libfuse's passthrough_hp does.
 fn raise_open_file_limit() {
     // SAFETY: getrlimit/setrlimit on a struct we own.
     unsafe {
@@ -187,7 +187,7 @@ fn open_lower_and_region(
     if rundir::is_mounted(mountpoint) {
         return Err(CliError::Usage(format!("{} is already a mount point", mountpoint.display())));
     }
-    let lower = PosixLower::open(&lower_dir)
+    let lower = PosixLower::open_with_node_fds(&lower_dir, node_fds(args))
         .map_err(|e| CliError::Usage(format!("lower directory {}: {e}", lower_dir.display())))?;
     let (pool, note) = open_region(args)?;
     let root_attr = lower.getattr(lower.root()).map_err(|e| CliError::Other(e.to_string()))?;
@@ -319,7 +319,14 @@ fn effective_options(args: &MountArgs, layout: &nvram::Layout) -> serde_json::Va
     options["size"] = layout.region_size.into();
     options["undo_slots"] = layout.undo_slots.into();
     options["undo_slot_size"] = layout.undo_slot_size.into();
+    options["node_fds"] = node_fds(args).into();
     options
+}
+
+/// `--node-fds`, or its default (half the open-file limit, once raised).
+fn node_fds(args: &MountArgs) -> usize {
+    args.node_fds
+        .map_or_else(lower::posix::default_node_fds, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// Answers one control request (see `control.rs`): `stat` and `flush`.

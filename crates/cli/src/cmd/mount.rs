@@ -79,6 +79,14 @@ pub struct MountArgs {
     /// Largest write the kernel sends in one request.
     #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
     pub max_write: u64,
+    /// Most lower descriptors held for the objects the kernel knows (it keeps one inode per
+    /// cached name, each held by an O_PATH descriptor; default: half the open-file limit).
+    /// Past it the least recently used release theirs and reopen by file handle when used
+    /// again, so a walk over more files than the open-file limit works. Releasing needs file
+    /// handles (ext4, xfs, btrfs and tmpfs have them) and CAP_DAC_READ_SEARCH (root);
+    /// without them nodes keep their descriptors. `nvstack stat` shows the counts.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
+    pub node_fds: Option<u64>,
     /// New regular files live only in NVRAM (TempFFS) until they are transformed into the
     /// lower directory: when they grow beyond --tempfile-max-size, when temp files exceed
     /// their share of the region (least recently used first), on `nvstack flush`, and at

@@ -74,6 +74,22 @@ fn print_overview(value: &serde_json::Value) {
         value["lower"]["bytes_read"],
         value["lower"]["bytes_written"]
     );
+    let l = &value["lower_nodes"];
+    println!(
+        "nodes: {} known to the kernel, {} open files; lower descriptors {} held of at most {} \
+         ({} released, reopened by handle {} times){}",
+        value["inodes"],
+        value["open_handles"],
+        l["fds_held"],
+        l["fds_limit"],
+        l["released_now"],
+        l["reopens"],
+        if l["handles"].as_bool() == Some(false) {
+            " - no file handles here: nodes keep their descriptors"
+        } else {
+            ""
+        }
+    );
 }
 
 /// The two NVRAM caches: temp files and the page cache (only when used).

@@ -9,6 +9,9 @@
 //! real descriptor (truncate without an open file, xattrs, open itself) reopen the node through
 //! `/proc/self/fd/N`. Symlinks are never followed (`AT_SYMLINK_NOFOLLOW`, `O_NOFOLLOW`).
 //!
+//! Nodes hold their descriptors within a limit (`nodes`): past it, the least recently used
+//! release theirs and reopen by file handle when used again.
+//!
 //! Creates run under the caller's credentials ([`CredsGuard`]); everything else runs as the
 //! daemon, after the kernel has checked permissions (`default_permissions`).
 
@@ -16,19 +19,19 @@ use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::creds::{Creds, CredsGuard};
-use crate::types::{Attr, DirEntry, Errno, Extent, FileKind, SetAttr, StatFs, TimeSet};
-use crate::{LowerFs, Result};
+use crate::types::{Attr, DirEntry, Errno, Extent, FileKind, NodeStats, SetAttr, StatFs, TimeSet};
 
-/// A held lower object.
+mod nodes;
+
+use crate::{LowerFs, Result};
+pub use nodes::MIN_LIMIT as MIN_NODE_FDS;
+
+/// A held lower object: its descriptor, or a file handle to reopen it by (`nodes`).
 #[derive(Debug)]
-pub struct PosixNode {
-    fd: OwnedFd,
-    dev: u64,
-    ino: u64,
-}
+pub struct PosixNode(Arc<nodes::NodeInner>);
 
 /// An open lower file or directory. A directory keeps its `DIR*` stream (readdir position)
 /// behind a mutex: FUSE may call readdir for one handle from several threads.
@@ -55,6 +58,7 @@ impl Drop for DirStream {
 #[derive(Debug)]
 pub struct PosixLower {
     root: PosixNode,
+    fds: Arc<nodes::NodeFds>,
 }
 
 fn cstr(name: &OsStr) -> Result<CString> {
@@ -112,44 +116,75 @@ fn proc_path(fd: RawFd) -> CString {
     CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number")
 }
 
-impl PosixNode {
-    fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
+/// Half the open-file limit: the other half stays for open files, the region and FUSE.
+pub fn default_node_fds() -> usize {
+    // SAFETY: getrlimit into a struct we own.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 {
+        usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    };
+    (soft / 2).max(nodes::MIN_LIMIT)
 }
 
 impl PosixLower {
-    /// Opens `dir` as the lower root. It must be a directory.
+    /// Opens `dir` as the lower root (it must be a directory), with nodes holding at most
+    /// [`default_node_fds`] descriptors.
     pub fn open(dir: &Path) -> Result<PosixLower> {
+        Self::open_with_node_fds(dir, default_node_fds())
+    }
+
+    /// As [`PosixLower::open`], with nodes holding at most `limit` descriptors (at least
+    /// [`MIN_NODE_FDS`]).
+    pub fn open_with_node_fds(dir: &Path, limit: usize) -> Result<PosixLower> {
         let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))?;
         // SAFETY: plain open of a path.
         let fd = owned(unsafe {
             libc::open(path.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
         })?;
         let attr = fstat(fd.as_raw_fd())?;
-        Ok(PosixLower { root: PosixNode { fd, dev: attr.dev, ino: attr.ino } })
+        let mount = reopen_fd(fd.as_raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let fds = nodes::NodeFds::new(limit, mount, attr.dev);
+        let root = PosixNode(fds.node(fd, attr.dev, attr.ino, true));
+        Ok(PosixLower { root, fds })
+    }
+
+    /// The node's descriptor (reopened by handle if it was released), for this call only.
+    fn fd(&self, node: &PosixNode) -> Result<Arc<OwnedFd>> {
+        self.fds.fd(&node.0)
+    }
+
+    fn new_node(&self, fd: OwnedFd) -> Result<(PosixNode, Attr)> {
+        let attr = fstat(fd.as_raw_fd())?;
+        Ok((PosixNode(self.fds.node(fd, attr.dev, attr.ino, false)), attr))
     }
 
     fn node_at(&self, parent: &PosixNode, name: &OsStr) -> Result<(PosixNode, Attr)> {
         let c = cstr(name)?;
+        let parent = self.fd(parent)?;
         // SAFETY: openat relative to a descriptor we hold.
         let fd = owned(unsafe {
             libc::openat(
-                parent.raw(),
+                parent.as_raw_fd(),
                 c.as_ptr(),
                 libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             )
         })?;
-        let attr = fstat(fd.as_raw_fd())?;
-        Ok((PosixNode { fd, dev: attr.dev, ino: attr.ino }, attr))
+        self.new_node(fd)
     }
 
     /// Reopens a node for real IO through /proc/self/fd.
     fn reopen(&self, node: &PosixNode, flags: i32) -> Result<OwnedFd> {
-        let path = proc_path(node.raw());
-        // SAFETY: open of a /proc path naming our own descriptor.
-        owned(unsafe { libc::open(path.as_ptr(), (flags | libc::O_CLOEXEC) & !libc::O_NOFOLLOW) })
+        reopen_fd(self.fd(node)?.as_raw_fd(), flags)
     }
+}
+
+/// Opens the object of an O_PATH descriptor for real IO through /proc/self/fd.
+fn reopen_fd(fd: RawFd, flags: i32) -> Result<OwnedFd> {
+    let path = proc_path(fd);
+    // SAFETY: open of a /proc path naming our own descriptor.
+    owned(unsafe { libc::open(path.as_ptr(), (flags | libc::O_CLOEXEC) & !libc::O_NOFOLLOW) })
 }
 
 fn to_timespec(t: Option<TimeSet>) -> libc::timespec {
@@ -169,7 +204,7 @@ impl LowerFs for PosixLower {
     }
 
     fn key(&self, node: &PosixNode) -> (u64, u64) {
-        (node.dev, node.ino)
+        (node.0.dev, node.0.ino)
     }
 
     fn lookup(&self, parent: &PosixNode, name: &OsStr) -> Result<(PosixNode, Attr)> {
@@ -177,12 +212,14 @@ impl LowerFs for PosixLower {
     }
 
     fn getattr(&self, node: &PosixNode) -> Result<Attr> {
-        fstat(node.raw())
+        let node_fd = self.fd(node)?;
+        fstat(node_fd.as_raw_fd())
     }
 
     fn setattr(&self, node: &PosixNode, file: Option<&PosixFile>, set: &SetAttr) -> Result<Attr> {
-        let path = proc_path(node.raw());
-        let kind = fstat(node.raw())?.kind();
+        let node_fd = self.fd(node)?;
+        let path = proc_path(node_fd.as_raw_fd());
+        let kind = fstat(node_fd.as_raw_fd())?.kind();
         if let Some(mode) = set.mode {
             // Symlinks have no mode of their own on Linux.
             if kind != FileKind::Symlink {
@@ -197,7 +234,7 @@ impl LowerFs for PosixLower {
             // SAFETY: fchownat with AT_EMPTY_PATH on an O_PATH descriptor (works for symlinks).
             check(unsafe {
                 libc::fchownat(
-                    node.raw(),
+                    node_fd.as_raw_fd(),
                     empty.as_ptr(),
                     uid,
                     gid,
@@ -225,7 +262,7 @@ impl LowerFs for PosixLower {
                 // SAFETY: utimensat on the O_PATH descriptor itself.
                 check(unsafe {
                     libc::utimensat(
-                        node.raw(),
+                        node_fd.as_raw_fd(),
                         empty.as_ptr(),
                         times.as_ptr(),
                         libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
@@ -238,15 +275,21 @@ impl LowerFs for PosixLower {
                 })?;
             }
         }
-        fstat(node.raw())
+        fstat(node_fd.as_raw_fd())
     }
 
     fn readlink(&self, node: &PosixNode) -> Result<Vec<u8>> {
+        let node_fd = self.fd(node)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize];
         let empty = c"";
         // SAFETY: readlinkat with an empty path reads the O_PATH symlink itself.
         let n = check_size(unsafe {
-            libc::readlinkat(node.raw(), empty.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            libc::readlinkat(
+                node_fd.as_raw_fd(),
+                empty.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
         })?;
         buf.truncate(n);
         Ok(buf)
@@ -260,11 +303,12 @@ impl LowerFs for PosixLower {
         mode: u32,
         rdev: u64,
     ) -> Result<(PosixNode, Attr)> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
         {
             let _as_caller = CredsGuard::new(creds)?;
             // SAFETY: mknodat relative to a held descriptor.
-            check(unsafe { libc::mknodat(parent.raw(), c.as_ptr(), mode, rdev) })?;
+            check(unsafe { libc::mknodat(parent_fd.as_raw_fd(), c.as_ptr(), mode, rdev) })?;
         }
         self.node_at(parent, name)
     }
@@ -276,11 +320,12 @@ impl LowerFs for PosixLower {
         name: &OsStr,
         mode: u32,
     ) -> Result<(PosixNode, Attr)> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
         {
             let _as_caller = CredsGuard::new(creds)?;
             // SAFETY: mkdirat relative to a held descriptor.
-            check(unsafe { libc::mkdirat(parent.raw(), c.as_ptr(), mode) })?;
+            check(unsafe { libc::mkdirat(parent_fd.as_raw_fd(), c.as_ptr(), mode) })?;
         }
         self.node_at(parent, name)
     }
@@ -292,19 +337,22 @@ impl LowerFs for PosixLower {
         name: &OsStr,
         target: &OsStr,
     ) -> Result<(PosixNode, Attr)> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
         let t = cstr(target)?;
         {
             let _as_caller = CredsGuard::new(creds)?;
             // SAFETY: symlinkat relative to a held descriptor.
-            check(unsafe { libc::symlinkat(t.as_ptr(), parent.raw(), c.as_ptr()) })?;
+            check(unsafe { libc::symlinkat(t.as_ptr(), parent_fd.as_raw_fd(), c.as_ptr()) })?;
         }
         self.node_at(parent, name)
     }
 
     fn link(&self, node: &PosixNode, newparent: &PosixNode, newname: &OsStr) -> Result<Attr> {
+        let node_fd = self.fd(node)?;
+        let newparent_fd = self.fd(newparent)?;
         let c = cstr(newname)?;
-        let p = proc_path(node.raw());
+        let p = proc_path(node_fd.as_raw_fd());
         // Linking through /proc/self/fd with AT_SYMLINK_FOLLOW links the object the O_PATH
         // descriptor names (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH in the init namespace).
         // SAFETY: linkat of our own /proc descriptor path into a held directory.
@@ -312,24 +360,29 @@ impl LowerFs for PosixLower {
             libc::linkat(
                 libc::AT_FDCWD,
                 p.as_ptr(),
-                newparent.raw(),
+                newparent_fd.as_raw_fd(),
                 c.as_ptr(),
                 libc::AT_SYMLINK_FOLLOW,
             )
         })?;
-        fstat(node.raw())
+        fstat(node_fd.as_raw_fd())
     }
 
     fn unlink(&self, parent: &PosixNode, name: &OsStr) -> Result<()> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
+        self.fds.pin_victim(parent_fd.as_raw_fd(), &c);
         // SAFETY: unlinkat relative to a held descriptor.
-        check(unsafe { libc::unlinkat(parent.raw(), c.as_ptr(), 0) }).map(drop)
+        check(unsafe { libc::unlinkat(parent_fd.as_raw_fd(), c.as_ptr(), 0) }).map(drop)
     }
 
     fn rmdir(&self, parent: &PosixNode, name: &OsStr) -> Result<()> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
+        self.fds.pin_victim(parent_fd.as_raw_fd(), &c);
         // SAFETY: as above.
-        check(unsafe { libc::unlinkat(parent.raw(), c.as_ptr(), libc::AT_REMOVEDIR) }).map(drop)
+        check(unsafe { libc::unlinkat(parent_fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+            .map(drop)
     }
 
     fn rename(
@@ -340,11 +393,23 @@ impl LowerFs for PosixLower {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        let parent_fd = self.fd(parent)?;
+        let newparent_fd = self.fd(newparent)?;
         let a = cstr(name)?;
         let b = cstr(newname)?;
+        // An exchange keeps both names; otherwise an object at `newname` loses this one.
+        if flags & libc::RENAME_EXCHANGE == 0 {
+            self.fds.pin_victim(newparent_fd.as_raw_fd(), &b);
+        }
         // SAFETY: renameat2 relative to held descriptors.
         check(unsafe {
-            libc::renameat2(parent.raw(), a.as_ptr(), newparent.raw(), b.as_ptr(), flags)
+            libc::renameat2(
+                parent_fd.as_raw_fd(),
+                a.as_ptr(),
+                newparent_fd.as_raw_fd(),
+                b.as_ptr(),
+                flags,
+            )
         })
         .map(drop)
     }
@@ -367,13 +432,14 @@ impl LowerFs for PosixLower {
         mode: u32,
         flags: i32,
     ) -> Result<(PosixNode, Attr, PosixFile)> {
+        let parent_fd = self.fd(parent)?;
         let c = cstr(name)?;
         let fd = {
             let _as_caller = CredsGuard::new(creds)?;
             // SAFETY: openat relative to a held descriptor.
             owned(unsafe {
                 libc::openat(
-                    parent.raw(),
+                    parent_fd.as_raw_fd(),
                     c.as_ptr(),
                     (flags | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW) & !libc::O_NOCTTY,
                     mode,
@@ -508,9 +574,10 @@ impl LowerFs for PosixLower {
     }
 
     fn statfs(&self, node: &PosixNode) -> Result<StatFs> {
+        let node_fd = self.fd(node)?;
         // SAFETY: fstatfs fills the zeroed struct.
         let mut s: libc::statfs = unsafe { std::mem::zeroed() };
-        check(unsafe { libc::fstatfs(node.raw(), &raw mut s) })?;
+        check(unsafe { libc::fstatfs(node_fd.as_raw_fd(), &raw mut s) })?;
         // SAFETY: fsid_t is two i32 values; read them as one u64 identity.
         let fsid: [i32; 2] = unsafe { std::mem::transmute(s.f_fsid) };
         Ok(StatFs {
@@ -527,8 +594,9 @@ impl LowerFs for PosixLower {
     }
 
     fn setxattr(&self, node: &PosixNode, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        let node_fd = self.fd(node)?;
         let n = cstr(name)?;
-        let p = proc_path(node.raw());
+        let p = proc_path(node_fd.as_raw_fd());
         // SAFETY: setxattr through our /proc descriptor path (the magic link leads to the object).
         check(unsafe {
             libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags)
@@ -537,8 +605,9 @@ impl LowerFs for PosixLower {
     }
 
     fn getxattr(&self, node: &PosixNode, name: &OsStr, size: usize) -> Result<Vec<u8>> {
+        let node_fd = self.fd(node)?;
         let n = cstr(name)?;
-        let p = proc_path(node.raw());
+        let p = proc_path(node_fd.as_raw_fd());
         let mut buf = vec![0u8; size];
         // SAFETY: getxattr into a buffer of `size` bytes (size 0 asks for the length).
         let len = check_size(unsafe {
@@ -552,7 +621,8 @@ impl LowerFs for PosixLower {
     }
 
     fn listxattr(&self, node: &PosixNode, size: usize) -> Result<Vec<u8>> {
-        let p = proc_path(node.raw());
+        let node_fd = self.fd(node)?;
+        let p = proc_path(node_fd.as_raw_fd());
         let mut buf = vec![0u8; size];
         // SAFETY: listxattr into a buffer of `size` bytes.
         let len =
@@ -565,8 +635,9 @@ impl LowerFs for PosixLower {
     }
 
     fn removexattr(&self, node: &PosixNode, name: &OsStr) -> Result<()> {
+        let node_fd = self.fd(node)?;
         let n = cstr(name)?;
-        let p = proc_path(node.raw());
+        let p = proc_path(node_fd.as_raw_fd());
         // SAFETY: removexattr through our /proc descriptor path.
         check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
@@ -576,6 +647,10 @@ impl LowerFs for PosixLower {
         let fd = self.reopen(&self.root, libc::O_RDONLY | libc::O_DIRECTORY)?;
         // SAFETY: syncfs of a descriptor we own.
         check(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+    }
+
+    fn node_stats(&self) -> NodeStats {
+        self.fds.stats()
     }
 
     fn now(&self) -> (i64, u32) {
@@ -588,12 +663,12 @@ impl LowerFs for PosixLower {
     }
 
     fn dir_handle(&self, dir: &PosixNode) -> Result<Vec<u8>> {
-        match name_to_handle(dir) {
+        match name_to_handle(self.fd(dir)?.as_raw_fd()) {
             // No file handles: the inode number, unique while the directory exists (a
             // directory holding temp files cannot be removed through the mount).
             Err(Errno(libc::EOPNOTSUPP)) => {
                 let mut h = u32::MAX.to_le_bytes().to_vec();
-                h.extend_from_slice(&dir.ino.to_le_bytes());
+                h.extend_from_slice(&dir.0.ino.to_le_bytes());
                 Ok(h)
             }
             other => other,
@@ -603,7 +678,7 @@ impl LowerFs for PosixLower {
     /// Only a real file handle (it carries the generation): an inode number could name a
     /// different file after a crash.
     fn file_handle(&self, file: &PosixNode) -> Result<Vec<u8>> {
-        name_to_handle(file)
+        name_to_handle(self.fd(file)?.as_raw_fd())
     }
 
     fn find_dir(&self, handle: &[u8], limit: usize) -> Result<PosixNode> {
@@ -623,7 +698,7 @@ impl LowerFs for PosixLower {
     fn find_object(&self, handle: &[u8], limit: usize) -> Result<PosixNode> {
         if let Some(node) = self.open_by_handle(handle, 0) {
             // An unlinked inode still open somewhere opens by handle too: not "existing".
-            return match fstat(node.fd.as_raw_fd()) {
+            return match self.getattr(&node) {
                 Ok(a) if a.nlink > 0 => Ok(node),
                 Ok(_) => Err(Errno(libc::ESTALE)),
                 Err(e) => Err(e),
@@ -640,41 +715,44 @@ impl LowerFs for PosixLower {
 }
 
 impl PosixLower {
-    /// open_by_handle_at of a handle made by `dir_handle`; `None` when the handle is an inode
-    /// number (no file handles), the caller lacks CAP_DAC_READ_SEARCH, or the object is gone.
+    /// The node of a handle made by `dir_handle`; `None` when the handle is an inode number
+    /// (no file handles), handles do not reopen here (no CAP_DAC_READ_SEARCH), or the object
+    /// is gone.
     fn open_by_handle(&self, handle: &[u8], flags: i32) -> Option<PosixNode> {
-        if handle.len() < 4 || handle[..4] == u32::MAX.to_le_bytes() || handle.len() > 4 + 128 {
-            return None;
-        }
-        let mut buf = [0u8; 8 + 128];
-        let len = handle.len() - 4;
-        buf[..4].copy_from_slice(&(len as u32).to_ne_bytes());
-        buf[4..8].copy_from_slice(&handle[..4]);
-        buf[8..8 + len].copy_from_slice(&handle[4..]);
-        // open_by_handle_at wants a descriptor that is not O_PATH on the file system.
-        let mount_fd = self.reopen(&self.root, libc::O_RDONLY | libc::O_DIRECTORY).ok()?;
-        // SAFETY: open_by_handle_at with a well-formed struct file_handle; it needs
-        // CAP_DAC_READ_SEARCH and fails with EPERM otherwise (then the caller walks).
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_open_by_handle_at,
-                mount_fd.as_raw_fd(),
-                buf.as_mut_ptr(),
-                libc::O_PATH | libc::O_CLOEXEC | flags,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        let fd = owned(fd as libc::c_int).ok()?;
-        let attr = fstat(fd.as_raw_fd()).ok()?;
-        Some(PosixNode { fd, dev: attr.dev, ino: attr.ino })
+        let fd = self.fds.open_by_handle(handle, flags)?;
+        self.new_node(fd).ok().map(|(node, _)| node)
     }
 }
 
-/// name_to_handle_at of a node: the handle type (4 bytes), then the handle; EOPNOTSUPP when
-/// the file system has no file handles.
-fn name_to_handle(node: &PosixNode) -> Result<Vec<u8>> {
+/// open_by_handle_at through `mount` (a descriptor on the handle's file system that is not
+/// O_PATH) of a handle made by `name_to_handle`, as an O_PATH descriptor: EINVAL when the
+/// handle is an inode number, EPERM when the caller lacks CAP_DAC_READ_SEARCH, ESTALE when
+/// the object is gone.
+fn open_by_handle(mount: RawFd, handle: &[u8], flags: i32) -> Result<OwnedFd> {
+    if handle.len() < 4 || handle[..4] == u32::MAX.to_le_bytes() || handle.len() > 4 + 128 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let mut buf = [0u8; 8 + 128];
+    let len = handle.len() - 4;
+    buf[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+    buf[4..8].copy_from_slice(&handle[..4]);
+    buf[8..8 + len].copy_from_slice(&handle[4..]);
+    // SAFETY: open_by_handle_at with a well-formed struct file_handle; it needs
+    // CAP_DAC_READ_SEARCH and fails with EPERM otherwise.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount,
+            buf.as_mut_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | flags,
+        )
+    };
+    owned(fd as libc::c_int)
+}
+
+/// name_to_handle_at of a descriptor: the handle type (4 bytes), then the handle; EOPNOTSUPP
+/// when the file system has no file handles.
+fn name_to_handle(fd: RawFd) -> Result<Vec<u8>> {
     let mut buf = [0u8; 8 + 128];
     buf[..4].copy_from_slice(&128u32.to_ne_bytes());
     let mut mount_id: libc::c_int = 0;
@@ -684,7 +762,7 @@ fn name_to_handle(node: &PosixNode) -> Result<Vec<u8>> {
     let rc = unsafe {
         libc::syscall(
             libc::SYS_name_to_handle_at,
-            node.raw(),
+            fd,
             empty.as_ptr(),
             buf.as_mut_ptr(),
             &raw mut mount_id,
