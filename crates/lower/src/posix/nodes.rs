@@ -182,8 +182,9 @@ impl NodeFds {
         if lock(&self.released).is_empty() {
             return;
         }
+        // SAFETY: a zeroed stat is a valid value of the plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstatat relative to a held descriptor into a zeroed struct.
+        // SAFETY: fstatat relative to a held descriptor fills the struct we own.
         let rc =
             unsafe { libc::fstatat(parent, name.as_ptr(), &raw mut st, libc::AT_SYMLINK_NOFOLLOW) };
         if rc != 0 {
