@@ -160,7 +160,8 @@ pub struct Stats {
     pub lower: ByteCounts,
     pub inodes: u64,
     pub open_handles: u64,
-    pub lower_nodes: LowerNodeStats,
+    /// How the nodes the kernel knows hold their lower descriptors.
+    pub lower_nodes: lower::NodeStats,
     pub nvram: NvramStats,
     pub tempfiles: crate::tempfs::TempStats,
     pub cache: crate::cache::counters::CacheStats,
@@ -175,32 +176,6 @@ pub struct Stats {
 pub struct ByteCounts {
     pub bytes_read: u64,
     pub bytes_written: u64,
-}
-
-/// How the nodes the kernel knows hold their lower descriptors (lower::NodeStats).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct LowerNodeStats {
-    pub fds_held: u64,
-    pub fds_limit: u64,
-    pub released_now: u64,
-    pub releases: u64,
-    pub reopens: u64,
-    pub pinned: u64,
-    pub handles: bool,
-}
-
-impl From<lower::NodeStats> for LowerNodeStats {
-    fn from(s: lower::NodeStats) -> Self {
-        LowerNodeStats {
-            fds_held: s.fds_held,
-            fds_limit: s.fds_limit,
-            released_now: s.released_now,
-            releases: s.releases,
-            reopens: s.reopens,
-            pinned: s.pinned,
-            handles: s.handles,
-        }
-    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -249,7 +224,7 @@ impl<L: lower::LowerFs> crate::engine::Engine<L> {
         let pool = self.pool.stats();
         stats.inodes = self.inodes.len() as u64;
         stats.open_handles = self.handles.len() as u64;
-        stats.lower_nodes = self.lower.node_stats().into();
+        stats.lower_nodes = self.lower.node_stats();
         stats.nvram = NvramStats {
             frames_total: pool.frames_total,
             frames_used: pool.frames_total - pool.frames_free,

@@ -167,8 +167,8 @@ pub struct Extent {
 }
 
 /// How a lower file system's nodes hold their descriptors (the POSIX implementation bounds
-/// them; others report zeros).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// them; others report zeros). Serialised as `stat --json`'s `lower_nodes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct NodeStats {
     /// Node descriptors open now, and the most that may be (past it, nodes release theirs).
     pub fds_held: u64,
