@@ -29,8 +29,10 @@
 //! - N3 A node without a descriptor has a handle (made before the descriptor was dropped).
 //! - N4 A pinned node is never released.
 //!
-//! Lock order: `clock`, then a node's `slot` (only by `try_lock`), then `released`. A node
-//! is never dropped while any of the three is held (its `Drop` takes `released`).
+//! Locks: `clock` is never held together with another; a node's `slot` may be held while
+//! `released` is taken, never the other way round; the clock hand takes a slot only with
+//! `try_lock`. A node is never dropped while one of them is held (its `Drop` takes
+//! `released`).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
