@@ -249,7 +249,7 @@ impl LowerFs for PosixLower {
             let fd = if let Some(f) = file {
                 f.fd.as_raw_fd()
             } else {
-                reopened = self.reopen(node, libc::O_WRONLY)?;
+                reopened = reopen_fd(node_fd.as_raw_fd(), libc::O_WRONLY)?;
                 reopened.as_raw_fd()
             };
             // SAFETY: ftruncate on an open descriptor.

@@ -229,7 +229,8 @@ impl NodeFds {
     /// Releases descriptors in clock order until at most `limit` are held, giving each entry
     /// at most two looks (a limit: busy or pinned nodes may leave it above for a while).
     fn make_room(&self) {
-        if self.mount.is_none() {
+        // Below the limit (every call on the hot path) no lock is taken.
+        if self.mount.is_none() || self.held.load(Ordering::Relaxed) <= self.limit {
             return;
         }
         let mut looks = 2 * lock(&self.clock).len();
