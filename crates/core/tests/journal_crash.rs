@@ -500,6 +500,89 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
     }
 }
 
+/// M5 when the note does not fit: a tree the lower file system lost is made again with
+/// handles longer than the room its creation records kept (as NFS's or XFS's can be), so
+/// replay moves each creation record, with its note, to larger slots. A crash at every fence
+/// of that replay - with the lower file system as the replay left it, or as its last sync -
+/// recovers to the same tree, in both consistency modes.
+#[test]
+fn a_note_longer_than_its_record_moves_the_record_even_when_replay_crashes() {
+    const FILES: usize = 24;
+    for mode in [Consistency::Undo, Consistency::Journal] {
+        let long_from = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let lower = MemLower::new(lower::MemConfig {
+            long_handles_from: Arc::clone(&long_from),
+            ..Default::default()
+        });
+        let region = Arc::new(SimRegion::new(params().region_size));
+        Pool::format(&*region, params()).unwrap();
+        let config = EngineConfig {
+            journal: JournalConfig { size_max: 1 << 20, interval_secs: 0 },
+            ..config()
+        };
+        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+        let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+        let top = e.mkdir(&ROOT, e.root_id(), name("t"), 0o755).unwrap().node_id;
+        let sub = e.mkdir(&ROOT, top, name("s"), 0o700).unwrap().node_id;
+        for i in 0..FILES {
+            let dir = if i % 2 == 0 { top } else { sub };
+            let (entry, fh) =
+                e.create(&ROOT, dir, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
+            if i % 8 == 0 {
+                e.write(fh, 0, format!("data {i}").as_bytes(), false).unwrap();
+            }
+            e.release(fh).unwrap();
+            e.forget(entry.node_id, 1);
+        }
+        e.symlink(&ROOT, sub, name("l"), OsStr::new("f1")).unwrap();
+        // The newest object: its generation is the largest so far.
+        let (t, _) = lower.lookup(lower.root(), name("t")).unwrap();
+        let (s, _) = lower.lookup(&t, name("s")).unwrap();
+        let (l, _) = lower.lookup(&s, name("l")).unwrap();
+        let last = lower.file_handle(&l).unwrap();
+        drop((t, s, l));
+        e.group_commit(); // journal mode: the records are durable
+        let want = view(&e).unwrap();
+        assert_eq!(want.len(), FILES + 3, "{mode:?}: {want:?}");
+        let image = region.crash_image(CrashMode::DropAll);
+        drop(e);
+        // Everything made from now on (replay's objects) gets a 128-byte handle.
+        let generation = u64::from_le_bytes(last[8..16].try_into().unwrap());
+        long_from.store(generation + 1, Ordering::SeqCst);
+        let start = |image: Vec<u8>, lower: MemLower| {
+            let (pool, _) = Pool::open(Arc::new(SimRegion::from_image(image)), mode)
+                .map_err(|x| format!("open: {x}"))?;
+            Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
+        };
+        let crashed = lower.crash(); // lost "t" and all below it
+        let replaying = Arc::new(SimRegion::from_image(image));
+        let points: Arc<Mutex<Vec<Point>>> = Arc::default();
+        let (hook_points, hook_lower) = (Arc::clone(&points), crashed.clone());
+        replaying.set_fence_hook(Some(Box::new(move |point| {
+            let img = point.image(CrashMode::DropAll);
+            hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
+        })));
+        let (pool, _) = Pool::open(replaying.clone(), mode).unwrap();
+        let e = Engine::new(crashed.clone(), pool, config.clone()).unwrap();
+        replaying.set_fence_hook(None);
+        assert_eq!(view(&e).unwrap(), want, "{mode:?}: the first replay");
+        let st = e.stats().journal;
+        assert_eq!(st.notes_moved, FILES as u64 + 3, "{mode:?}: every creation moved");
+        e.pool().check_invariants().unwrap();
+        drop(e);
+        let points = std::mem::take(&mut *points.lock().unwrap());
+        assert!(points.len() > 2 * FILES, "{mode:?}: {} crash points", points.len());
+        for (i, (img, kept, lost)) in points.into_iter().enumerate() {
+            for (what, lower) in [("kept", kept), ("lost", lost)] {
+                let e = start(img.clone(), lower)
+                    .unwrap_or_else(|x| panic!("{mode:?} crash point {i}, lower {what}: {x}"));
+                assert_eq!(view(&e).unwrap(), want, "{mode:?} crash point {i}, lower {what}");
+                e.pool().check_invariants().unwrap();
+            }
+        }
+    }
+}
+
 /// The interval counts from the oldest record not yet checkpointed, not from the last
 /// checkpoint or the start: a record committed long after the last checkpoint still gets its
 /// full interval, and a record never waits much more than one.
@@ -545,4 +628,35 @@ fn the_checkpoint_interval_counts_from_the_oldest_record_waiting() {
     clock.set(START + 95, 0);
     e.tick().unwrap();
     assert_eq!(checkpoints(&e), before + 2, "not checkpointed at its interval");
+}
+
+/// A size checkpoint runs only while the journal is full: one that waited for another
+/// checkpoint (several requests can find the journal full at once) finds room and returns
+/// without a syncfs of the lower file system.
+#[test]
+fn a_size_checkpoint_runs_only_while_the_journal_is_full() {
+    let lower = MemLower::default();
+    let region = Arc::new(SimRegion::new(params().region_size));
+    Pool::format(&*region, params()).unwrap();
+    // Two frames: 32 one-slot records.
+    let config = EngineConfig {
+        journal: JournalConfig { size_max: 2 * 4096, interval_secs: 0 },
+        ..config()
+    };
+    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
+    let e = Engine::new(lower.clone(), pool, config).unwrap();
+    let (checkpoints, syncs) = (e.stats().journal.checkpoints, lower.syncs());
+    for i in 0..5 {
+        e.mkdir(&ROOT, e.root_id(), name(&format!("d{i}")), 0o755).unwrap();
+    }
+    assert_eq!(e.checkpoint(Why::Size).unwrap(), 0, "not full: nothing to do");
+    assert_eq!(e.stats().journal.records, 5);
+    assert_eq!((e.stats().journal.checkpoints, lower.syncs()), (checkpoints, syncs));
+    // Filling it checkpoints inside the request that filled it.
+    for i in 5..40 {
+        e.mkdir(&ROOT, e.root_id(), name(&format!("d{i}")), 0o755).unwrap();
+    }
+    assert!(e.stats().journal.checkpoints > checkpoints, "{:?}", e.stats().journal);
+    assert!(lower.syncs() > syncs);
+    assert!(e.stats().journal.records < 32);
 }

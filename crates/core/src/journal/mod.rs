@@ -120,6 +120,7 @@ struct JournalCounters {
     replayed_at_mount: AtomicU64,
     frames_freed: AtomicU64,
     records_zeroed: AtomicU64,
+    notes_moved: AtomicU64,
 }
 
 /// `nvstack stat --json`: `journal`.
@@ -142,6 +143,9 @@ pub struct JournalStats {
     pub frames_freed: u64,
     /// Records checkpoints freed by zeroing their slots (their frame kept newer records).
     pub records_zeroed: u64,
+    /// Creation records replay moved to larger slots, because the handle of the object it
+    /// made again was longer than the room the record kept for it (M5; rare).
+    pub notes_moved: u64,
     /// Stores into write-protected committed NVRAM caught (journal consistency mode).
     pub trapped_writes: u64,
     pub size_max: u64,
@@ -202,6 +206,7 @@ impl Journal {
             replayed_at_mount: get(&self.counters.replayed_at_mount),
             frames_freed: get(&self.counters.frames_freed),
             records_zeroed: get(&self.counters.records_zeroed),
+            notes_moved: get(&self.counters.notes_moved),
             trapped_writes: group.trapped_writes,
             group,
             size_max: self.config.size_max,

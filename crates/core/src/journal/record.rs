@@ -9,8 +9,9 @@
 //! A record is a fixed header ([`LAYOUT`]; design.md section 13.2 shows it, a test keeps the
 //! two equal), its variable fields packed after it in a fixed order, zero padding, and an
 //! XXH3-64 in the last 8 bytes of its run of slots. Creations reserve room for `other` (the
-//! handle replay notes when it makes the object again, M5), so that note always fits the
-//! record's slots. Objects are named by their file handles (`LowerFs::file_handle`, with the
+//! handle replay notes when it makes the object again, M5) as long as their own object's
+//! handle, at least [`NOTE_ROOM`], so that note nearly always fits the record's slots (a
+//! longer one moves the record, `replay.rs`). Objects are named by their file handles (`LowerFs::file_handle`, with the
 //! generation: a handle never names another object), directories too; a record names the
 //! directories it changed (`dir1`, `dir2`), the names (`name1`, `name2`, or an extended
 //! attribute's name in `name2`), the object it created, moved, changed or removed (`object`,
@@ -51,6 +52,10 @@ pub const MAX_HANDLE: usize = lower::MAX_DIR_HANDLE;
 pub const MAX_NAME: usize = 255;
 /// The fixed header; the variable fields follow it.
 pub const HEADER: usize = 96;
+/// The least room a creation keeps for M5's note (see `Redo::slots`): a handle that grows
+/// by a few bytes when made again (XFS's, once inode numbers pass 32 bits: 16 -> 24 bytes
+/// with the type and length) still fits in place.
+pub const NOTE_ROOM: usize = 32;
 const SUM: usize = 8;
 /// Largest payload (symlink target, xattr value) a record holds: a whole frame with every
 /// other field at its largest. Larger changes are not journaled (they are synced in the lower
@@ -189,10 +194,19 @@ impl Redo {
         ]
     }
 
-    /// The slots this record takes: its header, fields and checksum, with room for a full
-    /// `other` handle in a creation (M5's note is written into the same slots).
+    /// The slots this record takes: its header, fields and checksum, with room in a creation
+    /// for M5's note in `other`: as long as the object's own handle, at least [`NOTE_ROOM`].
+    /// A file system gives an object made again a handle of the same form nearly always, so
+    /// the note is written into the record's own slots; a longer one moves the record
+    /// (`replay.rs`). A creation's room is its own handle, not the largest one: with ext4's
+    /// 16-byte handles a create takes 1 slot instead of 2, and a Postmark-like stream of
+    /// creates and unlinks packs 16 records to a frame instead of ~11.
     pub fn slots(&self) -> usize {
-        let other_room = if is_creation(self.op()) { MAX_HANDLE } else { self.other.len() };
+        let other_room = if is_creation(self.op()) {
+            self.object.len().max(NOTE_ROOM).max(self.other.len())
+        } else {
+            self.other.len()
+        };
         let body: usize = self.fields().iter().map(|f| f.len()).sum::<usize>() - self.other.len();
         (HEADER + body + other_room + SUM).div_ceil(SLOT_SIZE)
     }
@@ -456,8 +470,15 @@ mod tests {
 
     #[test]
     fn common_changes_pack_many_to_a_frame() {
-        // A create reserves a full `other` for M5: 96 + 16 + 16 + 13 + 132 + 8 = 281 bytes.
-        assert_eq!(create().slots(), 2);
+        // A create keeps room for a note as long as its handle, at least NOTE_ROOM:
+        // 96 + 16 + 16 + 13 + 32 + 8 = 181 bytes.
+        assert_eq!(create().slots(), 1);
+        // Names up to 88 bytes keep it one slot.
+        let long = Redo { name1: OsString::from("n".repeat(88)), ..create() };
+        assert_eq!(
+            (long.slots(), Redo { name1: OsString::from("n".repeat(89)), ..long }.slots()),
+            (1, 2)
+        );
         let setattr = Redo { object: vec![8; 16], ..Redo::new(Op::Setattr) };
         assert_eq!(setattr.slots(), 1);
         let unlink = Redo { object: vec![8; 16], ..create() };
@@ -466,11 +487,19 @@ mod tests {
     }
 
     #[test]
-    fn the_note_of_an_object_made_again_fits_the_creation_record() {
+    fn a_note_as_long_as_the_room_fits_the_creation_record_and_a_longer_one_needs_more_slots() {
         let c = create();
-        let noted = Redo { other: vec![6; MAX_HANDLE], ..c.clone() };
+        let noted = Redo { other: vec![6; NOTE_ROOM], ..c.clone() };
+        assert_eq!(noted.slots(), c.slots());
         let bytes = noted.encode_in(c.slots());
         assert_eq!(Redo::decode(&bytes).unwrap(), (noted, c.slots()));
+        // A creation with a long handle keeps room for a note as long.
+        let wide = Redo { object: vec![8; 100], ..c.clone() };
+        assert_eq!(Redo { other: vec![6; 100], ..wide.clone() }.slots(), wide.slots());
+        // A note longer than the room: the record needs more slots (replay moves it).
+        let long = Redo { other: vec![6; MAX_HANDLE], ..c.clone() };
+        assert_eq!(long.slots(), 2);
+        assert!(long.slots() > c.slots());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! missing, judged by the objects' handles (which never name another object):
 //! - a creation (create, mknod, mkdir, symlink) is there when its object exists anywhere
 //!   (`find_object`); otherwise it is made again at a hidden name, with a new handle, which
-//!   the creating record notes in `other` (**M5**, before the object moves to its name); later
+//!   the creating record notes in `other` (**M5**, before the object moves to its name; a
+//!   note longer than the room the record kept moves the record, `note_remade`); later
 //!   records are redone with old handles resolved through these notes, not rewritten. After
 //!   the last record one `syncfs` makes every object made again durable, and only then do the
 //!   records that outlive the journal (temp-file, directory-times, cached-file) name the new
@@ -28,7 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
-use txn::{Tx, TxError};
+use txn::{FrameId, FrameTag, Tx, TxError};
 
 use super::record::{self, Op, Place, Redo};
 use crate::engine::Engine;
@@ -47,7 +48,12 @@ impl<L: LowerFs> Engine<L> {
         if scan.frames.is_empty() {
             return Ok(());
         }
-        let records: Vec<(Place, Redo)> = found.into_iter().map(|f| (f.place, f.redo)).collect();
+        let mut records: Vec<(Place, Redo)> =
+            found.into_iter().map(|f| (f.place, f.redo)).collect();
+        let mut frames = scan.frames;
+        // Records moved by `note_remade`: sequence -> where the record is now.
+        let mut moved: HashMap<u64, Place> = HashMap::new();
+        let mut homes = Moves::default();
         // Objects made again by this replay or an interrupted one: the record that created the
         // object names its old handle in `object` and the one it was made again with in
         // `other` (unused by creations otherwise). Records are redone with handles resolved
@@ -69,7 +75,10 @@ impl<L: LowerFs> Engine<L> {
                 // M5: the region names the object made again before it moves to its name, so
                 // a crash after that finds it (or makes it again if the lower file system lost
                 // it) instead of making a second one.
-                self.note_remade(*place, redo, &new).map_err(fail)?;
+                let now = self.note_remade(*place, redo, &new, &mut homes).map_err(fail)?;
+                if now != *place {
+                    moved.insert(redo.seq, now);
+                }
                 // W1 (journal mode): that note is durable before the rename.
                 self.group_commit();
                 self.fail("replay.remade");
@@ -94,11 +103,17 @@ impl<L: LowerFs> Engine<L> {
             self.rekey_refs(&remade).map_err(settle)?;
             self.group_commit();
         }
+        for (place, redo) in &mut records {
+            if let Some(&now) = moved.get(&redo.seq) {
+                *place = now;
+            }
+        }
+        frames.extend(homes.frames);
         {
             // Every frame is listed (one found empty too: the recovery checkpoint frees it);
             // new records go to a new frame.
             let mut pending = self.journal.pending.lock();
-            for &frame in &scan.frames {
+            for &frame in &frames {
                 pending.frames.insert(frame, 0);
             }
             for (place, redo) in &records {
@@ -247,13 +262,54 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// Stores the handle an object was made again with in the record that created it (M5).
-    fn note_remade(&self, place: Place, redo: &Redo, new: &[u8]) -> FsResult<()> {
-        let off = record::slot_offset(&self.pool, place.frame, place.slot);
-        // In the record's own slots: a creation reserves room for a full handle in `other`.
+    /// Stores the handle an object was made again with in the record that created it (M5)
+    /// and returns where that record is now. Nearly always in the record's own slots (a
+    /// creation keeps room for a handle as long as its own, `Redo::slots`); a longer handle
+    /// moves the record, with its sequence, to slots that hold it: one transaction writes it
+    /// there (packed after earlier moved records, else in a new frame) and zeroes its old
+    /// slots (M6), so the region holds it in exactly one place whether the move commits or
+    /// not. A frame left without records is freed by the recovery checkpoint.
+    fn note_remade(
+        &self,
+        place: Place,
+        redo: &Redo,
+        new: &[u8],
+        moves: &mut Moves,
+    ) -> FsResult<Place> {
+        let pool = &self.pool;
+        let off = record::slot_offset(pool, place.frame, place.slot);
         let before = redo.encode_in(place.slots);
-        let after = Redo { other: new.to_vec(), ..redo.clone() }.encode_in(place.slots);
-        self.atomically(|tx| rewrite(tx, off, &before, &after))
+        let noted = Redo { other: new.to_vec(), ..redo.clone() };
+        if noted.slots() <= place.slots {
+            let after = noted.encode_in(place.slots);
+            self.atomically(|tx| rewrite(tx, off, &before, &after))?;
+            return Ok(place);
+        }
+        let slots = noted.slots();
+        let bytes = noted.encode();
+        let open = moves.open.filter(|&(_, next)| next + slots <= record::SLOTS);
+        let to = self.atomically(|tx| {
+            let to = if let Some((frame, slot)) = open {
+                // Zero slots of a frame moved records went to (M6): snapshotted.
+                tx.update(record::slot_offset(pool, frame, slot), &bytes)?;
+                Place { frame, slot, slots }
+            } else {
+                let tag = FrameTag { kind: record::KIND_REDO, owner: 0, index: 0 };
+                let frame = tx.alloc_frame(tag)?;
+                let mut whole = bytes.clone();
+                whole.resize(record::FRAME_SIZE, 0);
+                tx.write(pool.frame_offset(frame), &whole);
+                Place { frame, slot: 0, slots }
+            };
+            tx.update(off, &vec![0; before.len()])?;
+            Ok(to)
+        })?;
+        if open.is_none() {
+            moves.frames.push(to.frame);
+        }
+        moves.open = Some((to.frame, to.slot + slots));
+        Counters::add(&self.journal.counters.notes_moved, 1);
+        Ok(to)
     }
 
     /// M4: every temp-file, directory-times and cached-file record that names an object made
@@ -309,6 +365,16 @@ impl<L: LowerFs> Engine<L> {
         }
         Ok(())
     }
+}
+
+/// Where `note_remade` moves creation records whose note does not fit their slots.
+#[derive(Debug, Default)]
+struct Moves {
+    /// Frames allocated for moved records.
+    frames: Vec<FrameId>,
+    /// The frame the last moved record went to, and its first free slot (every slot from
+    /// there on is zero).
+    open: Option<(FrameId, usize)>,
 }
 
 /// The record with every handle of an object made again replaced by its new one (a creation

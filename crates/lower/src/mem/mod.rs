@@ -241,7 +241,16 @@ pub struct MemConfig {
     /// Bytes of xattrs per inode (names + values + 16 per entry); beyond: ENOSPC.
     pub xattr_space: usize,
     pub clock: Arc<dyn Clock>,
+    /// Objects whose generation is at least this get handles [`LONG_HANDLE_EXTRA`] bytes
+    /// longer (128 in all, as an NFS file system's may be; XFS's grow too, less, once inode
+    /// numbers pass 32 bits): a test sets it (shared by every fork) so that objects made
+    /// again after a crash get longer handles than the ones they replace. `u64::MAX` (the
+    /// default): every handle is 16 bytes.
+    pub long_handles_from: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// See [`MemConfig::long_handles_from`].
+pub const LONG_HANDLE_EXTRA: usize = 112;
 
 impl Default for MemConfig {
     fn default() -> Self {
@@ -253,6 +262,7 @@ impl Default for MemConfig {
             umask: 0,
             xattr_space: 4096 - 32,
             clock: Arc::new(LogicalClock::default()),
+            long_handles_from: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
         }
     }
 }
@@ -417,6 +427,12 @@ impl MemLower {
 
     pub fn config(&self) -> &MemConfig {
         &self.fs.config
+    }
+
+    /// The length of the handle of an object of generation `generation`.
+    fn handle_len(&self, generation: u64) -> usize {
+        let from = self.fs.config.long_handles_from.load(std::sync::atomic::Ordering::Relaxed);
+        if generation >= from { 16 + LONG_HANDLE_EXTRA } else { 16 }
     }
 }
 
@@ -622,6 +638,7 @@ impl LowerFs for MemLower {
         let generation = self.fs.lock().get(file.ino).generation;
         let mut h = file.ino.to_le_bytes().to_vec();
         h.extend_from_slice(&generation.to_le_bytes());
+        h.resize(self.handle_len(generation), 0xa5);
         Ok(h)
     }
 
@@ -634,6 +651,9 @@ impl LowerFs for MemLower {
         ) else {
             return Err(Errno(libc::ESTALE));
         };
+        if handle.len() != self.handle_len(generation) {
+            return Err(Errno(libc::ESTALE));
+        }
         let mut st = self.fs.lock();
         match st.live.get(&ino) {
             Some(i) if i.generation == generation && (i.nlink > 0 || ino == ROOT_INO) => {}
