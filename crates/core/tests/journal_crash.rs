@@ -129,11 +129,12 @@ fn dir(e: &Engine<MemLower>, i: usize) -> Option<u64> {
 }
 
 /// One operation; errors the lower file system would give are part of the workload.
-fn step(e: &Engine<MemLower>, rng: &mut Rng) -> String {
+/// `churn`: mostly creations and removals, so that removals annul creations (M7).
+fn step(e: &Engine<MemLower>, rng: &mut Rng, churn: bool) -> String {
     let (d1, d2) = (rng.below(3) as usize, rng.below(3) as usize);
     let (n1, n2) = (NAMES[rng.below(4) as usize], NAMES[rng.below(4) as usize]);
     let (Some(p), Some(q)) = (dir(e, d1), dir(e, d2)) else { return "no directory".into() };
-    let op = rng.below(12);
+    let op = if churn { [0, 1, 2, 2, 4, 4, 1, 9][rng.below(8) as usize] } else { rng.below(12) };
     let label = format!("op {op} {}/{n1} {}/{n2}", DIRS[d1], DIRS[d2]);
     match op {
         0 => {
@@ -209,6 +210,9 @@ fn step(e: &Engine<MemLower>, rng: &mut Rng) -> String {
 struct Concurrent {
     engine: OnceLock<Weak<Engine<MemLower>>>,
     armed: AtomicBool,
+    /// Instead of the chmod: unlink `/z`, created the step before, so that a creation record
+    /// the checkpoint listed is annulled while it runs.
+    unlink_z: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -220,7 +224,15 @@ impl Failpoints for Concurrent {
         let e = self.engine.get().and_then(Weak::upgrade).expect("the sweep's engine");
         let before = e.stats().journal.records_total;
         let chmod = Arc::clone(&e);
+        let unlink = self.unlink_z.load(Ordering::SeqCst);
+        if unlink && e.lookup(e.root_id(), name("z")).map(|x| e.forget(x.node_id, 1)).is_err() {
+            return;
+        }
         let handle = std::thread::spawn(move || {
+            if unlink {
+                chmod.unlink(chmod.root_id(), name("z")).unwrap();
+                return;
+            }
             let mode = if chmod.stats().journal.records_total % 2 == 0 { 0o750 } else { 0o755 };
             let set = SetAttr { mode: Some(mode), ..SetAttr::default() };
             chmod.setattr(chmod.root_id(), None, &set, false).unwrap();
@@ -257,7 +269,7 @@ fn recover(image: Vec<u8>, lower: MemLower) -> Result<View, String> {
     Ok(v)
 }
 
-fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64), String> {
+fn sweep(seed: u64, ops: usize, churn: bool) -> Result<(u64, u64, u64, u64, u64), String> {
     let lower = MemLower::default();
     for d in &DIRS[1..] {
         lower.mkdir(&ROOT, lower.root(), name(d), 0o755).unwrap();
@@ -267,6 +279,7 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64), String> {
     Pool::format(&*region, params()).unwrap();
     let (pool, _) = Pool::open(region.clone(), Consistency::Undo).unwrap();
     let concurrent = Arc::new(Concurrent::default());
+    concurrent.unlink_z.store(churn, Ordering::SeqCst);
     let failpoints: Arc<dyn Failpoints> = concurrent.clone();
     let config = EngineConfig { failpoints: Some(failpoints), ..config() };
     let engine = Arc::new(Engine::new(lower.clone(), pool, config).map_err(|x| x.to_string())?);
@@ -308,9 +321,15 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64), String> {
             if let Some(t) = concurrent.thread.lock().unwrap().take() {
                 t.join().unwrap();
             }
-            "checkpoint with a concurrent chmod of the root".to_string()
+            "checkpoint with a concurrent chmod of the root, or unlink of /z".to_string()
+        } else if churn && i % 7 == 5 {
+            if let Ok((x, fh)) = engine.create(&ROOT, engine.root_id(), name("z"), 0o644, 0) {
+                engine.release(fh).unwrap();
+                engine.forget(x.node_id, 1);
+            }
+            "create /z".to_string()
         } else {
-            step(&engine, &mut rng)
+            step(&engine, &mut rng, churn)
         };
         let mut s = state.lock().unwrap();
         s.quiet = true;
@@ -341,14 +360,16 @@ fn sweep(seed: u64, ops: usize) -> Result<(u64, u64, u64, u64), String> {
     replayed += st.journal.records_total;
     eprintln!(
         "seed {seed}: {} records, {} checkpoints ({} frames freed, {} records zeroed), {} not \
-         journaled",
+         journaled, {} creations annulled",
         st.journal.records_total,
         st.journal.checkpoints,
         st.journal.frames_freed,
         st.journal.records_zeroed,
-        st.journal.not_journaled
+        st.journal.not_journaled,
+        st.journal.records_annulled
     );
-    Ok((points, replayed, st.journal.checkpoints, st.journal.records_zeroed))
+    let j = &st.journal;
+    Ok((points, replayed, j.checkpoints, j.records_zeroed, j.records_annulled))
 }
 
 #[test]
@@ -357,22 +378,108 @@ fn every_crash_point_of_lower_namespace_changes_recovers_to_before_or_after() {
         Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
         Err(_) => (1..=6).collect(),
     };
-    let (mut points, mut records, mut checkpoints, mut zeroed) = (0, 0, 0, 0);
+    let (mut points, mut records, mut checkpoints, mut zeroed, mut annulled) = (0, 0, 0, 0, 0);
     for seed in seeds {
-        let (p, r, c, z) = sweep(seed, 120).unwrap_or_else(|x| panic!("{x}"));
-        points += p;
-        records += r;
-        checkpoints += c;
-        zeroed += z;
+        let got = sweep(seed, 120, false).unwrap_or_else(|x| panic!("{x}"));
+        points += got.0;
+        records += got.1;
+        checkpoints += got.2;
+        zeroed += got.3;
+        annulled += got.4;
     }
     eprintln!(
         "journal crash images: {points} recovered and compared; {records} records, \
-         {checkpoints} checkpoints, {zeroed} records zeroed in a frame kept"
+         {checkpoints} checkpoints, {zeroed} records zeroed in a frame kept, {annulled} \
+         creations annulled by their removal"
     );
+    // The crash points of a removal that annuls its object's creation (M7) were swept.
+    assert!(annulled > 0, "no creation record was annulled");
     assert!(points > 1000, "too few crash images: {points}");
     assert!(records > 100 && checkpoints > 5, "{records} records, {checkpoints} checkpoints");
     // The crash points of both ways a checkpoint frees records were swept.
     assert!(zeroed > 0, "no checkpoint zeroed records of a frame it kept");
+}
+
+/// M7: the same sweep with mostly creations and removals, so that removals annul the
+/// creation records of their objects - also while a checkpoint that listed them runs - and
+/// crashes land on either side of each annulment, with every lower image.
+#[test]
+fn every_crash_point_of_creations_annulled_by_removals_recovers_to_before_or_after() {
+    let seeds: Vec<u64> = match std::env::var("NVSTACK_SEED") {
+        Ok(s) => vec![s.parse().expect("NVSTACK_SEED is a number")],
+        Err(_) => (11..=14).collect(),
+    };
+    let (mut points, mut annulled) = (0, 0);
+    for seed in seeds {
+        let (p, _, _, _, a) = sweep(seed, 120, true).unwrap_or_else(|x| panic!("{x}"));
+        points += p;
+        annulled += a;
+    }
+    eprintln!("journal churn crash images: {points} recovered; {annulled} creations annulled");
+    assert!(points > 1000, "too few crash images: {points}");
+    assert!(annulled > 20, "{annulled} creations annulled");
+}
+
+/// M7 by cases: a removal of an object's last name annuls its creation record only while no
+/// record since names the object - a file moved, chmod'ed or linked keeps its creation, and so
+/// does a directory something was made in (replay of those records needs it) - and a crash
+/// with the lower file system having lost everything or kept everything recovers to the tree
+/// after the last operation.
+#[test]
+fn a_removal_annuls_only_a_creation_no_record_since_names() {
+    for mode in [Consistency::Undo, Consistency::Journal] {
+        let lower = MemLower::default();
+        let region = Arc::new(SimRegion::new(params().region_size));
+        Pool::format(&*region, params()).unwrap();
+        let config = EngineConfig {
+            journal: JournalConfig { size_max: 1 << 20, interval_secs: 0 },
+            ..config()
+        };
+        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+        let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+        let root = e.root_id();
+        let created = |dir: u64, n: &str| {
+            let (x, fh) = e.create(&ROOT, dir, name(n), 0o644, libc::O_RDWR).unwrap();
+            e.release(fh).unwrap();
+            x.node_id
+        };
+        let annulled = |e: &Engine<MemLower>| e.stats().journal.records_annulled;
+        // Annulled: a file and an empty directory, removed with nothing in between.
+        created(root, "short");
+        e.unlink(root, name("short")).unwrap();
+        e.mkdir(&ROOT, root, name("empty"), 0o755).unwrap();
+        e.rmdir(root, name("empty")).unwrap();
+        assert_eq!((annulled(&e), e.stats().journal.records), (2, 2), "{mode:?}");
+        // Kept: moved, chmod'ed, linked (and its last name removed later), a directory with
+        // a file made (and removed) in it.
+        created(root, "moved");
+        e.rename(root, name("moved"), root, name("moved2"), 0).unwrap();
+        e.unlink(root, name("moved2")).unwrap();
+        let f = created(root, "chmod");
+        let set = SetAttr { mode: Some(0o600), ..SetAttr::default() };
+        e.setattr(f, None, &set, false).unwrap();
+        e.unlink(root, name("chmod")).unwrap();
+        let f = created(root, "linked");
+        e.link(f, root, name("link2")).unwrap();
+        e.unlink(root, name("linked")).unwrap();
+        e.unlink(root, name("link2")).unwrap();
+        let d = e.mkdir(&ROOT, root, name("dir"), 0o755).unwrap().node_id;
+        created(d, "inner"); // annulled by its own removal
+        e.unlink(d, name("inner")).unwrap();
+        e.rmdir(root, name("dir")).unwrap();
+        assert_eq!(annulled(&e), 3, "{mode:?}: {:?}", e.stats().journal);
+        e.group_commit();
+        let want = view(&e).unwrap();
+        assert_eq!(want.len(), 0, "{mode:?}: {want:?}");
+        let image = region.crash_image(CrashMode::DropAll);
+        for (what, img) in [("lost", lower.crash()), ("kept", lower.fork())] {
+            let region = Arc::new(SimRegion::from_image(image.clone()));
+            let (pool, _) = Pool::open(region, mode).unwrap();
+            let e = Engine::new(img, pool, config.clone())
+                .unwrap_or_else(|x| panic!("{mode:?}: lower {what}: {x}"));
+            assert_eq!(view(&e).unwrap(), want, "{mode:?}: lower {what}");
+        }
+    }
 }
 
 /// M3 (the marker): a directory created, moved, then replaced by another one, with every change

@@ -82,6 +82,14 @@ impl<L: LowerFs> Engine<L> {
             let mut otx = OpTx::new(pool);
             otx.tx();
             let mut pending = self.journal.pending.lock();
+            // Records annulled since (1) left the journal already (their slots are zero).
+            let batch: Vec<(FrameId, Vec<(u64, Place)>)> = batch
+                .iter()
+                .map(|(f, r)| {
+                    let left = r.iter().filter(|(seq, _)| pending.records.contains_key(seq));
+                    (*f, left.copied().collect())
+                })
+                .collect();
             let freed = |frame: &FrameId, records: &[(u64, Place)], pending: &Pending| {
                 pending.frames.get(frame).is_some_and(|&n| n as usize == records.len())
             };
@@ -114,6 +122,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 for (seq, _) in records {
                     pending.records.remove(seq);
+                    pending.gone(*seq);
                 }
             }
             if !pending.records.is_empty() {

@@ -27,12 +27,16 @@
 //! it, replay redoes it if the lower file system lost it. In journal mode (3) is durable at
 //! the next group commit: a crash before it loses the record, and the change with it unless
 //! the lower file system kept it - either way a prefix of the operations.
+//!
+//! A removal of an object's last name annuls the object's creation record, in its own
+//! record's transaction, when no record since the creation names the object (M7, J3:
+//! `journaled_removal`): short-lived files take one record, not two, until their checkpoint.
 
 pub mod checkpoint;
 pub mod record;
 mod replay;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -44,7 +48,7 @@ use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
 use crate::sync::{Mutex, Rank};
-use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOTS, slot_offset};
+use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
 /// hidden from the mount.
@@ -109,6 +113,29 @@ struct Pending {
     /// The frame new records are packed into, and its first free slot (J2: every slot from
     /// there on is zero, M6). None: the next record allocates a frame.
     open: Option<(FrameId, usize)>,
+    /// Creation records in `records` whose object no later record names (J3): object handle
+    /// -> sequence, and back. The removal of such an object's last name annuls its creation
+    /// record (see `Engine::journaled`). Bounded by `records`: an entry goes when a record
+    /// names its object, when its record is annulled, and when a checkpoint frees it.
+    creations: HashMap<Vec<u8>, u64>,
+    created: HashMap<u64, Vec<u8>>,
+}
+
+impl Pending {
+    /// `handle` is named by a record after its creation's: that creation can no longer be
+    /// annulled.
+    fn named(&mut self, handle: &[u8]) {
+        if let Some(seq) = self.creations.remove(handle) {
+            self.created.remove(&seq);
+        }
+    }
+
+    /// Record `seq` left the journal (checkpointed or annulled).
+    fn gone(&mut self, seq: u64) {
+        if let Some(handle) = self.created.remove(&seq) {
+            self.creations.remove(&handle);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -121,6 +148,7 @@ struct JournalCounters {
     frames_freed: AtomicU64,
     records_zeroed: AtomicU64,
     notes_moved: AtomicU64,
+    records_annulled: AtomicU64,
 }
 
 /// `nvstack stat --json`: `journal`.
@@ -146,6 +174,9 @@ pub struct JournalStats {
     /// Creation records replay moved to larger slots, because the handle of the object it
     /// made again was longer than the room the record kept for it (M5; rare).
     pub notes_moved: u64,
+    /// Creation records annulled by the removal of their object's last name before a
+    /// checkpoint (the removal's record stays; design.md 13.3).
+    pub records_annulled: u64,
     /// Stores into write-protected committed NVRAM caught (journal consistency mode).
     pub trapped_writes: u64,
     pub size_max: u64,
@@ -207,6 +238,7 @@ impl Journal {
             frames_freed: get(&self.counters.frames_freed),
             records_zeroed: get(&self.counters.records_zeroed),
             notes_moved: get(&self.counters.notes_moved),
+            records_annulled: get(&self.counters.records_annulled),
             trapped_writes: group.trapped_writes,
             group,
             size_max: self.config.size_max,
@@ -229,6 +261,27 @@ impl<L: LowerFs> Engine<L> {
         &self,
         otx: &mut OpTx<'_>,
         touched: &[(u64, u64)],
+        build: impl FnOnce() -> FsResult<Redo>,
+    ) -> FsResult<()> {
+        self.journaled_removal(otx, touched, false, build)
+    }
+
+    /// `journaled`, for a change that may remove the last name of its `object`
+    /// (`last_name`: an unlink of a file with one link, an rmdir). Such a removal annuls the
+    /// object's creation record when that is still in the journal and no record since names
+    /// the object (J3): in one transaction the removal's record is written and the
+    /// creation's slots are zeroed. Why that is safe (**M7**): the object does not exist
+    /// after the removal, so no prefix of the changes the lower file system may keep
+    /// (K2) needs its creation redone - if it kept the creation, the removal's record (which
+    /// stays) removes the object again; if not, nothing names it (no record since the
+    /// creation names it, and a directory that anything was made in is named by that
+    /// record). Short-lived files (Postmark's, a compiler's temporaries) then take one
+    /// record instead of two until their checkpoint.
+    fn journaled_removal(
+        &self,
+        otx: &mut OpTx<'_>,
+        touched: &[(u64, u64)],
+        last_name: bool,
         build: impl FnOnce() -> FsResult<Redo>,
     ) -> FsResult<()> {
         assert!(!otx.is_running(), "a journaled change inside a running transaction");
@@ -259,8 +312,19 @@ impl<L: LowerFs> Engine<L> {
         let mut pending = self.journal.pending.lock();
         redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
         let open = pending.open.filter(|&(_, next)| next + slots <= SLOTS);
+        let annul: Option<(u64, Place)> = if last_name {
+            let seq = pending.creations.get(&redo.object).copied();
+            seq.and_then(|seq| pending.records.get(&seq).map(|&p| (seq, p)))
+        } else {
+            None
+        };
         let written = (|| -> Result<Place, TxError> {
             let tx = otx.tx();
+            if let Some((_, p)) = annul {
+                // M6: a freed record's slots are zero (snapshotted: a crash before the commit
+                // keeps the creation, and the removal is lost with the operation).
+                tx.update(slot_offset(pool, p.frame, p.slot), &vec![0u8; p.slots * SLOT_SIZE])?;
+            }
             if let Some((frame, slot)) = open {
                 // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
                 // them zero again.
@@ -283,6 +347,22 @@ impl<L: LowerFs> Engine<L> {
                     self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
                 }
                 pending.records.insert(redo.seq, place);
+                for h in [&redo.dir1, &redo.dir2, &redo.object, &redo.other] {
+                    pending.named(h);
+                }
+                if let Some((seq, p)) = annul {
+                    // J1: a frame left with no records is freed by the next checkpoint.
+                    pending.records.remove(&seq);
+                    pending.gone(seq);
+                    if let Some(n) = pending.frames.get_mut(&p.frame) {
+                        *n -= 1;
+                    }
+                    Counters::add(&self.journal.counters.records_annulled, 1);
+                }
+                if record::is_creation(redo.op()) {
+                    pending.creations.insert(redo.object.clone(), redo.seq);
+                    pending.created.insert(redo.seq, redo.object.clone());
+                }
                 drop(pending);
                 Counters::add(&self.journal.counters.records_total, 1);
                 self.fail("journal.committed");
@@ -290,6 +370,9 @@ impl<L: LowerFs> Engine<L> {
             }
             Err(TxError::NoFrames) => {
                 let _ = otx.end::<()>(Err(FsError::Nvram(TxError::NoFrames)));
+                for h in [&redo.dir1, &redo.dir2, &redo.object, &redo.other] {
+                    pending.named(h);
+                }
                 drop(pending);
                 Counters::add(&self.journal.counters.not_journaled, 1);
                 unjournaled();
@@ -428,10 +511,14 @@ impl<L: LowerFs> Engine<L> {
         dir: bool,
     ) -> FsResult<()> {
         // The victim's handle is read first (after the removal it has no name to read it by).
-        let victim = if self.journal.enabled {
-            self.lower.lookup(parent, name).ok().and_then(|(n, _)| self.object_handle(&n).ok())
+        // Its link count too: only the removal of the last name may annul its creation.
+        let (victim, last_name) = if self.journal.enabled {
+            match self.lower.lookup(parent, name) {
+                Ok((n, attr)) => (self.object_handle(&n).ok(), dir || attr.nlink == 1),
+                Err(_) => (None, false),
+            }
         } else {
-            None
+            (None, false)
         };
         self.group_commit(); // W1
         if dir {
@@ -439,7 +526,7 @@ impl<L: LowerFs> Engine<L> {
         } else {
             self.lower.unlink(parent, name)?;
         }
-        self.journaled(otx, &[self.lower.key(parent)], || {
+        self.journaled_removal(otx, &[self.lower.key(parent)], last_name, || {
             let mut redo = Redo::new(if dir { Op::Rmdir } else { Op::Unlink });
             redo.dir1 = self.object_handle(parent)?;
             redo.name1 = name.to_os_string();
