@@ -767,3 +767,94 @@ fn a_size_checkpoint_runs_only_while_the_journal_is_full() {
     assert!(lower.syncs() > syncs);
     assert!(e.stats().journal.records < 32);
 }
+
+/// Unlinks every other of `files` names in `/big` once, at the first `checkpoint.synced`.
+#[derive(Debug, Default)]
+struct UnlinkDuringCheckpoint {
+    engine: OnceLock<Weak<Engine<MemLower>>>,
+    files: usize,
+    done: AtomicBool,
+}
+
+impl Failpoints for UnlinkDuringCheckpoint {
+    fn hit(&self, point: &'static str) {
+        if point != "checkpoint.synced" || self.done.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let e = self.engine.get().and_then(Weak::upgrade).expect("the test's engine");
+        let files = self.files;
+        // Another thread, as another request would be; joined here (the journal never
+        // fills, so none of its operations waits for this checkpoint).
+        std::thread::spawn(move || {
+            let big = e.lookup(e.root_id(), name("big")).unwrap().node_id;
+            for i in (1..files).step_by(2) {
+                e.unlink(big, name(&format!("f{i}"))).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+/// Records committed during a checkpoint take slots freed before (annulled creations') in
+/// many frames, so the checkpoint must zero its records in frames that keep the newer ones -
+/// more than one transaction of this geometry (64 KiB undo slots) holds: it frees them in
+/// smaller ones, and the region then recovers to the tree, with the lower file system as the
+/// checkpoint left it and as it was before.
+#[test]
+fn a_checkpoint_zeroing_records_in_many_frames_frees_them_in_transactions_that_fit() {
+    const FILES: usize = 640;
+    for mode in [Consistency::Undo, Consistency::Journal] {
+        let lower = MemLower::default();
+        let params = FormatParams {
+            region_size: 12288 + 4 * 65536 + 4096 + 512 * 4096,
+            undo_slots: 4,
+            undo_slot_size: 65536,
+        };
+        let region = Arc::new(SimRegion::new(params.region_size));
+        Pool::format(&*region, params).unwrap();
+        let hook = Arc::new(UnlinkDuringCheckpoint { files: FILES, ..Default::default() });
+        let failpoints: Arc<dyn Failpoints> = hook.clone();
+        let config = EngineConfig {
+            journal: JournalConfig { size_max: 1 << 20, interval_secs: 0 },
+            failpoints: Some(failpoints),
+            ..config()
+        };
+        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+        let e = Arc::new(Engine::new(lower.clone(), pool, config.clone()).unwrap());
+        hook.engine.set(Arc::downgrade(&e)).unwrap();
+        let big = e.mkdir(&ROOT, e.root_id(), name("big"), 0o755).unwrap().node_id;
+        for i in 0..FILES {
+            let (x, fh) = e.create(&ROOT, big, name(&format!("f{i}")), 0o644, 0).unwrap();
+            e.release(fh).unwrap();
+            e.forget(x.node_id, 1);
+        }
+        // Every fourth file goes at once: its creation is annulled, leaving a free slot in
+        // every frame.
+        for i in (0..FILES).step_by(4) {
+            e.unlink(big, name(&format!("f{i}"))).unwrap();
+        }
+        let before = e.stats().journal;
+        assert_eq!(before.records_annulled, FILES as u64 / 4, "{mode:?}");
+        let synced = lower.fork();
+        e.checkpoint(Why::Flush).unwrap();
+        let after = e.stats().journal;
+        // The odd files' unlinks annulled the listed creations and took freed slots.
+        assert_eq!(after.records_annulled, before.records_annulled + FILES as u64 / 2);
+        assert!(after.records_zeroed > 100, "{mode:?}: {after:?}");
+        assert_eq!(after.records, FILES as u64 / 2, "{mode:?}: the unlinks since (1) stay");
+        e.group_commit();
+        let want = view(&e).unwrap();
+        assert_eq!(want.len(), 1 + FILES / 4, "{mode:?}");
+        let image = region.crash_image(CrashMode::DropAll);
+        drop(e);
+        for (what, img) in [("as left", lower.fork()), ("before the checkpoint", synced)] {
+            let (pool, _) =
+                Pool::open(Arc::new(SimRegion::from_image(image.clone())), mode).unwrap();
+            let e = Engine::new(img, pool, EngineConfig { failpoints: None, ..config.clone() })
+                .unwrap_or_else(|x| panic!("{mode:?}: lower {what}: {x}"));
+            assert_eq!(view(&e).unwrap(), want, "{mode:?}: lower {what}");
+            e.pool().check_invariants().unwrap();
+        }
+    }
+}

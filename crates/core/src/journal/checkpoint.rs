@@ -3,13 +3,14 @@
 //! Protocol (failpoint names in brackets): (1) note the committed records; (2) one `syncfs` of
 //! the lower file system - every change those records describe was applied before it started,
 //! so all are durable after it [checkpoint.synced]; (3) transactions of at most `FREE_BATCH`
-//! frames free the records: a frame none of whose records stays is freed (the open one too,
-//! which then closes), and in a frame that keeps records committed after (1) the freed
-//! records' slots are zeroed (M6) [checkpoint.freed]. A crash before a record's free commits
-//! leaves it, and replay redoes a change the lower file system already has - the records are
-//! idempotent (`replay.rs`). Records committed while a checkpoint runs are not in its list and
-//! wait for the next one. Records are packed in commit order, so only the frame that was open
-//! at (1) can hold both kinds: a checkpoint zeroes at most one frame's worth of slots.
+//! frames free the records: a frame none of whose records stays is freed, and in a frame that
+//! keeps records committed after (1) the freed records' slots are zeroed (M6)
+//! [checkpoint.freed]. A crash before a record's free commits leaves it, and replay redoes a
+//! change the lower file system already has - the records are idempotent (`replay.rs`).
+//! Records committed while a checkpoint runs are not in its list and wait for the next one;
+//! they may take slots freed before (J2), so any frame can hold both kinds, and the
+//! transactions of (3) are halved while one does not fit. A record annulled while the
+//! checkpoint runs (M7) is skipped: its slots are zero already.
 //!
 //! Triggers: the journal's size limit (checked after every operation), the interval (the
 //! daemon's clock drives `Engine::tick`), a durability call that must reach the lower file
@@ -28,8 +29,9 @@ use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
 
-/// Frames freed per transaction (a freed frame costs its descriptor's undo record; the one
-/// frame whose records are zeroed instead costs at most its 4 KiB).
+/// Frames freed per transaction at most (a freed frame costs its descriptor's undo record, a
+/// frame whose records are zeroed instead up to its 4 KiB: fewer when a transaction cannot
+/// hold them).
 const FREE_BATCH: usize = 1024;
 
 /// Why a checkpoint ran.
@@ -59,7 +61,7 @@ impl<L: LowerFs> Engine<L> {
         let now = self.lower.now();
         let (listed, idle): (Vec<(u64, Place)>, Vec<FrameId>) = {
             let pending = self.journal.pending.lock();
-            let idle = pending.frames.iter().filter(|&(_, &n)| n == 0).map(|(&f, _)| f);
+            let idle = pending.frames.iter().filter(|(_, u)| u.records == 0).map(|(&f, _)| f);
             (pending.records.iter().map(|(&s, &p)| (s, p)).collect(), idle.collect())
         };
         if listed.is_empty() && idle.is_empty() {
@@ -75,59 +77,18 @@ impl<L: LowerFs> Engine<L> {
             by_frame.entry(place.frame).or_default().push((seq, place));
         }
         let by_frame: Vec<(FrameId, Vec<(u64, Place)>)> = by_frame.into_iter().collect();
-        let pool = &self.pool;
-        for batch in by_frame.chunks(FREE_BATCH) {
-            // Begun before the journal's lock (short: held while the batch is planned,
-            // written and committed, so no record is packed into a frame being freed).
-            let mut otx = OpTx::new(pool);
-            otx.tx();
-            let mut pending = self.journal.pending.lock();
-            // Records annulled since (1) left the journal already (their slots are zero).
-            let batch: Vec<(FrameId, Vec<(u64, Place)>)> = batch
-                .iter()
-                .map(|(f, r)| {
-                    let left = r.iter().filter(|(seq, _)| pending.records.contains_key(seq));
-                    (*f, left.copied().collect())
-                })
-                .collect();
-            let freed = |frame: &FrameId, records: &[(u64, Place)], pending: &Pending| {
-                pending.frames.get(frame).is_some_and(|&n| n as usize == records.len())
-            };
-            let plan: Vec<bool> = batch.iter().map(|(f, r)| freed(f, r, &pending)).collect();
-            let written = (|| -> Result<(), TxError> {
-                let tx = otx.tx();
-                for ((frame, records), &free) in batch.iter().zip(&plan) {
-                    if free {
-                        tx.free_frame(*frame)?;
-                        continue;
-                    }
-                    for (_, p) in records {
-                        let zero = vec![0u8; p.slots * SLOT_SIZE];
-                        tx.update(slot_offset(pool, p.frame, p.slot), &zero)?;
-                    }
+        // Transactions of at most FREE_BATCH frames, halved while one does not fit (an undo
+        // slot, journal mode's log credit): every frame may keep newer records, in slots
+        // freed before, and then its listed records are zeroed - up to a page each.
+        let (mut size, mut rest) = (FREE_BATCH, &by_frame[..]);
+        while !rest.is_empty() {
+            let batch = &rest[..size.min(rest.len())];
+            match self.free_batch(batch, now) {
+                Ok(()) => rest = &rest[batch.len()..],
+                Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
+                    size = batch.len() / 2;
                 }
-                Ok(())
-            })();
-            otx.end(written.map_err(FsError::from))?;
-            for ((frame, records), &free) in batch.iter().zip(&plan) {
-                if free {
-                    pending.frames.remove(frame);
-                    Counters::add(&self.journal.counters.frames_freed, 1);
-                    if pending.open.is_some_and(|(f, _)| f == *frame) {
-                        pending.open = None;
-                    }
-                } else if let Some(n) = pending.frames.get_mut(frame) {
-                    *n -= u32::try_from(records.len()).expect("records per frame fit u32");
-                    Counters::add(&self.journal.counters.records_zeroed, records.len() as u64);
-                }
-                for (seq, _) in records {
-                    pending.records.remove(seq);
-                    pending.gone(*seq);
-                }
-            }
-            if !pending.records.is_empty() {
-                // Committed during the checkpoint: no older than its start.
-                self.journal.oldest_at.store(now.0, Ordering::Relaxed);
+                Err(e) => return Err(e),
             }
         }
 
@@ -138,6 +99,63 @@ impl<L: LowerFs> Engine<L> {
         let ms = (nanos(self.lower.now()) - nanos(now)).max(0) / 1_000_000;
         Counters::add(&c.checkpoint_ms_total, u64::try_from(ms).unwrap_or(u64::MAX));
         Ok(listed.len() as u64)
+    }
+
+    /// Step (3) for the frames of `batch` and their listed records, in one transaction.
+    fn free_batch(&self, batch: &[(FrameId, Vec<(u64, Place)>)], now: (i64, u32)) -> FsResult<()> {
+        let pool = &self.pool;
+        // Begun before the journal's lock (short: held while the batch is planned, written
+        // and committed, so no record is packed into a frame being freed).
+        let mut otx = OpTx::new(pool);
+        otx.tx();
+        let mut pending = self.journal.pending.lock();
+        // Records annulled since (1) left the journal already (their slots are zero).
+        let batch: Vec<(FrameId, Vec<(u64, Place)>)> = batch
+            .iter()
+            .map(|(f, r)| {
+                let left = r.iter().filter(|(seq, _)| pending.records.contains_key(seq));
+                (*f, left.copied().collect())
+            })
+            .collect();
+        let freed = |frame: &FrameId, records: &[(u64, Place)], pending: &Pending| {
+            pending.frames.get(frame).is_some_and(|u| u.records as usize == records.len())
+        };
+        let plan: Vec<bool> = batch.iter().map(|(f, r)| freed(f, r, &pending)).collect();
+        let written = (|| -> Result<(), TxError> {
+            let tx = otx.tx();
+            for ((frame, records), &free) in batch.iter().zip(&plan) {
+                if free {
+                    tx.free_frame(*frame)?;
+                    continue;
+                }
+                for (_, p) in records {
+                    let zero = vec![0u8; p.slots * SLOT_SIZE];
+                    tx.update(slot_offset(pool, p.frame, p.slot), &zero)?;
+                }
+            }
+            Ok(())
+        })();
+        otx.end(written.map_err(FsError::from))?;
+        for ((frame, records), &free) in batch.iter().zip(&plan) {
+            if free {
+                pending.drop_frame(*frame);
+                Counters::add(&self.journal.counters.frames_freed, 1);
+            } else {
+                for &(_, p) in records {
+                    pending.release(p);
+                }
+                Counters::add(&self.journal.counters.records_zeroed, records.len() as u64);
+            }
+            for (seq, _) in records {
+                pending.records.remove(seq);
+                pending.gone(*seq);
+            }
+        }
+        if !pending.records.is_empty() {
+            // Committed during the checkpoint: no older than its start.
+            self.journal.oldest_at.store(now.0, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// A checkpoint when the journal is at its size limit (called after every operation, with

@@ -36,7 +36,7 @@ pub mod checkpoint;
 pub mod record;
 mod replay;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -107,21 +107,103 @@ pub struct Journal {
 struct Pending {
     /// Sequence -> where its record is.
     records: BTreeMap<u64, Place>,
-    /// Every journal frame -> its records in `records` (J1: a frame is freed when this
-    /// reaches 0; a frame found empty at mount has 0 until the recovery checkpoint frees it).
-    frames: BTreeMap<FrameId, u32>,
-    /// The frame new records are packed into, and its first free slot (J2: every slot from
-    /// there on is zero, M6). None: the next record allocates a frame.
-    open: Option<(FrameId, usize)>,
+    /// Every journal frame -> its records in `records` and the slots they take (J1: a frame
+    /// is freed when its count reaches 0, by the next checkpoint; a frame found empty at
+    /// mount has 0 until the recovery checkpoint frees it; J2: a slot not taken is zero, M6).
+    frames: BTreeMap<FrameId, FrameUse>,
+    /// Frames with a slot not taken (a subset of `frames`), and how many such slots they
+    /// have in all: freed records' slots are taken again (an annulled creation's, those a
+    /// checkpoint zeroed), so a journal of short-lived files does not grow by them.
+    roomy: BTreeSet<FrameId>,
+    free_slots: u64,
+    /// The frame the last record went to: tried first (records of one burst share frames).
+    open: Option<FrameId>,
     /// Creation records in `records` whose object no later record names (J3): object handle
     /// -> sequence, and back. The removal of such an object's last name annuls its creation
-    /// record (see `Engine::journaled`). Bounded by `records`: an entry goes when a record
-    /// names its object, when its record is annulled, and when a checkpoint frees it.
+    /// record (see `Engine::journaled_removal`). Bounded by `records`: an entry goes when a
+    /// record names its object, when its record is annulled, and when a checkpoint frees it.
     creations: HashMap<Vec<u8>, u64>,
     created: HashMap<u64, Vec<u8>>,
 }
 
+/// A journal frame's records and the slots they take (bit i: slot i).
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameUse {
+    records: u32,
+    taken: u16,
+}
+
+const ALL_SLOTS: u16 = u16::MAX;
+const _: () = assert!(SLOTS == 16, "one bit a slot");
+
+/// Frames with room looked at for a record that does not fit the open frame, at most (then
+/// a new frame): a record of several slots may find no run of them in frames with one free.
+const ROOM_SEARCH: usize = 64;
+
+/// The bits of `slots` slots from `slot` on.
+fn run(slot: usize, slots: usize) -> u16 {
+    debug_assert!(slots >= 1 && slot + slots <= SLOTS);
+    (((1u32 << slots) - 1) << slot) as u16
+}
+
+/// The first run of `slots` free slots in a frame whose taken slots are `taken`.
+fn free_run(taken: u16, slots: usize) -> Option<usize> {
+    (0..=SLOTS - slots).find(|&s| taken & run(s, slots) == 0)
+}
+
 impl Pending {
+    /// Free slots for a record of `slots` slots in a frame the journal has: the open frame's,
+    /// else those of the first frame with room that has a run of them.
+    fn find_room(&self, slots: usize) -> Option<(FrameId, usize)> {
+        let open = self.open.into_iter();
+        open.chain(self.roomy.iter().copied().take(ROOM_SEARCH)).find_map(|f| {
+            let taken = self.frames.get(&f)?.taken;
+            free_run(taken, slots).map(|s| (f, s))
+        })
+    }
+
+    /// A new journal frame, no slot taken (J2: all zero).
+    fn add_frame(&mut self, frame: FrameId) {
+        self.frames.insert(frame, FrameUse::default());
+        self.roomy.insert(frame);
+        self.free_slots += SLOTS as u64;
+    }
+
+    /// A frame the journal lists no longer (freed).
+    fn drop_frame(&mut self, frame: FrameId) {
+        if let Some(u) = self.frames.remove(&frame) {
+            self.free_slots -= u64::from(u.taken.count_zeros());
+        }
+        self.roomy.remove(&frame);
+        if self.open == Some(frame) {
+            self.open = None;
+        }
+    }
+
+    /// A record now at `place` (its frame is listed).
+    fn take(&mut self, place: Place) {
+        let u = self.frames.get_mut(&place.frame).expect("a record's frame is listed");
+        let bits = run(place.slot, place.slots);
+        debug_assert_eq!(u.taken & bits, 0, "J2: a record goes to free slots");
+        u.taken |= bits;
+        u.records += 1;
+        self.free_slots -= place.slots as u64;
+        if u.taken == ALL_SLOTS {
+            self.roomy.remove(&place.frame);
+        }
+        self.open = Some(place.frame);
+    }
+
+    /// The record at `place` left the journal and its slots were zeroed (M6).
+    fn release(&mut self, place: Place) {
+        if let Some(u) = self.frames.get_mut(&place.frame) {
+            u.taken &= !run(place.slot, place.slots);
+            u.records -= 1;
+            self.free_slots += place.slots as u64;
+            self.roomy.insert(place.frame);
+        }
+    }
+
     /// `handle` is named by a record after its creation's: that creation can no longer be
     /// annulled.
     fn named(&mut self, handle: &[u8]) {
@@ -214,9 +296,14 @@ impl Journal {
         self.len() == 0
     }
 
-    /// At the size limit: the next operation checkpoints.
+    /// At the size limit, with less than a frame's worth of freed slots left to take: the
+    /// next operation checkpoints.
     pub fn full(&self) -> bool {
-        self.enabled && self.pending.lock().frames.len() as u64 >= self.frames_max
+        if !self.enabled {
+            return false;
+        }
+        let pending = self.pending.lock();
+        pending.frames.len() as u64 >= self.frames_max && pending.free_slots < SLOTS as u64
     }
 
     pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
@@ -311,7 +398,8 @@ impl<L: LowerFs> Engine<L> {
         otx.tx();
         let mut pending = self.journal.pending.lock();
         redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
-        let open = pending.open.filter(|&(_, next)| next + slots <= SLOTS);
+        // Free slots of a listed frame, not the annulled record's (they are zeroed below).
+        let room = pending.find_room(slots);
         let annul: Option<(u64, Place)> = if last_name {
             let seq = pending.creations.get(&redo.object).copied();
             seq.and_then(|seq| pending.records.get(&seq).map(|&p| (seq, p)))
@@ -325,7 +413,7 @@ impl<L: LowerFs> Engine<L> {
                 // keeps the creation, and the removal is lost with the operation).
                 tx.update(slot_offset(pool, p.frame, p.slot), &vec![0u8; p.slots * SLOT_SIZE])?;
             }
-            if let Some((frame, slot)) = open {
+            if let Some((frame, slot)) = room {
                 // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
                 // them zero again.
                 tx.update(slot_offset(pool, frame, slot), &redo.encode())?;
@@ -341,8 +429,10 @@ impl<L: LowerFs> Engine<L> {
         match written {
             Ok(place) => {
                 otx.end(Ok(()))?;
-                *pending.frames.entry(place.frame).or_insert(0) += 1;
-                pending.open = Some((place.frame, place.slot + slots));
+                if room.is_none() {
+                    pending.add_frame(place.frame);
+                }
+                pending.take(place);
                 if pending.records.is_empty() {
                     self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
                 }
@@ -354,9 +444,7 @@ impl<L: LowerFs> Engine<L> {
                     // J1: a frame left with no records is freed by the next checkpoint.
                     pending.records.remove(&seq);
                     pending.gone(seq);
-                    if let Some(n) = pending.frames.get_mut(&p.frame) {
-                        *n -= 1;
-                    }
+                    pending.release(p);
                     Counters::add(&self.journal.counters.records_annulled, 1);
                 }
                 if record::is_creation(redo.op()) {

@@ -114,11 +114,11 @@ impl<L: LowerFs> Engine<L> {
             // new records go to a new frame.
             let mut pending = self.journal.pending.lock();
             for &frame in &frames {
-                pending.frames.insert(frame, 0);
+                pending.add_frame(frame);
             }
             for (place, redo) in &records {
                 pending.records.insert(redo.seq, *place);
-                *pending.frames.get_mut(&place.frame).expect("a record's frame is scanned") += 1;
+                pending.take(*place);
             }
         }
         self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
