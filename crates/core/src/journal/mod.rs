@@ -296,14 +296,15 @@ impl Journal {
         self.len() == 0
     }
 
-    /// At the size limit, with less than a frame's worth of freed slots left to take: the
-    /// next operation checkpoints.
+    /// At the size limit with less than a frame's worth of free slots left to take, or past
+    /// it (a record found no run of free slots it needed): the next operation checkpoints.
     pub fn full(&self) -> bool {
         if !self.enabled {
             return false;
         }
         let pending = self.pending.lock();
-        pending.frames.len() as u64 >= self.frames_max && pending.free_slots < SLOTS as u64
+        let frames = pending.frames.len() as u64;
+        frames > self.frames_max || (frames == self.frames_max && pending.free_slots < SLOTS as u64)
     }
 
     pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
@@ -750,5 +751,52 @@ impl<L: LowerFs> Engine<L> {
             redo.name2 = name.to_os_string();
             Ok(redo)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(frame: u64, slot: usize, slots: usize) -> Place {
+        Place { frame: FrameId(frame), slot, slots }
+    }
+
+    /// Free slots are taken again (first the open frame's, then another frame's with a run
+    /// long enough), and the size limit counts them: at the limit with a frame's worth free
+    /// the journal is not full; past it, it is whatever is free.
+    #[test]
+    fn records_take_freed_slots_and_the_limit_counts_them() {
+        let j = Journal::new(true, JournalConfig { size_max: 2 * 4096, interval_secs: 0 }, 64);
+        let mut p = j.pending.lock();
+        p.add_frame(FrameId(1));
+        for slot in 0..SLOTS {
+            p.take(place(1, slot, 1));
+        }
+        assert_eq!(p.find_room(1), None, "frame 1 is full");
+        p.add_frame(FrameId(2));
+        for slot in (0..SLOTS).step_by(2) {
+            p.take(place(2, slot, 1));
+        }
+        // Frame 2 has every other slot: a 1-slot record fits, a 2-slot one does not.
+        assert_eq!(p.find_room(1), Some((FrameId(2), 1)));
+        assert_eq!(p.find_room(2), None);
+        drop(p);
+        assert!(j.full(), "at the limit with 8 free slots, less than a frame's worth");
+        let mut p = j.pending.lock();
+        for slot in 0..8 {
+            p.release(place(1, slot, 1));
+        }
+        assert_eq!((p.free_slots, p.frames[&FrameId(1)].records), (16, 8));
+        // Not in the open frame (2): in frame 1, whose first 8 slots are free again.
+        assert_eq!(p.find_room(2), Some((FrameId(1), 0)));
+        drop(p);
+        assert!(!j.full(), "at the limit with a frame's worth free");
+        j.pending.lock().add_frame(FrameId(3));
+        assert!(j.full(), "past the limit");
+        let mut p = j.pending.lock();
+        p.drop_frame(FrameId(3));
+        p.drop_frame(FrameId(2));
+        assert_eq!((p.free_slots, p.roomy.len(), p.open), (8, 1, None));
     }
 }
