@@ -269,6 +269,90 @@ fn recover(image: Vec<u8>, lower: MemLower) -> Result<View, String> {
     Ok(v)
 }
 
+/// A region of `params()` formatted for `mode` and an engine over `lower` with a journal of
+/// `size_max` bytes, checkpointed by size only.
+fn started(
+    lower: &MemLower,
+    mode: Consistency,
+    size_max: u64,
+) -> (Arc<SimRegion>, Engine<MemLower>, EngineConfig) {
+    let region = Arc::new(SimRegion::new(params().region_size));
+    Pool::format(&*region, params()).unwrap();
+    let config = EngineConfig { journal: JournalConfig { size_max, interval_secs: 0 }, ..config() };
+    let (pool, _) = Pool::open(region.clone(), mode).unwrap();
+    let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+    (region, e, config)
+}
+
+/// The engine recovering a crash image of a region in `mode` over `lower`.
+fn restarted(
+    image: Vec<u8>,
+    mode: Consistency,
+    lower: MemLower,
+    config: &EngineConfig,
+) -> Result<Engine<MemLower>, String> {
+    let (pool, _) = Pool::open(Arc::new(SimRegion::from_image(image)), mode)
+        .map_err(|x| format!("open: {x}"))?;
+    Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
+}
+
+/// Creates `f0`..`f{files-1}`, in turn in each of `dirs`, with cached pages in every
+/// `cached`-th (their records name the file).
+fn make_files(e: &Engine<MemLower>, dirs: &[u64], files: usize, cached: usize) {
+    for i in 0..files {
+        let dir = dirs[i % dirs.len()];
+        let (entry, fh) =
+            e.create(&ROOT, dir, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
+        if i % cached == 0 {
+            e.write(fh, 0, format!("data {i}").as_bytes(), false).unwrap();
+        }
+        e.release(fh).unwrap();
+        e.forget(entry.node_id, 1);
+    }
+}
+
+/// Every crash point of a replay recovers to `want`, with the lower file system as the
+/// replay left it and as its last sync left it.
+fn all_recover(points: Vec<Point>, mode: Consistency, config: &EngineConfig, want: &View) {
+    for (i, (img, kept, lost)) in points.into_iter().enumerate() {
+        for (what, lower) in [("kept", kept), ("lost", lost)] {
+            let e = restarted(img.clone(), mode, lower, config)
+                .unwrap_or_else(|x| panic!("{mode:?} crash point {i}, lower {what}: {x}"));
+            assert_eq!(&view(&e).unwrap(), want, "{mode:?} crash point {i}, lower {what}");
+            e.pool().check_invariants().unwrap();
+        }
+    }
+}
+
+/// Replays `image` over `crashed` once, keeping the crash points of the fences `keep`
+/// selects (numbered from 1): the region image there and the lower file system as the replay
+/// left it and as its last sync left it.
+fn replay_recording(
+    image: Vec<u8>,
+    mode: Consistency,
+    crashed: &MemLower,
+    config: &EngineConfig,
+    keep: impl Fn(usize) -> bool + Send + Sync + 'static,
+) -> (Engine<MemLower>, Vec<Point>) {
+    let replaying = Arc::new(SimRegion::from_image(image));
+    let points: Arc<Mutex<Vec<Point>>> = Arc::default();
+    let (hook_points, hook_lower, seen) =
+        (Arc::clone(&points), crashed.clone(), Arc::new(Mutex::new(0)));
+    replaying.set_fence_hook(Some(Box::new(move |point| {
+        let mut n = seen.lock().unwrap();
+        *n += 1;
+        if keep(*n) {
+            let img = point.image(CrashMode::DropAll);
+            hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
+        }
+    })));
+    let (pool, _) = Pool::open(replaying.clone(), mode).unwrap();
+    let e = Engine::new(crashed.clone(), pool, config.clone()).unwrap();
+    replaying.set_fence_hook(None);
+    let points = std::mem::take(&mut *points.lock().unwrap());
+    (e, points)
+}
+
 fn sweep(seed: u64, ops: usize, churn: bool) -> Result<(u64, u64, u64, u64, u64), String> {
     let lower = MemLower::default();
     for d in &DIRS[1..] {
@@ -429,14 +513,7 @@ fn every_crash_point_of_creations_annulled_by_removals_recovers_to_before_or_aft
 fn a_removal_annuls_only_a_creation_no_record_since_names() {
     for mode in [Consistency::Undo, Consistency::Journal] {
         let lower = MemLower::default();
-        let region = Arc::new(SimRegion::new(params().region_size));
-        Pool::format(&*region, params()).unwrap();
-        let config = EngineConfig {
-            journal: JournalConfig { size_max: 1 << 20, interval_secs: 0 },
-            ..config()
-        };
-        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
-        let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+        let (region, e, config) = started(&lower, mode, 1 << 20);
         let root = e.root_id();
         let created = |dir: u64, n: &str| {
             let (x, fh) = e.create(&ROOT, dir, name(n), 0o644, libc::O_RDWR).unwrap();
@@ -473,9 +550,7 @@ fn a_removal_annuls_only_a_creation_no_record_since_names() {
         assert_eq!(want.len(), 0, "{mode:?}: {want:?}");
         let image = region.crash_image(CrashMode::DropAll);
         for (what, img) in [("lost", lower.crash()), ("kept", lower.fork())] {
-            let region = Arc::new(SimRegion::from_image(image.clone()));
-            let (pool, _) = Pool::open(region, mode).unwrap();
-            let e = Engine::new(img, pool, config.clone())
+            let e = restarted(image.clone(), mode, img, &config)
                 .unwrap_or_else(|x| panic!("{mode:?}: lower {what}: {x}"));
             assert_eq!(view(&e).unwrap(), want, "{mode:?}: lower {what}");
         }
@@ -541,27 +616,14 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
         let (pool, _) = Pool::open(region.clone(), mode).unwrap();
         let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
         let big = e.mkdir(&ROOT, e.root_id(), name("big"), 0o755).unwrap().node_id;
-        for i in 0..FILES {
-            let (entry, fh) =
-                e.create(&ROOT, big, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
-            if i % 50 == 0 {
-                // Cached pages: their record names the file, made again with a new handle.
-                e.write(fh, 0, format!("data {i}").as_bytes(), false).unwrap();
-            }
-            e.release(fh).unwrap();
-            e.forget(entry.node_id, 1);
-        }
+        // Cached pages in some: their record names the file, made again with a new handle.
+        make_files(&e, &[big], FILES, 50);
         e.group_commit(); // journal mode: the records are durable
         let want = view(&e).unwrap();
         assert_eq!(want.len(), FILES + 1, "{mode:?}");
         // The lower file system lost everything since its last sync: "big" and its files.
         let image = region.crash_image(CrashMode::DropAll);
         drop(e);
-        let start = |image: Vec<u8>, lower: MemLower| {
-            let (pool, _) = Pool::open(Arc::new(SimRegion::from_image(image)), mode)
-                .map_err(|x| format!("open: {x}"))?;
-            Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
-        };
         // Crashes inside the replay, with the lower file system kept and lost: every tenth
         // fence, and every one of the last 40 (re-keying the records that outlive the journal,
         // the checkpoint). A first replay counts them (replay is deterministic).
@@ -576,34 +638,15 @@ fn a_lost_directory_named_by_many_records_is_made_again_in_bounded_steps_even_wh
             counting.set_fence_hook(None);
             *seen.lock().unwrap()
         };
-        let replaying = Arc::new(SimRegion::from_image(image.clone()));
-        let points: Arc<Mutex<Vec<Point>>> = Arc::default();
-        let (hook_points, hook_lower, seen) =
-            (Arc::clone(&points), crashed.clone(), Arc::new(Mutex::new(0)));
-        replaying.set_fence_hook(Some(Box::new(move |point| {
-            let mut n = seen.lock().unwrap();
-            *n += 1;
-            if *n % 10 == 0 || *n + 40 > total {
-                let img = point.image(CrashMode::DropAll);
-                hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
-            }
-        })));
-        let (pool, _) = Pool::open(replaying.clone(), mode).unwrap();
-        let e = Engine::new(crashed.clone(), pool, config.clone()).unwrap();
-        replaying.set_fence_hook(None);
+        let (e, points) = replay_recording(image.clone(), mode, &crashed, &config, move |n| {
+            n % 10 == 0 || n + 40 > total
+        });
         assert_eq!(view(&e).unwrap(), want, "{mode:?}: the first replay");
         let replayed = e.stats().journal.replayed_at_mount as usize;
         assert!(replayed > FILES, "{mode:?}: {replayed} replayed");
         drop(e);
-        let points = std::mem::take(&mut *points.lock().unwrap());
         assert!(points.len() > 20, "{mode:?}: {} crash points", points.len());
-        for (i, (img, kept, lost)) in points.into_iter().enumerate() {
-            for (what, lower) in [("kept", kept), ("lost", lost)] {
-                let e = start(img.clone(), lower)
-                    .unwrap_or_else(|x| panic!("{mode:?} crash point {i}, lower {what}: {x}"));
-                assert_eq!(view(&e).unwrap(), want, "{mode:?} crash point {i}, lower {what}");
-            }
-        }
+        all_recover(points, mode, &config, &want);
     }
 }
 
@@ -621,26 +664,10 @@ fn a_note_longer_than_its_record_moves_the_record_even_when_replay_crashes() {
             long_handles_from: Arc::clone(&long_from),
             ..Default::default()
         });
-        let region = Arc::new(SimRegion::new(params().region_size));
-        Pool::format(&*region, params()).unwrap();
-        let config = EngineConfig {
-            journal: JournalConfig { size_max: 1 << 20, interval_secs: 0 },
-            ..config()
-        };
-        let (pool, _) = Pool::open(region.clone(), mode).unwrap();
-        let e = Engine::new(lower.clone(), pool, config.clone()).unwrap();
+        let (region, e, config) = started(&lower, mode, 1 << 20);
         let top = e.mkdir(&ROOT, e.root_id(), name("t"), 0o755).unwrap().node_id;
         let sub = e.mkdir(&ROOT, top, name("s"), 0o700).unwrap().node_id;
-        for i in 0..FILES {
-            let dir = if i % 2 == 0 { top } else { sub };
-            let (entry, fh) =
-                e.create(&ROOT, dir, name(&format!("f{i}")), 0o644, libc::O_RDWR).unwrap();
-            if i % 8 == 0 {
-                e.write(fh, 0, format!("data {i}").as_bytes(), false).unwrap();
-            }
-            e.release(fh).unwrap();
-            e.forget(entry.node_id, 1);
-        }
+        make_files(&e, &[top, sub], FILES, 8);
         e.symlink(&ROOT, sub, name("l"), OsStr::new("f1")).unwrap();
         // The newest object: its generation is the largest so far.
         let (t, _) = lower.lookup(lower.root(), name("t")).unwrap();
@@ -656,37 +683,15 @@ fn a_note_longer_than_its_record_moves_the_record_even_when_replay_crashes() {
         // Everything made from now on (replay's objects) gets a 128-byte handle.
         let generation = u64::from_le_bytes(last[8..16].try_into().unwrap());
         long_from.store(generation + 1, Ordering::SeqCst);
-        let start = |image: Vec<u8>, lower: MemLower| {
-            let (pool, _) = Pool::open(Arc::new(SimRegion::from_image(image)), mode)
-                .map_err(|x| format!("open: {x}"))?;
-            Engine::new(lower, pool, config.clone()).map_err(|x| format!("start: {x}"))
-        };
         let crashed = lower.crash(); // lost "t" and all below it
-        let replaying = Arc::new(SimRegion::from_image(image));
-        let points: Arc<Mutex<Vec<Point>>> = Arc::default();
-        let (hook_points, hook_lower) = (Arc::clone(&points), crashed.clone());
-        replaying.set_fence_hook(Some(Box::new(move |point| {
-            let img = point.image(CrashMode::DropAll);
-            hook_points.lock().unwrap().push((img, hook_lower.fork(), hook_lower.crash()));
-        })));
-        let (pool, _) = Pool::open(replaying.clone(), mode).unwrap();
-        let e = Engine::new(crashed.clone(), pool, config.clone()).unwrap();
-        replaying.set_fence_hook(None);
+        let (e, points) = replay_recording(image, mode, &crashed, &config, |_| true);
         assert_eq!(view(&e).unwrap(), want, "{mode:?}: the first replay");
         let st = e.stats().journal;
         assert_eq!(st.notes_moved, FILES as u64 + 3, "{mode:?}: every creation moved");
         e.pool().check_invariants().unwrap();
         drop(e);
-        let points = std::mem::take(&mut *points.lock().unwrap());
         assert!(points.len() > 2 * FILES, "{mode:?}: {} crash points", points.len());
-        for (i, (img, kept, lost)) in points.into_iter().enumerate() {
-            for (what, lower) in [("kept", kept), ("lost", lost)] {
-                let e = start(img.clone(), lower)
-                    .unwrap_or_else(|x| panic!("{mode:?} crash point {i}, lower {what}: {x}"));
-                assert_eq!(view(&e).unwrap(), want, "{mode:?} crash point {i}, lower {what}");
-                e.pool().check_invariants().unwrap();
-            }
-        }
+        all_recover(points, mode, &config, &want);
     }
 }
 
@@ -743,15 +748,8 @@ fn the_checkpoint_interval_counts_from_the_oldest_record_waiting() {
 #[test]
 fn a_size_checkpoint_runs_only_while_the_journal_is_full() {
     let lower = MemLower::default();
-    let region = Arc::new(SimRegion::new(params().region_size));
-    Pool::format(&*region, params()).unwrap();
     // Two frames: 32 one-slot records.
-    let config = EngineConfig {
-        journal: JournalConfig { size_max: 2 * 4096, interval_secs: 0 },
-        ..config()
-    };
-    let (pool, _) = Pool::open(region, Consistency::Undo).unwrap();
-    let e = Engine::new(lower.clone(), pool, config).unwrap();
+    let (_region, e, _) = started(&lower, Consistency::Undo, 2 * 4096);
     let (checkpoints, syncs) = (e.stats().journal.checkpoints, lower.syncs());
     for i in 0..5 {
         e.mkdir(&ROOT, e.root_id(), name(&format!("d{i}")), 0o755).unwrap();
@@ -848,10 +846,9 @@ fn a_checkpoint_zeroing_records_in_many_frames_frees_them_in_transactions_that_f
         assert_eq!(want.len(), 1 + FILES / 4, "{mode:?}");
         let image = region.crash_image(CrashMode::DropAll);
         drop(e);
+        let config = EngineConfig { failpoints: None, ..config };
         for (what, img) in [("as left", lower.fork()), ("before the checkpoint", synced)] {
-            let (pool, _) =
-                Pool::open(Arc::new(SimRegion::from_image(image.clone())), mode).unwrap();
-            let e = Engine::new(img, pool, EngineConfig { failpoints: None, ..config.clone() })
+            let e = restarted(image.clone(), mode, img, &config)
                 .unwrap_or_else(|x| panic!("{mode:?}: lower {what}: {x}"));
             assert_eq!(view(&e).unwrap(), want, "{mode:?}: lower {what}");
             e.pool().check_invariants().unwrap();
