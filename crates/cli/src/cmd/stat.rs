@@ -181,12 +181,13 @@ fn print_durability(value: &serde_json::Value) {
     let j = &value["journal"];
     if j["enabled"].as_bool() == Some(true) {
         println!(
-            "journal: {} records in NVRAM ({} B of {}), {} written, {} not journaled, {} \
-             checkpoints ({} ms), {} replayed at mount",
+            "journal: {} records in NVRAM ({} B of {}), {} written, {} creations annulled by \
+             their removal, {} not journaled, {} checkpoints ({} ms), {} replayed at mount",
             j["records"],
             j["bytes"],
             j["size_max"],
             j["records_total"],
+            j["records_annulled"],
             j["not_journaled"],
             j["checkpoints"],
             j["checkpoint_ms_total"],
