@@ -212,6 +212,13 @@ fn a_second_opener_takes_the_first_openers_route_and_both_see_each_others_writes
     assert_eq!(r["passthrough_because_open"].as_u64(), Some(1), "{r}");
     assert_eq!(r["passthrough_nodes"].as_u64(), Some(1), "{r}");
     drop((reader, writer));
+    // The kernel sends RELEASE after close returns, asynchronously: wait (bounded) until the
+    // daemon has seen both, or the next open would still follow the passthrough opens.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while m.routes()["passthrough_nodes"].as_u64() != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "the releases never arrived: {}", m.routes());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // Both closed: a new O_DSYNC open is free to take the NVRAM path (and is learned).
     let mut again = open_rw(&m.mnt("shared"), libc::O_DSYNC);
     again.write_all(b"CD").unwrap();
