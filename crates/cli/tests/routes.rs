@@ -66,6 +66,16 @@ impl Mount {
     fn count(&self, counter: &str) -> u64 {
         self.routes()[counter].as_u64().unwrap_or_else(|| panic!("counter {counter}"))
     }
+    /// Waits (bounded) until the daemon has seen every RELEASE: the kernel sends it after
+    /// close returns, asynchronously, and an open before it would follow the earlier opens'
+    /// route.
+    fn released(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.stat()["open_handles"].as_u64() != Some(0) {
+            assert!(std::time::Instant::now() < deadline, "releases never arrived");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     /// `nvstack flush`: temp files transformed, dirty pages written back (no NVRAM state left).
     fn flush(&self) {
         let out = Command::new(BIN).arg("flush").arg(self.mnt("")).output().unwrap();
@@ -173,6 +183,7 @@ fn a_file_fsynced_in_passthrough_is_durable_at_once_and_takes_the_nvram_path_fro
     f.sync_all().unwrap();
     assert_eq!(&std::fs::read(m.lower("db")).unwrap()[..8], b"commit-1", "synced in the lower");
     drop(f);
+    m.released();
     let r = m.routes();
     assert_eq!((r["fsyncs"].as_u64(), r["learned_fsync"].as_u64()), (Some(1), Some(1)), "{r}");
     // The next open takes the NVRAM path: the write lands in NVRAM, not in the lower file.
@@ -212,13 +223,7 @@ fn a_second_opener_takes_the_first_openers_route_and_both_see_each_others_writes
     assert_eq!(r["passthrough_because_open"].as_u64(), Some(1), "{r}");
     assert_eq!(r["passthrough_nodes"].as_u64(), Some(1), "{r}");
     drop((reader, writer));
-    // The kernel sends RELEASE after close returns, asynchronously: wait (bounded) until the
-    // daemon has seen both, or the next open would still follow the passthrough opens.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while m.routes()["passthrough_nodes"].as_u64() != Some(0) {
-        assert!(std::time::Instant::now() < deadline, "the releases never arrived: {}", m.routes());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    m.released();
     // Both closed: a new O_DSYNC open is free to take the NVRAM path (and is learned).
     let mut again = open_rw(&m.mnt("shared"), libc::O_DSYNC);
     again.write_all(b"CD").unwrap();
@@ -242,6 +247,7 @@ fn passthrough_writes_are_not_hidden_by_the_page_cache_of_an_earlier_nvram_open(
     let mut f = open_rw(&m.mnt("t"), 0);
     f.write_all(b"NEW").unwrap();
     drop(f);
+    m.released();
     assert!(m.count("opens_passthrough") >= 1);
     // An O_DSYNC open takes the NVRAM path again: it must not read the cached "old" page (T3).
     let mut g = open_rw(&m.mnt("t"), libc::O_DSYNC);
@@ -274,7 +280,7 @@ fn truncate_rename_and_unlink_of_a_file_open_in_passthrough_lose_no_write() {
     assert!(!m.lower("g").exists());
     drop(f);
     assert!(!m.mnt("g").exists());
-    assert_eq!(m.stat()["open_handles"].as_u64(), Some(0));
+    m.released(); // open_handles reaches 0
 }
 
 #[test]
