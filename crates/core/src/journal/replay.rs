@@ -29,10 +29,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
-use txn::{FrameId, FrameTag, Tx, TxError};
+use txn::{FrameTag, Tx, TxError};
 
 use super::record::{self, Op, Place, Redo};
 use crate::engine::Engine;
+use crate::engine::optx::OpTx;
 use crate::engine::start::StartError;
 use crate::error::{FsError, FsResult};
 use crate::stats::Counters;
@@ -48,12 +49,20 @@ impl<L: LowerFs> Engine<L> {
         if scan.frames.is_empty() {
             return Ok(());
         }
-        let mut records: Vec<(Place, Redo)> =
-            found.into_iter().map(|f| (f.place, f.redo)).collect();
-        let mut frames = scan.frames;
-        // Records moved by `note_remade`: sequence -> where the record is now.
-        let mut moved: HashMap<u64, Place> = HashMap::new();
-        let mut homes = Moves::default();
+        let records: Vec<(Place, Redo)> = found.into_iter().map(|f| (f.place, f.redo)).collect();
+        {
+            // The journal's view of its frames first: every frame is listed (one found empty
+            // too: the recovery checkpoint frees it), every record takes its slots (J2: the
+            // rest are zero), so a record `note_remade` moves is placed as any new record is.
+            let mut pending = self.journal.pending.lock();
+            for &frame in &scan.frames {
+                pending.add_frame(frame);
+            }
+            for (place, redo) in &records {
+                pending.records.insert(redo.seq, *place);
+                pending.take(*place);
+            }
+        }
         // Objects made again by this replay or an interrupted one: the record that created the
         // object names its old handle in `object` and the one it was made again with in
         // `other` (unused by creations otherwise). Records are redone with handles resolved
@@ -75,10 +84,7 @@ impl<L: LowerFs> Engine<L> {
                 // M5: the region names the object made again before it moves to its name, so
                 // a crash after that finds it (or makes it again if the lower file system lost
                 // it) instead of making a second one.
-                let now = self.note_remade(*place, redo, &new, &mut homes).map_err(fail)?;
-                if now != *place {
-                    moved.insert(redo.seq, now);
-                }
+                self.note_remade(*place, redo, &new).map_err(fail)?;
                 // W1 (journal mode): that note is durable before the rename.
                 self.group_commit();
                 self.fail("replay.remade");
@@ -102,24 +108,6 @@ impl<L: LowerFs> Engine<L> {
             self.syncfs_lower().map_err(settle)?;
             self.rekey_refs(&remade).map_err(settle)?;
             self.group_commit();
-        }
-        for (place, redo) in &mut records {
-            if let Some(&now) = moved.get(&redo.seq) {
-                *place = now;
-            }
-        }
-        frames.extend(homes.frames);
-        {
-            // Every frame is listed (one found empty too: the recovery checkpoint frees it);
-            // new records go to a new frame.
-            let mut pending = self.journal.pending.lock();
-            for &frame in &frames {
-                pending.add_frame(frame);
-            }
-            for (place, redo) in &records {
-                pending.records.insert(redo.seq, *place);
-                pending.take(*place);
-            }
         }
         self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
         Ok(())
@@ -262,35 +250,34 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// Stores the handle an object was made again with in the record that created it (M5)
-    /// and returns where that record is now. Nearly always in the record's own slots (a
-    /// creation keeps room for a handle as long as its own, `Redo::slots`); a longer handle
-    /// moves the record, with its sequence, to slots that hold it: one transaction writes it
-    /// there (packed after earlier moved records, else in a new frame) and zeroes its old
-    /// slots (M6), so the region holds it in exactly one place whether the move commits or
-    /// not. A frame left without records is freed by the recovery checkpoint.
-    fn note_remade(
-        &self,
-        place: Place,
-        redo: &Redo,
-        new: &[u8],
-        moves: &mut Moves,
-    ) -> FsResult<Place> {
+    /// Stores the handle an object was made again with in the record that created it (M5).
+    /// Nearly always in the record's own slots (a creation keeps room for a handle as long as
+    /// its own, `Redo::slots`); a longer handle moves the record, with its sequence, to free
+    /// slots found as for any new record (`Pending::find_room`, else a new frame): one
+    /// transaction writes it there and zeroes its old slots (M6), so the region holds it in
+    /// exactly one place whether the move commits or not, and the journal's view follows.
+    /// A frame left without records is freed by the recovery checkpoint.
+    fn note_remade(&self, place: Place, redo: &Redo, new: &[u8]) -> FsResult<()> {
         let pool = &self.pool;
         let off = record::slot_offset(pool, place.frame, place.slot);
         let before = redo.encode_in(place.slots);
         let noted = Redo { other: new.to_vec(), ..redo.clone() };
         if noted.slots() <= place.slots {
             let after = noted.encode_in(place.slots);
-            self.atomically(|tx| rewrite(tx, off, &before, &after))?;
-            return Ok(place);
+            return self.atomically(|tx| rewrite(tx, off, &before, &after));
         }
         let slots = noted.slots();
         let bytes = noted.encode();
-        let open = moves.open.filter(|&(_, next)| next + slots <= record::SLOTS);
-        let to = self.atomically(|tx| {
-            let to = if let Some((frame, slot)) = open {
-                // Zero slots of a frame moved records went to (M6): snapshotted.
+        // As `journaled_removal`: the transaction first, then the journal's lock.
+        let mut otx = OpTx::new(pool);
+        otx.tx();
+        let mut pending = self.journal.pending.lock();
+        let room = pending.find_room(slots);
+        let written = (|| -> Result<Place, TxError> {
+            let tx = otx.tx();
+            let to = if let Some((frame, slot)) = room {
+                // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
+                // them zero again.
                 tx.update(record::slot_offset(pool, frame, slot), &bytes)?;
                 Place { frame, slot, slots }
             } else {
@@ -303,13 +290,16 @@ impl<L: LowerFs> Engine<L> {
             };
             tx.update(off, &vec![0; before.len()])?;
             Ok(to)
-        })?;
-        if open.is_none() {
-            moves.frames.push(to.frame);
+        })();
+        let to = otx.end(written.map_err(FsError::from))?;
+        if room.is_none() {
+            pending.add_frame(to.frame);
         }
-        moves.open = Some((to.frame, to.slot + slots));
+        pending.release(place);
+        pending.take(to);
+        pending.records.insert(redo.seq, to);
         Counters::add(&self.journal.counters.notes_moved, 1);
-        Ok(to)
+        Ok(())
     }
 
     /// M4: every temp-file, directory-times and cached-file record that names an object made
@@ -365,16 +355,6 @@ impl<L: LowerFs> Engine<L> {
         }
         Ok(())
     }
-}
-
-/// Where `note_remade` moves creation records whose note does not fit their slots.
-#[derive(Debug, Default)]
-struct Moves {
-    /// Frames allocated for moved records.
-    frames: Vec<FrameId>,
-    /// The frame the last moved record went to, and its first free slot (every slot from
-    /// there on is zero).
-    open: Option<(FrameId, usize)>,
 }
 
 /// The record with every handle of an object made again replaced by its new one (a creation
