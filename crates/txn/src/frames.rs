@@ -87,47 +87,75 @@ pub fn scan(region: &dyn Region, layout: &Layout) -> Result<Vec<Option<FrameTag>
 }
 
 /// The volatile free list. Lock rule: one mutex in `Pool` guards it.
+///
+/// Journal mode splits it in two (docs/design.md 12.3, step A): frames the running group freed
+/// (`held`: a fresh allocation must avoid them, J6) and every other free frame (`clean`).
+/// Invariant **F4**: `held` is exactly the free frames that a transaction committed in the
+/// running group freed; the journal keeps it so (`push_held` for those, `release_held` at the
+/// group commit) and every other mode never holds any. So the lowest frame journal mode
+/// prefers is `clean`'s first, found in O(log n) however many frames the group freed.
 #[derive(Debug)]
 pub struct FreeFrames {
-    /// Free frame indexes; the lowest is handed out first (deterministic allocation).
-    free: BTreeSet<u64>,
+    /// Free frame indexes not held; the lowest free frame is handed out first (deterministic
+    /// allocation).
+    clean: BTreeSet<u64>,
+    /// Free frames the running group freed (journal mode only; F4).
+    held: BTreeSet<u64>,
     total: u64,
 }
 
 impl FreeFrames {
     pub fn from_scan(tags: &[Option<FrameTag>]) -> FreeFrames {
-        let free = (0..tags.len() as u64).filter(|&i| tags[i as usize].is_none()).collect();
-        FreeFrames { free, total: tags.len() as u64 }
+        let clean = (0..tags.len() as u64).filter(|&i| tags[i as usize].is_none()).collect();
+        FreeFrames { clean, held: BTreeSet::new(), total: tags.len() as u64 }
     }
 
+    /// The lowest free frame.
     pub fn pop(&mut self) -> Option<u64> {
-        self.free.pop_first()
+        match (self.clean.first(), self.held.first()) {
+            (Some(c), Some(h)) if h < c => self.held.pop_first(),
+            (Some(_), _) => self.clean.pop_first(),
+            (None, _) => self.held.pop_first(),
+        }
     }
 
-    /// The lowest free frame not in `avoid`, else the lowest free frame (journal mode prefers
-    /// frames that were free when the running group began: they need no page copy).
-    pub fn pop_avoiding(&mut self, avoid: &BTreeSet<u64>) -> Option<u64> {
-        let pick = self.free.iter().copied().find(|f| !avoid.contains(f));
-        match pick {
-            Some(f) => {
-                self.free.remove(&f);
-                Some(f)
-            }
-            None => self.pop(),
-        }
+    /// The lowest free frame the running group did not free, else the lowest it freed
+    /// (journal mode prefers frames that were free when the group began: they need no page
+    /// copy).
+    pub fn pop_unheld(&mut self) -> Option<u64> {
+        self.clean.pop_first().or_else(|| self.held.pop_first())
     }
 
     /// Returns frames to the free list (after the transaction that freed them committed, or
     /// after the one that allocated them rolled back).
     pub fn push_all(&mut self, frames: &[u64]) {
         for &f in frames {
-            assert!(f < self.total, "frame {f} out of {}", self.total);
-            assert!(self.free.insert(f), "frame {f} freed twice");
+            self.check_new(f);
+            self.clean.insert(f);
         }
     }
 
+    /// `push_all` for frames the running group freed (journal mode, F4).
+    pub fn push_held(&mut self, frames: &[u64]) {
+        for &f in frames {
+            self.check_new(f);
+            self.held.insert(f);
+        }
+    }
+
+    /// The running group committed: no free frame is held any more (F4).
+    pub fn release_held(&mut self) {
+        let mut held = std::mem::take(&mut self.held);
+        self.clean.append(&mut held);
+    }
+
+    fn check_new(&self, f: u64) {
+        assert!(f < self.total, "frame {f} out of {}", self.total);
+        assert!(!self.contains(f), "frame {f} freed twice");
+    }
+
     pub fn free(&self) -> u64 {
-        self.free.len() as u64
+        (self.clean.len() + self.held.len()) as u64
     }
 
     pub fn total(&self) -> u64 {
@@ -135,11 +163,17 @@ impl FreeFrames {
     }
 
     pub fn contains(&self, frame: u64) -> bool {
-        self.free.contains(&frame)
+        self.clean.contains(&frame) || self.held.contains(&frame)
     }
 
+    /// The held free frames (F4), in ascending order.
+    pub fn held(&self) -> impl Iterator<Item = u64> + '_ {
+        self.held.iter().copied()
+    }
+
+    /// Every free frame, in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.free.iter().copied()
+        self.clean.union(&self.held).copied()
     }
 }
 
@@ -174,5 +208,36 @@ mod tests {
             (free.pop(), free.pop(), free.pop(), free.pop()),
             (Some(0), Some(2), Some(3), None)
         );
+    }
+
+    /// F4: held frames are handed out only when no other is free, `pop` still takes the
+    /// lowest of all, and a group commit makes them ordinary free frames again.
+    #[test]
+    fn held_frames_go_last_until_released() {
+        let mut free = FreeFrames::from_scan(&[None, None, None, None, None]);
+        let all: Vec<u64> = (0..5).map(|_| free.pop_unheld().unwrap()).collect();
+        assert_eq!(all, [0, 1, 2, 3, 4]);
+        free.push_held(&[0, 3]);
+        free.push_all(&[4]);
+        assert_eq!(free.iter().collect::<Vec<_>>(), [0, 3, 4]);
+        assert_eq!(free.free(), 3);
+        assert!(free.contains(0) && free.contains(4) && !free.contains(1));
+        assert_eq!(free.pop_unheld(), Some(4), "the unheld frame first");
+        assert_eq!(free.pop_unheld(), Some(0), "then the lowest held one");
+        free.push_held(&[0]);
+        free.push_all(&[2]);
+        assert_eq!(free.pop(), Some(0), "pop ignores holding");
+        free.release_held();
+        assert_eq!(free.pop_unheld(), Some(2));
+        assert_eq!(free.pop_unheld(), Some(3), "released: an ordinary free frame");
+        assert_eq!(free.pop_unheld(), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "freed twice")]
+    fn a_frame_held_and_pushed_again_is_refused() {
+        let mut free = FreeFrames::from_scan(&[Some(FrameTag::default())]);
+        free.push_held(&[0]);
+        free.push_all(&[0]);
     }
 }

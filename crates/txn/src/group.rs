@@ -328,15 +328,14 @@ impl Journal {
         credit_left: &mut u64,
     ) -> Result<u64, TxError> {
         let mut s = self.state.lock().expect("group lock");
-        let frame =
-            frames.lock().expect("frames lock").pop_avoiding(&s.freed).ok_or(TxError::NoFrames)?;
+        let frame = frames.lock().expect("frames lock").pop_unheld().ok_or(TxError::NoFrames)?;
         let page = layout.frame_offset(frame);
         if s.covered.contains_key(&page) {
             return Ok(frame);
         }
         if s.freed.contains(&frame) {
             if let Err(e) = self.charge(1, credit_left) {
-                frames.lock().expect("frames lock").push_all(&[frame]);
+                frames.lock().expect("frames lock").push_held(&[frame]);
                 return Err(e);
             }
             self.log_pages(&mut s, region, &[page]);
@@ -407,14 +406,21 @@ impl Journal {
     }
 
     /// A transaction committed: its changes join the group (nothing is persisted). Frames it
-    /// freed are recorded before they return to the free list (J6).
-    pub(crate) fn commit_tx(&self, written: &RangeSet, freed: &[u64], credit_left: u64) {
+    /// freed are recorded, then return to the free list as held (J6, F4).
+    pub(crate) fn commit_tx(
+        &self,
+        written: &RangeSet,
+        freed: &[u64],
+        credit_left: u64,
+        frames: &Mutex<FreeFrames>,
+    ) {
         let mut s = self.state.lock().expect("group lock");
         for (start, end) in written.iter() {
             s.dirty.insert(start, end);
             s.bytes += end - start;
         }
         s.freed.extend(freed.iter().copied());
+        frames.lock().expect("frames lock").push_held(freed);
         s.reserved -= credit_left;
         s.operations += 1;
     }
@@ -429,11 +435,28 @@ impl Journal {
         s.reserved -= credit_left;
     }
 
+    /// The frames transactions committed in the running group freed (J6).
+    pub(crate) fn freed(&self) -> BTreeSet<u64> {
+        self.state.lock().expect("group lock").freed.clone()
+    }
+
+    /// Frames a transaction allocated return to the free list (it rolled back, or did not
+    /// get to write the descriptor): held if the group freed them (F4).
+    pub(crate) fn return_frames(&self, returned: &[u64], frames: &Mutex<FreeFrames>) {
+        let s = self.state.lock().expect("group lock");
+        let (held, clean): (Vec<u64>, Vec<u64>) =
+            returned.iter().partition(|f| s.freed.contains(f));
+        let mut free = frames.lock().expect("frames lock");
+        free.push_held(&held);
+        free.push_all(&clean);
+    }
+
     /// Protocol step 2 (G1-G3). The caller guarantees that no transaction runs (G0, J4).
     pub(crate) fn commit_group(
         &self,
         region: &dyn Region,
         layout: &Layout,
+        frames: &Mutex<FreeFrames>,
         forced: bool,
     ) -> GroupCommit {
         let mut s = self.state.lock().expect("group lock");
@@ -487,6 +510,7 @@ impl Journal {
         s.covered.clear();
         s.dirty.clear();
         s.freed.clear();
+        frames.lock().expect("frames lock").release_held();
         s.operations = 0;
         s.bytes = 0;
         s.first_seen_ns = None;

@@ -27,6 +27,7 @@
 //!   on fsync and friends, and when [`Pool::group_due`] says the interval or size is reached).
 //! - **none**: no log; a crash may leave an operation half done.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
@@ -356,7 +357,7 @@ impl Pool {
             "group commit of a pool poisoned by a panic inside a transaction: the group may hold \
              part of an operation; reopen the region to recover"
         );
-        let done = journal.commit_group(&*self.region, &self.layout, forced);
+        let done = journal.commit_group(&*self.region, &self.layout, &self.frames, forced);
         slots.commit_pending = false;
         self.slot_released.notify_all();
         (slots, done)
@@ -468,7 +469,18 @@ impl Pool {
             }
         }
         let tags = frames::scan(&*self.region, &self.layout).map_err(|e| e.to_string())?;
+        // The group's lock before the frames' (the lock order).
+        let freed = self.journal.as_ref().map(Journal::freed).unwrap_or_default();
         let free = self.frames.lock().expect("frames lock");
+        // F4: the held frames are exactly the free frames the running group freed.
+        let held: BTreeSet<u64> = free.held().collect();
+        let want: BTreeSet<u64> = freed.into_iter().filter(|&f| free.contains(f)).collect();
+        if held != want {
+            return Err(format!(
+                "free frames held {held:?}, but the free frames the running group freed are \
+                 {want:?} (F4)"
+            ));
+        }
         for (i, tag) in tags.iter().enumerate() {
             if tag.is_none() != free.contains(i as u64) {
                 return Err(format!(

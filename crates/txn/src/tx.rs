@@ -240,7 +240,10 @@ impl<'p> Tx<'p> {
         };
         let desc = self.pool.layout.descriptor_offset(frame);
         if let Err(e) = self.snapshot(desc, DESCRIPTOR_SIZE) {
-            self.pool.frames.lock().expect("frames lock").push_all(&[frame]);
+            match &pool.journal {
+                Some(journal) => journal.return_frames(&[frame], &pool.frames),
+                None => pool.frames.lock().expect("frames lock").push_all(&[frame]),
+            }
             return Err(e);
         }
         self.write(desc, &frames::encode_allocated(tag));
@@ -274,9 +277,8 @@ impl<'p> Tx<'p> {
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
             // frames before they can be handed out again (J6).
-            journal.commit_tx(&self.written, &self.freed, self.credit_left);
+            journal.commit_tx(&self.written, &self.freed, self.credit_left, &self.pool.frames);
             self.pool.counters.undo_bytes_max.fetch_max(self.used, Ordering::Relaxed);
-            self.pool.frames.lock().expect("frames lock").push_all(&self.freed);
             self.pool.counters.committed.fetch_add(1, Ordering::Relaxed);
             self.stage = Stage::Committed;
             self.pool.release_slot(self.slot);
@@ -323,7 +325,7 @@ impl<'p> Tx<'p> {
                 }
                 let journal = pool.journal.as_ref().expect("journal mode");
                 journal.abort_tx(&self.written, self.credit_left);
-                pool.frames.lock().expect("frames lock").push_all(&self.fresh);
+                journal.return_frames(&self.fresh, &pool.frames);
             }
             Consistency::None => {
                 // Nothing to restore bytes from; at least release what this transaction took.

@@ -456,3 +456,63 @@ fn every_flip_in_the_live_group_log_is_corrected_or_reported() {
         "group log flips: {reported} reported, {corrected} recovered to the last group commit"
     );
 }
+
+/// F4 (design.md section 4): a frame the running group freed is held - handed out only when no
+/// other frame is free, and then logged, not fresh (J6) - a rolled-back allocation of it
+/// holds it again, and the group commit releases it.
+#[test]
+fn frames_the_group_freed_are_allocated_last_and_released_by_its_commit() {
+    let (_region, pool) = journal_pool();
+    let mut tx = pool.begin();
+    let (a, b) = (tx.alloc_frame(TAG).unwrap(), tx.alloc_frame(TAG).unwrap());
+    tx.commit();
+    pool.group_commit();
+    let forced = pool.stats().journal.group_commits_forced;
+    let mut tx = pool.begin();
+    tx.free_frame(a).unwrap();
+    tx.commit();
+    pool.check_invariants().unwrap();
+    let free = pool.stats().frames_free;
+    // Every other free frame goes first, each fresh (no page copy); they are higher than `a`.
+    let mut handed = Vec::new();
+    for _ in 1..free {
+        let before = pool.stats().journal;
+        let mut tx = pool.begin();
+        let f = tx.alloc_frame(TAG).unwrap();
+        tx.commit();
+        assert_ne!(f, a, "a held frame while {} others were free", free - 1 - handed.len() as u64);
+        assert!(f > b);
+        assert_eq!(pool.stats().journal.fresh_pages, before.fresh_pages + 1);
+        handed.push(f);
+    }
+    assert!(handed.windows(2).all(|w| w[0] < w[1]), "lowest first: {handed:?}");
+    pool.check_invariants().unwrap();
+    // Only `a` is left: it is handed out, logged (its committed page is copied).
+    let before = pool.stats().journal;
+    let mut tx = pool.begin();
+    assert_eq!(tx.alloc_frame(TAG).unwrap(), a);
+    assert_eq!(pool.stats().journal.records, before.records + 1, "logged, not fresh");
+    assert_eq!(pool.stats().journal.fresh_pages, before.fresh_pages);
+    // Rolled back: held again.
+    tx.abort();
+    pool.check_invariants().unwrap();
+    // One more frame the group frees, rolled back after its allocation too; then the commit.
+    let mut tx = pool.begin();
+    tx.free_frame(handed[0]).unwrap();
+    tx.commit();
+    let mut tx = pool.begin();
+    assert_eq!(tx.alloc_frame(TAG).unwrap(), a, "the lowest held frame");
+    assert_eq!(tx.alloc_frame(TAG).unwrap(), handed[0]);
+    tx.abort();
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().journal.group_commits_forced, forced, "one group throughout");
+    pool.group_commit();
+    pool.check_invariants().unwrap();
+    // Released: ordinary free frames, fresh in the new group.
+    let before = pool.stats().journal;
+    let mut tx = pool.begin();
+    assert_eq!(tx.alloc_frame(TAG).unwrap(), a);
+    tx.commit();
+    assert_eq!(pool.stats().journal.fresh_pages, before.fresh_pages + 1);
+    pool.check_invariants().unwrap();
+}
