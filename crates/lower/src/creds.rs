@@ -29,6 +29,8 @@ impl Creds {
             .unwrap_or_default()
     }
 
+    /// Root: acts with the daemon's own credentials, its groups never consulted (`CredsGuard`,
+    /// and the set-group-ID rules exempt it).
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }
