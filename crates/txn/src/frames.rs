@@ -145,8 +145,11 @@ impl FreeFrames {
 
     /// The running group committed: no free frame is held any more (F4).
     pub fn release_held(&mut self) {
-        let mut held = std::mem::take(&mut self.held);
-        self.clean.append(&mut held);
+        // One insert each: `BTreeSet::append` rebuilds the whole set (O(free frames)), and this
+        // runs at every group commit - an fsync each in a database's journal.
+        for f in std::mem::take(&mut self.held) {
+            self.clean.insert(f);
+        }
     }
 
     fn check_new(&self, f: u64) {
