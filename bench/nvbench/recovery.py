@@ -15,8 +15,8 @@ One run per (configuration, device), on the modeled disk with sleep timing (powe
   nvstack      (undo and journal mode) over ext4 data=ordered with
                `--checkpoint-interval 3600` (no checkpoint by time, so the records pile up)
                and the default `--journal-size 32M`: FILL_OPS journaled metadata operations
-               (mkdir, chmod, rename of directories: one 4 KiB redo record each, 31.6 MiB of
-               the 32 MiB), an fsync (the durability point; the group commit in journal mode;
+               (mkdir, chmod, rename of directories: one 256-byte record slot each, packed
+               16 to a 4 KiB frame: 24 MiB of the 32 MiB), an fsync (the durability point; the group commit in journal mode;
                no sync: what the lower ext4 has is what its own commits gave it), `nvstack
                stat` (journal.records), then SIGKILL of the daemon and the power cut;
                power on: the lower ext4 attached again (its own replay, timed), `nvstack
@@ -40,9 +40,12 @@ from pathlib import Path
 from .powercut import Stack, _write
 from .util import BenchError, failure_recorded, slug
 
-# 8100 x 4 KiB = 31.6 MiB < --journal-size 32M when a record took a frame; packed since
-# 8f352a1 (8-16 records a frame), the same operations fill about a twelfth of it.
-FILL_OPS = 8100
+# Three quarters of the 32 MiB journal (as FILL_JOURNAL_FRACTION of ext4's): the fill's records
+# take one 256-byte slot each (mkdir, chmod, rename with ext4's 16-byte handles: 16 a frame,
+# measured: 8,100 of them took 507 frames), so 8,192 frames x 16 x 0.75 = 98,304 -> 98,100
+# operations (a multiple of 3). Until 2026-11-27 this was 8,100: a full journal when a record
+# took a frame, a twelfth of one since records are packed (8f352a1).
+FILL_OPS = 98100
 FILL_JOURNAL_FRACTION = 0.75       # ext4 data=journal: data written, as a share of its journal
 NVSTACK_ARGS = ["--checkpoint-interval", "3600", "--journal-size", "32M"]
 
@@ -99,9 +102,10 @@ def run(out: Path, fs_name: str, *, device: str, timing: str = "sleep",
         fill_ops: int = FILL_OPS, lower_lost: bool = False, tree_in_journal: bool = False,
         echo: bool = False) -> dict:
     """One recovery run. nvstack only: `lower_lost` = the lower ext4 is mounted with
-    `commit=600`, so the crash finds none of the fill's changes in it and every record is
-    replayed (the worst case; otherwise ext4 commits every 5 s as usual and replay redoes only
-    what it lost); `tree_in_journal` = the directory that holds the fill is made after the
+    `commit=600`, so that ext4 does not commit by time and the crash finds as few of the fill's
+    changes as ext4 allows (a fill of 8,100 operations: none; of 98,100: jbd2 commits when a
+    transaction outgrows its share of ext4's journal, and ~8,800 are lost) - otherwise ext4
+    commits every 5 s as usual and replay redoes only what it lost; `tree_in_journal` = the directory that holds the fill is made after the
     checkpoint that precedes the fill, so its record is in the journal too and every later
     record names it: replaying its creation re-keys all of them in one transaction (M4)."""
     name = (f"{slug(device)}-{slug(fs_name)}" + ("-lower-lost" if lower_lost else "") +
