@@ -110,19 +110,10 @@ impl FreeFrames {
         FreeFrames { clean, held: BTreeSet::new(), total: tags.len() as u64 }
     }
 
-    /// The lowest free frame.
+    /// The lowest free frame that is not held, else the lowest held one: journal mode prefers
+    /// frames that were free when its group began (they need no page copy); in the other
+    /// modes nothing is held (F4) and this is the lowest free frame.
     pub fn pop(&mut self) -> Option<u64> {
-        match (self.clean.first(), self.held.first()) {
-            (Some(c), Some(h)) if h < c => self.held.pop_first(),
-            (Some(_), _) => self.clean.pop_first(),
-            (None, _) => self.held.pop_first(),
-        }
-    }
-
-    /// The lowest free frame the running group did not free, else the lowest it freed
-    /// (journal mode prefers frames that were free when the group began: they need no page
-    /// copy).
-    pub fn pop_unheld(&mut self) -> Option<u64> {
         self.clean.pop_first().or_else(|| self.held.pop_first())
     }
 
@@ -213,27 +204,27 @@ mod tests {
         );
     }
 
-    /// F4: held frames are handed out only when no other is free, `pop` still takes the
-    /// lowest of all, and a group commit makes them ordinary free frames again.
+    /// F4: held frames are handed out only when no other is free, and a group commit makes
+    /// them ordinary free frames again.
     #[test]
     fn held_frames_go_last_until_released() {
         let mut free = FreeFrames::from_scan(&[None, None, None, None, None]);
-        let all: Vec<u64> = (0..5).map(|_| free.pop_unheld().unwrap()).collect();
+        let all: Vec<u64> = (0..5).map(|_| free.pop().unwrap()).collect();
         assert_eq!(all, [0, 1, 2, 3, 4]);
         free.push_held(&[0, 3]);
         free.push_all(&[4]);
         assert_eq!(free.iter().collect::<Vec<_>>(), [0, 3, 4]);
         assert_eq!(free.free(), 3);
         assert!(free.contains(0) && free.contains(4) && !free.contains(1));
-        assert_eq!(free.pop_unheld(), Some(4), "the unheld frame first");
-        assert_eq!(free.pop_unheld(), Some(0), "then the lowest held one");
+        assert_eq!(free.pop(), Some(4), "the unheld frame first");
+        assert_eq!(free.pop(), Some(0), "then the lowest held one");
         free.push_held(&[0]);
         free.push_all(&[2]);
-        assert_eq!(free.pop(), Some(0), "pop ignores holding");
         free.release_held();
-        assert_eq!(free.pop_unheld(), Some(2));
-        assert_eq!(free.pop_unheld(), Some(3), "released: an ordinary free frame");
-        assert_eq!(free.pop_unheld(), None);
+        assert_eq!(free.pop(), Some(0), "released: the lowest free frame again");
+        assert_eq!(free.pop(), Some(2));
+        assert_eq!(free.pop(), Some(3));
+        assert_eq!(free.pop(), None);
     }
 
     #[test]

@@ -328,7 +328,7 @@ impl Journal {
         credit_left: &mut u64,
     ) -> Result<u64, TxError> {
         let mut s = self.state.lock().expect("group lock");
-        let frame = frames.lock().expect("frames lock").pop_unheld().ok_or(TxError::NoFrames)?;
+        let frame = frames.lock().expect("frames lock").pop().ok_or(TxError::NoFrames)?;
         let page = layout.frame_offset(frame);
         if s.covered.contains_key(&page) {
             return Ok(frame);

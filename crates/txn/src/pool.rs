@@ -310,6 +310,15 @@ impl Pool {
         Tx::new(self, slot)
     }
 
+    /// Frames a transaction allocated go back to the free list (it rolled back, or failed
+    /// before writing the descriptor); journal mode holds those its group freed (F4).
+    pub(crate) fn return_frames(&self, frames: &[u64]) {
+        match &self.journal {
+            Some(journal) => journal.return_frames(frames, &self.frames),
+            None => self.frames.lock().expect("frames lock").push_all(frames),
+        }
+    }
+
     pub(crate) fn release_slot(&self, slot: u32) {
         let mut slots = self.slots.lock().expect("slots lock");
         slots.owners[slot as usize] = None;

@@ -240,10 +240,7 @@ impl<'p> Tx<'p> {
         };
         let desc = self.pool.layout.descriptor_offset(frame);
         if let Err(e) = self.snapshot(desc, DESCRIPTOR_SIZE) {
-            match &pool.journal {
-                Some(journal) => journal.return_frames(&[frame], &pool.frames),
-                None => pool.frames.lock().expect("frames lock").push_all(&[frame]),
-            }
+            pool.return_frames(&[frame]);
             return Err(e);
         }
         self.write(desc, &frames::encode_allocated(tag));
@@ -316,7 +313,7 @@ impl<'p> Tx<'p> {
                 // The same code as recovery: rollback reads the records back from the region.
                 undo::rollback(&*pool.region, &pool.layout, self.slot)
                     .expect("own undo records unreadable: NVRAM damaged while running");
-                pool.frames.lock().expect("frames lock").push_all(&self.fresh);
+                pool.return_frames(&self.fresh);
             }
             Consistency::Journal => {
                 // Newest first, like undo rollback (no byte is ever saved twice anyway).
@@ -325,7 +322,7 @@ impl<'p> Tx<'p> {
                 }
                 let journal = pool.journal.as_ref().expect("journal mode");
                 journal.abort_tx(&self.written, self.credit_left);
-                journal.return_frames(&self.fresh, &pool.frames);
+                pool.return_frames(&self.fresh);
             }
             Consistency::None => {
                 // Nothing to restore bytes from; at least release what this transaction took.

@@ -194,6 +194,14 @@ impl Pending {
         self.open = Some(place.frame);
     }
 
+    /// A record `put_record` wrote into `room` (`None`: a new frame) is at `place`.
+    fn placed(&mut self, place: Place, room: Option<(FrameId, usize)>) {
+        if room.is_none() {
+            self.add_frame(place.frame);
+        }
+        self.take(place);
+    }
+
     /// The record at `place` left the journal and its slots were zeroed (M6).
     fn release(&mut self, place: Place) {
         if let Some(u) = self.frames.get_mut(&place.frame) {
@@ -218,6 +226,28 @@ impl Pending {
             self.creations.remove(&handle);
         }
     }
+}
+
+/// Writes `redo` into the free slots `room` of a listed frame (`Pending::find_room`; zero by
+/// J2, snapshotted, so a crash before the commit leaves them zero again), else into a new
+/// frame, zeros after it (M6; a fresh frame needs no snapshot). Returns where it went; the
+/// caller lists it (`Pending::placed`) once the transaction commits.
+fn put_record(
+    tx: &mut txn::Tx<'_>,
+    pool: &txn::Pool,
+    room: Option<(FrameId, usize)>,
+    redo: &Redo,
+) -> Result<Place, TxError> {
+    let slots = redo.slots();
+    if let Some((frame, slot)) = room {
+        tx.update(slot_offset(pool, frame, slot), &redo.encode())?;
+        return Ok(Place { frame, slot, slots });
+    }
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 })?;
+    let mut bytes = redo.encode();
+    bytes.resize(FRAME_SIZE, 0);
+    tx.write(pool.frame_offset(frame), &bytes);
+    Ok(Place { frame, slot: 0, slots })
 }
 
 #[derive(Debug, Default)]
@@ -414,26 +444,12 @@ impl<L: LowerFs> Engine<L> {
                 // keeps the creation, and the removal is lost with the operation).
                 tx.update(slot_offset(pool, p.frame, p.slot), &vec![0u8; p.slots * SLOT_SIZE])?;
             }
-            if let Some((frame, slot)) = room {
-                // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
-                // them zero again.
-                tx.update(slot_offset(pool, frame, slot), &redo.encode())?;
-                return Ok(Place { frame, slot, slots });
-            }
-            let frame = tx.alloc_frame(FrameTag { kind: KIND_REDO, owner: 0, index: 0 })?;
-            // A new frame: its first record and zeros (M6); a fresh frame needs no snapshot.
-            let mut bytes = redo.encode();
-            bytes.resize(FRAME_SIZE, 0);
-            tx.write(pool.frame_offset(frame), &bytes);
-            Ok(Place { frame, slot: 0, slots })
+            put_record(tx, pool, room, &redo)
         })();
         match written {
             Ok(place) => {
                 otx.end(Ok(()))?;
-                if room.is_none() {
-                    pending.add_frame(place.frame);
-                }
-                pending.take(place);
+                pending.placed(place, room);
                 if pending.records.is_empty() {
                     self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
                 }

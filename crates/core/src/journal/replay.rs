@@ -29,7 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
-use txn::{FrameTag, Tx, TxError};
+use txn::{Tx, TxError};
 
 use super::record::{self, Op, Place, Redo};
 use crate::engine::Engine;
@@ -266,37 +266,20 @@ impl<L: LowerFs> Engine<L> {
             let after = noted.encode_in(place.slots);
             return self.atomically(|tx| rewrite(tx, off, &before, &after));
         }
-        let slots = noted.slots();
-        let bytes = noted.encode();
         // As `journaled_removal`: the transaction first, then the journal's lock.
         let mut otx = OpTx::new(pool);
         otx.tx();
         let mut pending = self.journal.pending.lock();
-        let room = pending.find_room(slots);
+        let room = pending.find_room(noted.slots());
         let written = (|| -> Result<Place, TxError> {
             let tx = otx.tx();
-            let to = if let Some((frame, slot)) = room {
-                // Slots that are zero (J2): snapshotted, so a crash before the commit leaves
-                // them zero again.
-                tx.update(record::slot_offset(pool, frame, slot), &bytes)?;
-                Place { frame, slot, slots }
-            } else {
-                let tag = FrameTag { kind: record::KIND_REDO, owner: 0, index: 0 };
-                let frame = tx.alloc_frame(tag)?;
-                let mut whole = bytes.clone();
-                whole.resize(record::FRAME_SIZE, 0);
-                tx.write(pool.frame_offset(frame), &whole);
-                Place { frame, slot: 0, slots }
-            };
+            let to = super::put_record(tx, pool, room, &noted)?;
             tx.update(off, &vec![0; before.len()])?;
             Ok(to)
         })();
         let to = otx.end(written.map_err(FsError::from))?;
-        if room.is_none() {
-            pending.add_frame(to.frame);
-        }
         pending.release(place);
-        pending.take(to);
+        pending.placed(to, room);
         pending.records.insert(redo.seq, to);
         Counters::add(&self.journal.counters.notes_moved, 1);
         Ok(())
