@@ -84,6 +84,10 @@ pub struct Tx<'p> {
     dram_undo: Vec<(u64, Vec<u8>)>,
     /// Journal mode: group log pages this transaction may still use (its credit, J7).
     credit_left: u64,
+    /// Journal mode: stores this transaction made through the region file into sealed pages of
+    /// the group, by page, not yet reported to the group (which opens a page after
+    /// `group::OPEN_AFTER_STORES`).
+    retained: Vec<(u64, u32)>,
 }
 
 impl<'p> Tx<'p> {
@@ -101,6 +105,7 @@ impl<'p> Tx<'p> {
             freed: Vec::new(),
             dram_undo: Vec::new(),
             credit_left: pool.journal.as_ref().map_or(0, |j| j.credit),
+            retained: Vec::new(),
         }
     }
 
@@ -216,8 +221,37 @@ impl<'p> Tx<'p> {
                  (R1: snapshot before modify)"
             );
         }
-        self.pool.region.write(off, data);
+        let pool = self.pool;
+        match &pool.journal {
+            Some(journal) => self.store_in_group(journal, off, data),
+            None => self.pool.region.write(off, data),
+        }
         self.written.insert(off, off + len);
+    }
+
+    /// Journal mode: a store to pages the group covers (R1 checked). Sealed pages are still
+    /// write-protected, so the store goes through the region file and is counted; a page that
+    /// reaches `OPEN_AFTER_STORES` in this transaction is opened at once, the others when the
+    /// transaction reports its counts at commit.
+    fn store_in_group(&mut self, journal: &group::Journal, off: u64, data: &[u8]) {
+        let region = &*self.pool.region;
+        let mut open_now = false;
+        for page in group::pages_of(&[(off, off + data.len() as u64)]) {
+            if !region.is_protected(page) {
+                continue;
+            }
+            match self.retained.iter_mut().find(|(p, _)| *p == page) {
+                Some((_, count)) => {
+                    *count += 1;
+                    open_now |= *count >= group::OPEN_AFTER_STORES;
+                }
+                None => self.retained.push((page, 1)),
+            }
+        }
+        region.write_retained(off, data);
+        if open_now {
+            journal.retained_stores(region, &std::mem::take(&mut self.retained));
+        }
     }
 
     /// `snapshot` then `write`: the usual way to change bytes.
@@ -274,7 +308,14 @@ impl<'p> Tx<'p> {
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
             // frames before they can be handed out again (J6).
-            journal.commit_tx(&self.written, &self.freed, self.credit_left, &self.pool.frames);
+            journal.commit_tx(
+                &*self.pool.region,
+                &self.written,
+                &std::mem::take(&mut self.retained),
+                &self.freed,
+                self.credit_left,
+                &self.pool.frames,
+            );
             self.pool.counters.undo_bytes_max.fetch_max(self.used, Ordering::Relaxed);
             self.pool.counters.committed.fetch_add(1, Ordering::Relaxed);
             self.stage = Stage::Committed;
@@ -316,9 +357,10 @@ impl<'p> Tx<'p> {
                 pool.return_frames(&self.fresh);
             }
             Consistency::Journal => {
-                // Newest first, like undo rollback (no byte is ever saved twice anyway).
+                // Newest first, like undo rollback (no byte is ever saved twice anyway). Through
+                // the file where the page is still sealed (J9); not counted toward opening it.
                 for (off, old) in self.dram_undo.iter().rev() {
-                    pool.region.write(*off, old);
+                    pool.region.write_retained(*off, old);
                 }
                 let journal = pool.journal.as_ref().expect("journal mode");
                 journal.abort_tx(&self.written, self.credit_left);

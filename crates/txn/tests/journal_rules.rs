@@ -142,14 +142,85 @@ fn the_group_log_and_superblock_are_protected_too() {
     tx.write(pool.frame_offset(f), &[1; 4096]);
     tx.commit();
     // The group's retained copies (the log area), the superblock and the state word stay
-    // read-only while the group runs.
+    // read-only while the group runs; so do the pages it changed once (sealed, J9).
     for off in [0, 4096, layout.undo_offset, layout.undo_offset + 8192, layout.desc_offset - 8] {
         assert!(region.is_protected(off), "offset {off} writable");
     }
-    assert!(!region.is_protected(pool.frame_offset(f)) && !region.is_protected(layout.desc_offset));
+    assert!(region.is_protected(pool.frame_offset(f)) && region.is_protected(layout.desc_offset));
+    assert_eq!(pool.read_vec(pool.frame_offset(f), 4096), vec![1; 4096]);
     pool.group_commit();
     assert!(region.is_protected(pool.frame_offset(f)) && region.is_protected(layout.desc_offset));
+    assert!(region.is_protected(layout.undo_offset), "the commit point opened the log's page");
     pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().region.trapped_writes, 0);
+}
+
+#[test]
+fn a_sealed_page_opens_after_enough_stores_and_closes_at_the_group_commit() {
+    let (region, pool) = journal_pool();
+    let n = txn::group::OPEN_AFTER_STORES as usize;
+    let mut tx = pool.begin();
+    let f = tx.alloc_frame(TAG).unwrap();
+    tx.write(pool.frame_offset(f), &[0; 4096]);
+    tx.commit();
+    pool.group_commit();
+    let page = pool.frame_offset(f);
+    let protect_calls = region.counters().protect_calls;
+    let before = pool.stats().journal;
+    // One store per transaction: sealed through OPEN_AFTER_STORES - 1 of them, counted, with
+    // each store visible at once; the group opens the page when the last one commits.
+    for i in 0..n {
+        assert!(region.is_protected(page), "open after {i} stores");
+        let mut tx = pool.begin();
+        tx.update(page + 8 * i as u64, &[i as u8 + 1; 8]).unwrap();
+        assert_eq!(pool.read_vec(page + 8 * i as u64, 8), vec![i as u8 + 1; 8]);
+        tx.commit();
+        pool.check_invariants().unwrap();
+    }
+    assert!(!region.is_protected(page), "still sealed after {n} stores");
+    let j = pool.stats().journal;
+    assert_eq!(
+        (
+            j.retained_stores - before.retained_stores,
+            j.pages_unprotected - before.pages_unprotected,
+            j.unprotect_batches - before.unprotect_batches
+        ),
+        (n as u64, 1, 1)
+    );
+    // Open: plain stores, not counted.
+    let mut tx = pool.begin();
+    tx.update(page + 1024, &[9; 8]).unwrap();
+    tx.commit();
+    assert_eq!(pool.stats().journal.retained_stores, j.retained_stores);
+    pool.group_commit();
+    assert!(region.is_protected(page));
+    assert_eq!(region.counters().protect_calls, protect_calls + 1, "one batch at the commit");
+    // A new group counts from zero; one transaction storing n times opens the page at once.
+    let mut tx = pool.begin();
+    for i in 0..n {
+        assert!(region.is_protected(page), "open after {i} stores of one transaction");
+        tx.update(page + 2048 + 8 * i as u64, &[7; 8]).unwrap();
+    }
+    assert!(!region.is_protected(page));
+    tx.abort();
+    // The rollback restored the bytes (through the mapping now) and the page stays open.
+    assert_eq!(pool.read_vec(page + 2048, 8), vec![0; 8]);
+    assert!(!region.is_protected(page));
+    pool.group_commit();
+    assert!(region.is_protected(page));
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().region.trapped_writes, 0);
+    let mut expect = vec![0u8; 4096];
+    for i in 0..n {
+        expect[8 * i..8 * i + 8].fill(i as u8 + 1);
+    }
+    expect[1024..1032].fill(9);
+    assert_eq!(pool.read_vec(page, 4096), expect);
+    // Everything the stores through the file and the mapping made is in the durable image.
+    let image: Arc<dyn Region> =
+        Arc::new(SimRegion::from_image(region.crash_image(CrashMode::DropAll)));
+    let (recovered, _) = Pool::open(image, Consistency::Journal).unwrap();
+    assert_eq!(recovered.read_vec(page, 4096), expect);
 }
 
 #[test]
