@@ -30,6 +30,7 @@
 //! none otherwise); `alloc_frame` covers its frame; `commit` only hands the changes to the
 //! group (no fence: durable at the next group commit); `abort` writes the DRAM copies back.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use nvram::layout::{DESCRIPTOR_SIZE, FRAME_SIZE};
@@ -87,7 +88,7 @@ pub struct Tx<'p> {
     /// Journal mode: stores this transaction made through the region file into sealed pages of
     /// the group, by page, not yet reported to the group (which opens a page after
     /// `group::OPEN_AFTER_STORES`).
-    retained: Vec<(u64, u32)>,
+    retained: BTreeMap<u64, u32>,
 }
 
 impl<'p> Tx<'p> {
@@ -105,7 +106,7 @@ impl<'p> Tx<'p> {
             freed: Vec::new(),
             dram_undo: Vec::new(),
             credit_left: pool.journal.as_ref().map_or(0, |j| j.credit),
-            retained: Vec::new(),
+            retained: BTreeMap::new(),
         }
     }
 
@@ -240,18 +241,19 @@ impl<'p> Tx<'p> {
             if !region.is_protected(page) {
                 continue;
             }
-            match self.retained.iter_mut().find(|(p, _)| *p == page) {
-                Some((_, count)) => {
-                    *count += 1;
-                    open_now |= *count >= group::OPEN_AFTER_STORES;
-                }
-                None => self.retained.push((page, 1)),
-            }
+            let count = self.retained.entry(page).or_insert(0);
+            *count += 1;
+            open_now |= *count >= group::OPEN_AFTER_STORES;
         }
         region.write_retained(off, data);
         if open_now {
-            journal.retained_stores(region, &std::mem::take(&mut self.retained));
+            journal.retained_stores(region, &self.take_retained());
         }
+    }
+
+    /// The counts not yet reported to the group, which now takes them.
+    fn take_retained(&mut self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut self.retained).into_iter().collect()
     }
 
     /// `snapshot` then `write`: the usual way to change bytes.
@@ -308,10 +310,11 @@ impl<'p> Tx<'p> {
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
             // frames before they can be handed out again (J6).
+            let retained = self.take_retained();
             journal.commit_tx(
                 &*self.pool.region,
                 &self.written,
-                &std::mem::take(&mut self.retained),
+                &retained,
                 &self.freed,
                 self.credit_left,
                 &self.pool.frames,
