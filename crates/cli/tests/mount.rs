@@ -429,6 +429,52 @@ fn xattrs_off_stops_the_kernel_asking_before_every_write() {
     assert!(v["requests"]["setxattr"].as_u64().unwrap_or(0) <= 1, "{}", v["requests"]);
 }
 
+/// LOOKUP requests the daemon counted so far.
+fn lookups(mnt: &Path) -> u64 {
+    let out = nvstack(&["stat", mnt.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stat json");
+    v["requests"]["lookup"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_missing_name_is_cached_as_a_negative_entry_until_something_makes_it() {
+    if skip() {
+        return;
+    }
+    // (entry timeout, LOOKUPs of 5 checks of a missing name, and of 5 after its unlink)
+    for (timeout, first, again) in [(None, 1, 1), (Some("0"), 5, 5)] {
+        let f = Fixture::new();
+        let out = match timeout {
+            None => f.mount_with(&[]),
+            Some(t) => f.mount_with(&["--entry-timeout", t]),
+        };
+        assert!(out.status.success(), "{}", text(&out));
+        let name = f.mnt().join("journal");
+        let before = lookups(&f.mnt());
+        for _ in 0..5 {
+            assert_eq!(std::fs::metadata(&name).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        }
+        assert_eq!(lookups(&f.mnt()) - before, first, "entry timeout {timeout:?}");
+        // Made through the mount: seen at once, then gone at once after the unlink.
+        std::fs::write(&name, b"x").unwrap();
+        assert_eq!(std::fs::read(&name).unwrap(), b"x");
+        std::fs::remove_file(&name).unwrap();
+        let before = lookups(&f.mnt());
+        for _ in 0..5 {
+            assert_eq!(std::fs::metadata(&name).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        }
+        assert_eq!(lookups(&f.mnt()) - before, again, "entry timeout {timeout:?}");
+        // A directory's name too, and a rename onto a cached missing name.
+        std::fs::create_dir(f.mnt().join("d")).unwrap();
+        assert!(std::fs::metadata(f.mnt().join("d/x")).is_err());
+        std::fs::write(f.mnt().join("d/y"), b"y").unwrap();
+        std::fs::rename(f.mnt().join("d/y"), f.mnt().join("d/x")).unwrap();
+        assert_eq!(std::fs::read(f.mnt().join("d/x")).unwrap(), b"y");
+        assert!(std::fs::metadata(f.mnt().join("d/y")).is_err());
+        f.umount();
+    }
+}
+
 #[test]
 fn stat_says_why_writes_waited_at_the_patch_limit() {
     if skip() {

@@ -63,6 +63,28 @@ pub fn file_attr(node_id: u64, a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node 0 tells the kernel that the name does not exist
+/// (FUSE's "zero nodeid is the same as ENOENT, but with a valid timeout"); the rest is unused.
+pub fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use fuser::{
 };
 use lower::{Creds, LowerFs, SetAttr};
 
-use crate::attr::{file_attr, kind, time_set};
+use crate::attr::{file_attr, kind, negative_entry, time_set};
 use crate::errno::errno;
 
 /// How long the kernel may cache what we tell it. See the crate docs for why long is coherent.
@@ -251,7 +251,24 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(reply, self.engine.lookup(parent.0, name));
+        match self.engine.lookup(parent.0, name) {
+            // A name that does not exist is answered as a *negative entry* (node 0) valid for
+            // the entry timeout, so the kernel keeps a negative dentry and does not ask again:
+            // sqlite's hot-journal check before every transaction, a shell's PATH search or
+            // an interpreter's import path otherwise cost a LOOKUP each time. Every name
+            // appears through this mount (the lower directory is nvstack's while mounted), and
+            // a creation through it replaces the negative dentry, as positive entries are
+            // cached for the same timeout. `--entry-timeout 0` answers ENOENT, uncached.
+            Err(e) if errno(&e) == fuser::Errno::ENOENT && !self.timeouts.entry.is_zero() => {
+                reply.entry_with_ttls(
+                    &self.timeouts.attr,
+                    &self.timeouts.entry,
+                    &negative_entry(),
+                    Generation(0),
+                );
+            }
+            result => self.reply_entry(reply, result),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

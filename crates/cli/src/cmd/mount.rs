@@ -73,7 +73,8 @@ pub struct MountArgs {
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
     #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
     pub attr_timeout: f64,
-    /// Seconds the kernel may cache name lookups.
+    /// Seconds the kernel may cache name lookups, and that a name does not exist (a negative
+    /// entry: sqlite's hot-journal check or a PATH search asks once); 0 = ask every time.
     #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
     pub entry_timeout: f64,
     /// Largest write the kernel sends in one request.
