@@ -67,7 +67,8 @@ pub const CREDIT_MIN: u64 = 4;
 /// (unprotects it until its commit). Ski rental: a `pwrite` of a store costs ~1 us, opening a
 /// page costs an `mprotect` now and its share of one at the group commit (with the TLB
 /// shootdown both imply: several us on this 2-core machine, more with more CPUs), so a page
-/// pays at most about twice the cheaper of the two (measured: docs/benchmarks.md, journal mode).
+/// pays at most about twice the cheaper of the two (1 to 16 measured:
+/// bench/results/journal-sealed/README.md).
 pub const OPEN_AFTER_STORES: u32 = 4;
 
 /// Options of a pool, fixed at open. Only journal mode uses them.
