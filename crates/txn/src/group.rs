@@ -170,13 +170,16 @@ struct Covered {
     cover: Cover,
     /// Stores it took through the region file while sealed, in this group.
     retained: u32,
-    /// Unprotected until the group commits (J9).
-    open: bool,
 }
 
 impl Covered {
     fn sealed(cover: Cover) -> Covered {
-        Covered { cover, retained: 0, open: false }
+        Covered { cover, retained: 0 }
+    }
+
+    /// Opened (unprotected until the group commits, J9): it took `OPEN_AFTER_STORES` stores.
+    fn open(self) -> bool {
+        self.retained >= OPEN_AFTER_STORES
     }
 }
 
@@ -433,7 +436,7 @@ impl Journal {
     /// Transactions stored `count` times into each sealed `page` through the region file: adds
     /// them to the pages' counts and opens (unprotects) those that reached
     /// `OPEN_AFTER_STORES`. Every page named must be covered (R1 made the stores legal).
-    pub(crate) fn retained_stores(&self, region: &dyn Region, stores: &[(u64, u32)]) {
+    pub(crate) fn retained_stores(&self, region: &dyn Region, stores: &BTreeMap<u64, u32>) {
         if stores.is_empty() {
             return;
         }
@@ -441,20 +444,20 @@ impl Journal {
         self.note_retained(&mut s, region, stores);
     }
 
-    fn note_retained(&self, s: &mut GroupState, region: &dyn Region, stores: &[(u64, u32)]) {
+    fn note_retained(&self, s: &mut GroupState, region: &dyn Region, stores: &BTreeMap<u64, u32>) {
+        // In page order, so `open` is sorted for `unprotect_pages`.
         let mut open = Vec::new();
         let mut total = 0u64;
-        for &(page, count) in stores {
+        for (&page, &count) in stores {
             let c = s.covered.get_mut(&page).expect("a retained store to a page the group covers");
+            let was_open = c.open();
             c.retained = c.retained.saturating_add(count);
             total += u64::from(count);
-            if !c.open && c.retained >= OPEN_AFTER_STORES {
-                c.open = true;
+            if !was_open && c.open() {
                 open.push(page);
             }
         }
         self.counters.retained_stores.fetch_add(total, Ordering::Relaxed);
-        open.sort_unstable();
         self.unprotect_pages(region, &open);
     }
 
@@ -476,7 +479,7 @@ impl Journal {
         &self,
         region: &dyn Region,
         written: &RangeSet,
-        retained: &[(u64, u32)],
+        retained: &BTreeMap<u64, u32>,
         freed: &[u64],
         credit_left: u64,
         frames: &Mutex<FreeFrames>,
@@ -547,7 +550,7 @@ impl Journal {
             region.fence();
         }
         let protect: Vec<u64> =
-            s.covered.iter().filter(|(_, c)| c.open).map(|(&page, _)| page).collect();
+            s.covered.iter().filter(|(_, c)| c.open()).map(|(&page, _)| page).collect();
         if s.entries > 0 {
             let word = layout.undo_offset + GENERATION_OFFSET;
             // (G2) THE COMMIT POINT: once this store is durable, every entry of the group is
@@ -652,7 +655,7 @@ impl Journal {
             let data = (layout.desc_offset..layout.frames_offset + layout.nr_frames * PAGE_SIZE)
                 .step_by(PAGE_SIZE as usize);
             for page in std::iter::once(nvram::layout::ROOT_OFFSET).chain(data) {
-                let open = s.covered.get(&page).is_some_and(|c| c.open);
+                let open = s.covered.get(&page).is_some_and(|c| c.open());
                 if region.is_protected(page) == open {
                     return Err(format!("page {page}: protection does not match the group (J9)"));
                 }

@@ -247,13 +247,8 @@ impl<'p> Tx<'p> {
         }
         region.write_retained(off, data);
         if open_now {
-            journal.retained_stores(region, &self.take_retained());
+            journal.retained_stores(region, &std::mem::take(&mut self.retained));
         }
-    }
-
-    /// The counts not yet reported to the group, which now takes them.
-    fn take_retained(&mut self) -> Vec<(u64, u32)> {
-        std::mem::take(&mut self.retained).into_iter().collect()
     }
 
     /// `snapshot` then `write`: the usual way to change bytes.
@@ -310,7 +305,7 @@ impl<'p> Tx<'p> {
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
             // frames before they can be handed out again (J6).
-            let retained = self.take_retained();
+            let retained = std::mem::take(&mut self.retained);
             journal.commit_tx(
                 &*self.pool.region,
                 &self.written,
