@@ -430,10 +430,13 @@ fn xattrs_off_stops_the_kernel_asking_before_every_write() {
 }
 
 /// LOOKUP requests the daemon counted so far.
-fn lookups(mnt: &Path) -> u64 {
+fn stat_json(mnt: &Path) -> serde_json::Value {
     let out = nvstack(&["stat", mnt.to_str().unwrap(), "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stat json");
-    v["requests"]["lookup"].as_u64().unwrap_or(0)
+    serde_json::from_slice(&out.stdout).expect("stat json")
+}
+
+fn lookups(mnt: &Path) -> u64 {
+    stat_json(mnt)["requests"]["lookup"].as_u64().unwrap_or(0)
 }
 
 #[test]
@@ -471,6 +474,54 @@ fn a_missing_name_is_cached_as_a_negative_entry_until_something_makes_it() {
         std::fs::rename(f.mnt().join("d/y"), f.mnt().join("d/x")).unwrap();
         assert_eq!(std::fs::read(f.mnt().join("d/x")).unwrap(), b"y");
         assert!(std::fs::metadata(f.mnt().join("d/y")).is_err());
+        f.umount();
+    }
+}
+
+/// The FUSE workers' crew (docs/design.md 14.8): while the daemon holds one request (a
+/// failpoint pauses the first journaled change, a mkdir), other requests are still served - by
+/// a reader the watcher adds, with the default spinning reader, or by the other workers with
+/// `--spin-us 0` - and the spinning reader's counters say which happened.
+#[test]
+fn a_request_held_in_the_daemon_does_not_hold_up_the_others() {
+    if skip() {
+        return;
+    }
+    for spin in ["20", "0"] {
+        let f = Fixture::new();
+        std::fs::write(f.lower().join("existing"), b"served").unwrap();
+        std::fs::create_dir(f.lower().join("sub")).unwrap();
+        let (lower, mnt, nvram) = (f.lower(), f.mnt(), f.nvram());
+        let out = Command::new(BIN)
+            .args(["mount", "--size", "32M", "--spin-us", spin, "--nvram"])
+            .args([&nvram, &lower, &mnt])
+            .env("NVSTACK_FAILPOINT", "journal.committed:1:pause=8000")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", text(&out));
+        let mut held = Command::new("mkdir").arg(mnt.join("sub/held")).spawn().unwrap();
+        // Wait (bounded) until the daemon says it holds the mkdir.
+        let log = common::run_dir(&mnt).unwrap().join("daemon.log");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("pausing") {
+            assert!(std::time::Instant::now() < deadline, "the failpoint was not reached");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // LOOKUP, GETATTR, OPEN, READ and RELEASE of another file, served meanwhile (not after
+        // the daemon let the mkdir go on).
+        assert_eq!(std::fs::read(mnt.join("existing")).unwrap(), b"served", "spin {spin}");
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert!(!said.contains("resumed"), "spin {spin}: served only after the held request");
+        let fuse = stat_json(&mnt)["fuse"].clone();
+        if spin == "0" {
+            assert_eq!(fuse["spin_hits"], 0, "{fuse}");
+            assert_eq!(fuse["readers_added"], 0, "{fuse}");
+        } else {
+            assert!(fuse["readers_added"].as_u64().unwrap() >= 1, "{fuse}");
+            assert!(fuse["spin_hits"].as_u64().unwrap() >= 1, "{fuse}");
+        }
+        assert!(held.wait().unwrap().success());
+        assert!(mnt.join("sub/held").is_dir());
         f.umount();
     }
 }
@@ -819,6 +870,7 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("nbw", Some("async-bg"), json!("async-bg")),
         ("nbw-patch-limit", Some("8M"), json!(8 << 20)),
         ("node-fds", Some("100"), json!(100)),
+        ("spin-us", Some("35"), json!(35)),
     ]
 }
 
@@ -872,4 +924,5 @@ fn the_daemon_gets_every_option_as_given_and_stat_reports_them() {
     assert_eq!(v["cache"]["enabled"], false);
     assert_eq!(v["writeback"]["policy"], "file");
     assert_eq!(v["writeback"]["zone_blocks"], 512);
+    assert_eq!(v["fuse"]["spin_us"], 35, "the FUSE session's window");
 }

@@ -113,7 +113,8 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
             return Err(e);
         }
     };
-    let session = match fuse_session(args, mountpoint, &lower_dir, &engine) {
+    let spin = Arc::new(fuser::SpinReader::new(Duration::from_micros(args.spin_us.into())));
+    let session = match fuse_session(args, mountpoint, &lower_dir, &engine, &spin) {
         Ok(session) => session,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&run_dir);
@@ -133,7 +134,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     let control_engine = Arc::clone(&engine);
     let control_thread = std::thread::spawn(move || {
         let handle = move |request: &str, out: &mut dyn Write| {
-            control(&control_engine, &mount_info, request, out);
+            control(&control_engine, &spin, &mount_info, request, out);
         };
         super::control::serve(&listener, owner(), &handle);
     });
@@ -208,6 +209,7 @@ fn fuse_session(
     mountpoint: &Path,
     lower_dir: &Path,
     engine: &Arc<Engine<PosixLower>>,
+    spin: &Arc<fuser::SpinReader>,
 ) -> CliResult<fuser::Session<FuseFs<PosixLower>>> {
     let timeouts = Timeouts {
         entry: Duration::from_secs_f64(args.entry_timeout.max(0.0)),
@@ -230,6 +232,7 @@ fn fuse_session(
     config.acl = if owner() == 0 { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     config.n_threads = Some(threads(args) as usize);
     config.clone_fd = true;
+    config.spin = Some(Arc::clone(spin));
     fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| CliError::Other(format!("cannot mount on {}: {e}", mountpoint.display())))
 }
@@ -332,6 +335,7 @@ fn node_fds(args: &MountArgs) -> usize {
 /// Answers one control request (see `control.rs`): `stat` and `flush`.
 fn control(
     engine: &Engine<PosixLower>,
+    spin: &fuser::SpinReader,
     mount_info: &serde_json::Value,
     request: &str,
     out: &mut dyn Write,
@@ -340,6 +344,13 @@ fn control(
         "stat" => {
             let mut value = serde_json::to_value(engine.stats()).expect("stats serialise");
             value["mount"] = mount_info.clone();
+            // The FUSE transport's own counters (the engine does not see it).
+            value["fuse"] = serde_json::json!({
+                "spin_us": spin.spin().as_micros(),
+                "spin_hits": spin.hits(),
+                "spin_expired": spin.expired(),
+                "readers_added": spin.readers_added(),
+            });
             let _ = out.write_all(serde_json::to_string_pretty(&value).expect("json").as_bytes());
         }
         "flush" => {

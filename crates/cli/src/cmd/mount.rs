@@ -10,6 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use engine::EngineConfig;
 use txn::Pool;
@@ -70,6 +71,14 @@ pub struct MountArgs {
     /// (bench/results/fuse-tax/analysis).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: Option<u32>,
+    /// Microseconds a FUSE worker keeps reading for the next request before it sleeps (one
+    /// worker at a time; 0 = never). An application waiting for durability sends its next
+    /// request a few microseconds after each reply: taken by a spinning worker it costs no
+    /// sleep and wakeup, which are most of a short request's round trip (fsync-bound rows
+    /// 1.2-1.8x faster; docs/design.md 14.8). The price is at most this much CPU per request
+    /// when requests are further apart, and none when the mount is idle.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=10_000), value_name = "US")]
+    pub spin_us: u32,
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
     #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
     pub attr_timeout: f64,
@@ -267,18 +276,27 @@ pub enum DirectIoArg {
     Nvram,
 }
 
-/// The kill switch of process-level crash tests: `NVSTACK_FAILPOINT=<point>:<n>` SIGKILLs the
-/// daemon at the n-th time it reaches `<point>` (names in core/src/transform.rs).
+/// The switch of process-level tests: `NVSTACK_FAILPOINT=<point>:<n>` SIGKILLs the daemon at
+/// the n-th time it reaches `<point>` (names in core/src/transform.rs); with `:pause=<ms>`
+/// appended it holds the request there that long instead (and says so in its log), for tests
+/// of what else the daemon serves meanwhile.
 #[derive(Debug)]
 struct EnvFailpoint {
     point: String,
     remaining: std::sync::atomic::AtomicU64,
+    pause: Option<std::time::Duration>,
 }
 
 impl engine::Failpoints for EnvFailpoint {
     fn hit(&self, point: &'static str) {
         use std::sync::atomic::Ordering;
         if point == self.point && self.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if let Some(pause) = self.pause {
+                eprintln!("nvstack: failpoint {point}: pausing {} ms", pause.as_millis());
+                std::thread::sleep(pause);
+                eprintln!("nvstack: failpoint {point}: resumed");
+                return;
+            }
             // SAFETY: raising a signal at ourselves.
             unsafe { libc::raise(libc::SIGKILL) };
         }
@@ -287,9 +305,13 @@ impl engine::Failpoints for EnvFailpoint {
 
 fn failpoints() -> Option<Arc<dyn engine::Failpoints>> {
     let spec = std::env::var("NVSTACK_FAILPOINT").ok()?;
+    let (spec, pause) = match spec.rsplit_once(":pause=") {
+        Some((spec, ms)) => (spec.to_string(), Some(Duration::from_millis(ms.parse().ok()?))),
+        None => (spec, None),
+    };
     let (point, n) = spec.rsplit_once(':')?;
     let n: u64 = n.parse().ok()?;
-    Some(Arc::new(EnvFailpoint { point: point.to_string(), remaining: n.into() }))
+    Some(Arc::new(EnvFailpoint { point: point.to_string(), remaining: n.into(), pause }))
 }
 
 pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {

@@ -212,6 +212,16 @@ fn print_requests(value: &serde_json::Value) {
         let list: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("requests: {}", list.join(", "));
     }
+    let f = &value["fuse"];
+    if f["spin_us"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "spinning reader ({} us): {} requests taken while spinning, {} windows expired, {} \
+             readers added while every reader was busy",
+            f["spin_us"], f["spin_hits"], f["spin_expired"], f["readers_added"]
+        );
+    } else if f.is_object() {
+        println!("spinning reader: off (--spin-us 0)");
+    }
     if let Some(errors) = value["errors"].as_object().filter(|e| !e.is_empty()) {
         let list: Vec<String> = errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("errors returned: {}", list.join(", "));

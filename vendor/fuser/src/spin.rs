@@ -1,0 +1,214 @@
+//! The spinning reader: nvstack's one change to fuser 0.18.0 (see `PATCHES.md`).
+//!
+//! A FUSE request costs its daemon thread a sleep in `read(2)` on `/dev/fuse` and a wakeup when
+//! the kernel queues the request; on a virtual machine the wakeup (an IPI, the idle exit) is
+//! most of the round trip of a short request. An application that waits for durability sends
+//! its requests back to back (write, fsync, write, ...), so the next one arrives a few
+//! microseconds after the reply. With a [`SpinReader`], a worker that has finished a request
+//! first reads its own non-blocking clone of the device in a loop for up to `spin`, and only
+//! then blocks as before: ski rental between a spin and a sleep-and-wakeup pair, so a request
+//! arriving within the window is taken without the wakeup, and an idle session costs at most
+//! one window of CPU.
+//!
+//! A worker blocked in `read(2)` is woken for every request the kernel queues, even one the
+//! spinning worker takes (the kernel wakes one sleeping reader per request): with four workers
+//! that spurious wakeup cost a fifth of the gain. So the workers form a crew: one *reader*
+//! reads the device, the others park in user space, and a *watcher* adds a reader when every
+//! reader has been busy with the same requests for `STUCK` (a request waiting on the disk), up
+//! to all workers; an added reader parks again after its request once another reader remains.
+//!
+//! Invariants:
+//! - At most one worker spins at a time (`spinner`): a second spinner would take the CPU the
+//!   application needs to send its next request (measured on two cores: slower than none).
+//! - `readers >= 1` while the session runs: a reader parks only by taking `readers` from
+//!   r > 1 to r - 1, so a queued request always has a reader or the watcher to add one.
+//! - Progress: a request queued while every reader is busy waits at most `STUCK` (plus the
+//!   watcher's wakeup) for an added reader, up to the number of workers (upstream's bound).
+//! - A request read from the spinning clone is answered on that clone (the kernel keeps a
+//!   request on the processing list of the device it was read from).
+//! - A window ends after `spin` at the latest, so a worker never spins while its session is
+//!   idle; `spin == 0` is the unpatched behaviour.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// How long every reader may be busy with the same requests before the watcher adds one.
+pub(crate) const STUCK: Duration = Duration::from_micros(500);
+
+/// How long the watcher sleeps when no request has started since its last look (a reader that
+/// starts one wakes it early).
+const IDLE_NAP: Duration = Duration::from_millis(200);
+
+/// Configuration and counters of the spinning reader, shared by a session's workers and the
+/// file system that wants to report them.
+#[derive(Debug, Default)]
+pub struct SpinReader {
+    spin: Duration,
+    spinner: AtomicBool,
+    hits: AtomicU64,
+    expired: AtomicU64,
+    /// Workers allowed to read the device (the others are parked).
+    readers: AtomicUsize,
+    /// Readers processing a request.
+    busy: AtomicUsize,
+    /// Requests started and finished (the watcher compares them across `STUCK`).
+    started: AtomicU64,
+    finished: AtomicU64,
+    /// Readers added by the watcher.
+    added: AtomicU64,
+    /// The session ended: parked workers and the watcher return.
+    ended: AtomicBool,
+    /// The watcher is napping (`IDLE_NAP`): the next request to start wakes it.
+    napping: AtomicBool,
+    /// Parked workers wait here for `wake` tickets; the watcher naps on `watch`.
+    wake: Mutex<usize>,
+    parked: Condvar,
+    watch: Condvar,
+}
+
+impl SpinReader {
+    /// A reader that spins for up to `spin` after each request (zero: never, and every worker
+    /// reads, as upstream).
+    pub fn new(spin: Duration) -> Self {
+        Self { spin, readers: AtomicUsize::new(1), ..Self::default() }
+    }
+
+    /// The window.
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    /// Requests taken while spinning (each one spared the worker a sleep and a wakeup).
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Windows that ended without a request (the worker then blocked as usual).
+    pub fn expired(&self) -> u64 {
+        self.expired.load(Ordering::Relaxed)
+    }
+
+    /// Readers the watcher added because every reader was busy for `STUCK`.
+    pub fn readers_added(&self) -> u64 {
+        self.added.load(Ordering::Relaxed)
+    }
+
+    /// Becomes the one spinning worker, if no other worker is.
+    pub(crate) fn claim(&self) -> bool {
+        !self.spin.is_zero()
+            && self
+                .spinner
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Ends this worker's window, counting whether it took a request.
+    pub(crate) fn release(&self, hit: bool) {
+        if hit {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.expired.fetch_add(1, Ordering::Relaxed);
+        }
+        self.spinner.store(false, Ordering::Release);
+    }
+
+    /// A reader took a request.
+    pub(crate) fn start(&self) {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.started.fetch_add(1, Ordering::Relaxed);
+        if self.napping.load(Ordering::Relaxed) && self.napping.swap(false, Ordering::AcqRel) {
+            let _guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            self.watch.notify_one();
+        }
+    }
+
+    /// A reader answered its request.
+    pub(crate) fn finish(&self) {
+        self.finished.fetch_add(1, Ordering::Relaxed);
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Parks this worker if another reader remains (returns at once otherwise). Returns false
+    /// when the session ended while parked.
+    pub(crate) fn park_if_spare(&self) -> bool {
+        let mut readers = self.readers.load(Ordering::Acquire);
+        while readers > 1 {
+            match self.readers.compare_exchange(
+                readers,
+                readers - 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return self.park(),
+                Err(now) => readers = now,
+            }
+        }
+        true
+    }
+
+    /// Parks a worker that is not a reader until the watcher adds it (true) or the session
+    /// ends (false).
+    pub(crate) fn park(&self) -> bool {
+        let mut tickets = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.ended.load(Ordering::Acquire) {
+                return false;
+            }
+            if *tickets > 0 {
+                *tickets -= 1;
+                return true;
+            }
+            tickets = self.parked.wait(tickets).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The watcher's loop (its own thread): every `STUCK` while requests run, adds a reader
+    /// when every reader is busy and none finished a request since the last look; naps while
+    /// the session is idle. `workers` bounds the readers.
+    pub(crate) fn watch(&self, workers: usize) {
+        let mut last_finished = self.finished.load(Ordering::Relaxed);
+        let mut last_started = self.started.load(Ordering::Relaxed);
+        let mut guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        while !self.ended.load(Ordering::Acquire) {
+            let started = self.started.load(Ordering::Relaxed);
+            let finished = self.finished.load(Ordering::Relaxed);
+            let readers = self.readers.load(Ordering::Acquire);
+            let busy = self.busy.load(Ordering::Acquire);
+            if busy >= readers && finished == last_finished && readers < workers && busy > 0 {
+                // Every reader is stuck: one more reads (its ticket is taken by a parked
+                // worker, which then counts as a reader).
+                self.readers.fetch_add(1, Ordering::AcqRel);
+                self.added.fetch_add(1, Ordering::Relaxed);
+                *guard += 1;
+                self.parked.notify_one();
+            }
+            let nap = if started == last_started && busy == 0 {
+                self.napping.store(true, Ordering::Release);
+                IDLE_NAP
+            } else {
+                STUCK
+            };
+            last_started = started;
+            last_finished = finished;
+            guard = self.watch.wait_timeout(guard, nap).unwrap_or_else(|e| e.into_inner()).0;
+            self.napping.store(false, Ordering::Release);
+        }
+    }
+
+    /// The session ended: parked workers and the watcher return.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        let _guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        self.parked.notify_all();
+        self.watch.notify_all();
+    }
+}
+
+impl PartialEq for SpinReader {
+    fn eq(&self, other: &Self) -> bool {
+        self.spin == other.spin
+    }
+}
+
+impl Eq for SpinReader {}
