@@ -6,28 +6,28 @@ RUN="${1:-$(mktemp -d /tmp/nvbench-powercut.XXXXXX)}"; mkdir -p "${RUN}"
 
 cleanup() {
   set +eu
-  mountpoint -q /var/tmp/nvbench-work/powercut-30997-ext4-ordered/mnt && fusermount3 -uz /var/tmp/nvbench-work/powercut-30997-ext4-ordered/mnt; mountpoint -q /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower && /var/tmp/nvstack-s28c device detach /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower
-  rm -f /dev/shm/nvbench-powercut-30997-ext4-ordered.nvram
-  rm -rf --one-file-system /var/tmp/nvbench-work/powercut-30997-ext4-ordered
-  cp /dev/shm/nvbench-powercut-30997-ext4-ordered.acks "${RUN}/acks.txt"
-  rm -f /dev/shm/nvbench-powercut-30997-ext4-ordered.acks
+  mountpoint -q /var/tmp/nvbench-work/powercut-32044-ext4-ordered/mnt && fusermount3 -uz /var/tmp/nvbench-work/powercut-32044-ext4-ordered/mnt; mountpoint -q /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower && /var/tmp/nvstack-s29c device detach /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower
+  rm -f /dev/shm/nvbench-powercut-32044-ext4-ordered.nvram
+  rm -rf --one-file-system /var/tmp/nvbench-work/powercut-32044-ext4-ordered
+  cp /dev/shm/nvbench-powercut-32044-ext4-ordered.acks "${RUN}/acks.txt"
+  rm -f /dev/shm/nvbench-powercut-32044-ext4-ordered.acks
 }
 trap cleanup EXIT
 
-mkdir -p /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower /var/tmp/nvbench-work/powercut-30997-ext4-ordered/mnt
+mkdir -p /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower /var/tmp/nvbench-work/powercut-32044-ext4-ordered/mnt
 # ext4-ordered (ext4 data=ordered (metadata journaling)) on hdd-7200 (sleep timing)
-/var/tmp/nvstack-s28c device attach /var/tmp/nvbench-work/powercut-30997-ext4-ordered/disk.img /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower --model hdd-7200 --timing sleep --mount-options data=ordered --size 1G --mkfs ext4
-mkdir -p /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower/nvbench-sqlite
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower/nvbench-sqlite --journal-mode wal --init
-# the application (sqlite-wal): transactions until the power cut, acknowledged ids -> /dev/shm/nvbench-powercut-30997-ext4-ordered.acks
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower/nvbench-sqlite --journal-mode wal --seconds 308.0 --acks /dev/shm/nvbench-powercut-30997-ext4-ordered.acks >"${RUN}/driver.stdout" 2>"${RUN}/driver.stderr" &
+/var/tmp/nvstack-s29c device attach /var/tmp/nvbench-work/powercut-32044-ext4-ordered/disk.img /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower --model hdd-7200 --timing sleep --mount-options data=ordered --size 1G --mkfs ext4
+mkdir -p /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower/nvbench-sqlite
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower/nvbench-sqlite --journal-mode wal --init
+# the application (sqlite-wal): transactions until the power cut, acknowledged ids -> /dev/shm/nvbench-powercut-32044-ext4-ordered.acks
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower/nvbench-sqlite --journal-mode wal --seconds 308.0 --acks /dev/shm/nvbench-powercut-32044-ext4-ordered.acks >"${RUN}/driver.stdout" 2>"${RUN}/driver.stderr" &
 APP1=$!
 sleep 8.0
 # power cut: the application and the daemon die, the disk loses its cache
 kill -KILL $APP1
-/var/tmp/nvstack-s28c device cut /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower --seed 1
+/var/tmp/nvstack-s29c device cut /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower --seed 1
 # power on: re-attach the image (ext4 replays its journal), mount nvstack again (recovery)
-/var/tmp/nvstack-s28c device attach /var/tmp/nvbench-work/powercut-30997-ext4-ordered/disk.img /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower --model hdd-7200 --timing sleep --mount-options data=ordered
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite-check --dir /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower/nvbench-sqlite --acks /dev/shm/nvbench-powercut-30997-ext4-ordered.acks
-/var/tmp/nvstack-s28c device detach /var/tmp/nvbench-work/powercut-30997-ext4-ordered/lower
-e2fsck -fn /var/tmp/nvbench-work/powercut-30997-ext4-ordered/disk.img
+/var/tmp/nvstack-s29c device attach /var/tmp/nvbench-work/powercut-32044-ext4-ordered/disk.img /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower --model hdd-7200 --timing sleep --mount-options data=ordered
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite-check --dir /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower/nvbench-sqlite --acks /dev/shm/nvbench-powercut-32044-ext4-ordered.acks
+/var/tmp/nvstack-s29c device detach /var/tmp/nvbench-work/powercut-32044-ext4-ordered/lower
+e2fsck -fn /var/tmp/nvbench-work/powercut-32044-ext4-ordered/disk.img

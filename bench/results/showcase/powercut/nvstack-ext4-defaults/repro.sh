@@ -6,40 +6,40 @@ RUN="${1:-$(mktemp -d /tmp/nvbench-powercut.XXXXXX)}"; mkdir -p "${RUN}"
 
 cleanup() {
   set +eu
-  mountpoint -q /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt && fusermount3 -uz /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt; mountpoint -q /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower && /var/tmp/nvstack-s28c device detach /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower
-  rm -f /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.nvram
-  rm -rf --one-file-system /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults
-  cp /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.acks "${RUN}/acks.txt"
-  rm -f /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.acks
+  mountpoint -q /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt && fusermount3 -uz /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt; mountpoint -q /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower && /var/tmp/nvstack-s29c device detach /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower
+  rm -f /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.nvram
+  rm -rf --one-file-system /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults
+  cp /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.acks "${RUN}/acks.txt"
+  rm -f /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.acks
 }
 trap cleanup EXIT
 
-mkdir -p /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt
+mkdir -p /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt
 # nvstack-ext4-defaults (nvstack with its defaults over ext4 data=ordered: consistency undo, tempfiles on, NVRAM page cache on with relo write-back) on hdd-7200 (sleep timing)
-/var/tmp/nvstack-s28c device attach /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/disk.img /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower --model hdd-7200 --timing sleep --mount-options data=ordered --size 1G --mkfs ext4
-mkdir -p /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower/data
-/var/tmp/nvstack-s28c mount /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower/data /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt --nvram /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.nvram --size 256M --consistency undo --tempfiles on --cache on --writeback relo --foreground >"${RUN}/daemon-first.stdout" 2>"${RUN}/daemon-first.stderr" &
+/var/tmp/nvstack-s29c device attach /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/disk.img /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower --model hdd-7200 --timing sleep --mount-options data=ordered --size 1G --mkfs ext4
+mkdir -p /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower/data
+/var/tmp/nvstack-s29c mount /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower/data /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt --nvram /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.nvram --size 256M --consistency undo --tempfiles on --cache on --writeback relo --foreground >"${RUN}/daemon-first.stdout" 2>"${RUN}/daemon-first.stderr" &
 DAEMON1=$!
-for i in $(seq 600); do mountpoint -q /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt && break; sleep 0.1; done
-mkdir -p /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt/nvbench-sqlite
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt/nvbench-sqlite --journal-mode wal --init
-# the application (sqlite-wal): transactions until the power cut, acknowledged ids -> /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.acks
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt/nvbench-sqlite --journal-mode wal --seconds 308.0 --acks /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.acks >"${RUN}/driver.stdout" 2>"${RUN}/driver.stderr" &
+for i in $(seq 600); do mountpoint -q /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt && break; sleep 0.1; done
+mkdir -p /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt/nvbench-sqlite
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt/nvbench-sqlite --journal-mode wal --init
+# the application (sqlite-wal): transactions until the power cut, acknowledged ids -> /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.acks
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite --dir /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt/nvbench-sqlite --journal-mode wal --seconds 308.0 --acks /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.acks >"${RUN}/driver.stdout" 2>"${RUN}/driver.stderr" &
 APP2=$!
 sleep 8.0
 # power cut: the application and the daemon die, the disk loses its cache
 kill -KILL $APP2
 kill -KILL $DAEMON1
-/var/tmp/nvstack-s28c device cut /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower --seed 1
-fusermount3 -uz /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt
+/var/tmp/nvstack-s29c device cut /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower --seed 1
+fusermount3 -uz /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt
 # power on: re-attach the image (ext4 replays its journal), mount nvstack again (recovery)
-/var/tmp/nvstack-s28c device attach /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/disk.img /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower --model hdd-7200 --timing sleep --mount-options data=ordered
-/var/tmp/nvstack-s28c mount /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower/data /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt --nvram /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.nvram --size 256M --consistency undo --tempfiles on --cache on --writeback relo --foreground >"${RUN}/daemon-recovery.stdout" 2>"${RUN}/daemon-recovery.stderr" &
+/var/tmp/nvstack-s29c device attach /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/disk.img /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower --model hdd-7200 --timing sleep --mount-options data=ordered
+/var/tmp/nvstack-s29c mount /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower/data /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt --nvram /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.nvram --size 256M --consistency undo --tempfiles on --cache on --writeback relo --foreground >"${RUN}/daemon-recovery.stdout" 2>"${RUN}/daemon-recovery.stderr" &
 DAEMON3=$!
-for i in $(seq 600); do mountpoint -q /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt && break; sleep 0.1; done
-/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite-check --dir /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt/nvbench-sqlite --acks /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.acks
-/var/tmp/nvstack-s28c umount /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/mnt
-/var/tmp/nvstack-s28c check --nvram /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.nvram
-/var/tmp/nvstack-s28c inspect --nvram /dev/shm/nvbench-powercut-30997-nvstack-ext4-defaults.nvram --json
-/var/tmp/nvstack-s28c device detach /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/lower
-e2fsck -fn /var/tmp/nvbench-work/powercut-30997-nvstack-ext4-defaults/disk.img
+for i in $(seq 600); do mountpoint -q /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt && break; sleep 0.1; done
+/work/main/bench/.venv/bin/python /work/main/bench/nvbench/workloads/durable.py sqlite-check --dir /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt/nvbench-sqlite --acks /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.acks
+/var/tmp/nvstack-s29c umount /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/mnt
+/var/tmp/nvstack-s29c check --nvram /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.nvram
+/var/tmp/nvstack-s29c inspect --nvram /dev/shm/nvbench-powercut-32044-nvstack-ext4-defaults.nvram --json
+/var/tmp/nvstack-s29c device detach /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/lower
+e2fsck -fn /var/tmp/nvbench-work/powercut-32044-nvstack-ext4-defaults/disk.img
