@@ -15,7 +15,8 @@
 //! that spurious wakeup cost a fifth of the gain. So the workers form a crew: one *reader*
 //! reads the device, the others park in user space, and a *watcher* adds a reader when every
 //! reader has been busy with the same requests for `STUCK` (a request waiting on the disk), up
-//! to all workers; an added reader parks again after its request once another reader remains.
+//! to all workers; a reader parks again after a request once another reader is idle and no
+//! reader was added for `LINGER` (200 ms).
 //!
 //! Invariants:
 //! - At most one worker spins at a time (`spinner`): a second spinner would take the CPU the
@@ -31,7 +32,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long every reader may be busy with the same requests before the watcher adds one.
 pub(crate) const STUCK: Duration = Duration::from_micros(500);
@@ -40,11 +41,20 @@ pub(crate) const STUCK: Duration = Duration::from_micros(500);
 /// starts one wakes it early).
 const IDLE_NAP: Duration = Duration::from_millis(200);
 
+/// How long after the watcher last added a reader the added readers stay: requests that wait
+/// on a disk come in streams (each ~10 ms on a disk), and a reader parked between two of them
+/// would make the next fast request behind them wait for the watcher again.
+const LINGER: Duration = Duration::from_millis(200);
+
 /// Configuration and counters of the spinning reader, shared by a session's workers and the
 /// file system that wants to report them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SpinReader {
     spin: Duration,
+    /// The clock's origin (`last_added_us` counts from it).
+    base: Instant,
+    /// When the watcher last added a reader, in microseconds since `base`.
+    last_added_us: AtomicU64,
     spinner: AtomicBool,
     hits: AtomicU64,
     expired: AtomicU64,
@@ -71,7 +81,29 @@ impl SpinReader {
     /// A reader that spins for up to `spin` after each request (zero: never, and every worker
     /// reads, as upstream).
     pub fn new(spin: Duration) -> Self {
-        Self { spin, readers: AtomicUsize::new(1), ..Self::default() }
+        Self {
+            spin,
+            base: Instant::now(),
+            last_added_us: AtomicU64::new(0),
+            spinner: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            readers: AtomicUsize::new(1),
+            busy: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            added: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
+            napping: AtomicBool::new(false),
+            wake: Mutex::new(0),
+            parked: Condvar::new(),
+            watch: Condvar::new(),
+        }
+    }
+
+    /// Microseconds since `base`.
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// The window.
@@ -129,11 +161,22 @@ impl SpinReader {
         self.busy.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Parks this worker if another reader remains (returns at once otherwise). Returns false
-    /// when the session ended while parked.
+    /// Parks this worker, which has just answered a request, if another reader is idle (not
+    /// busy with a request) and no reader was added for `LINGER`: a reader added beside a
+    /// stuck one stays while requests keep getting stuck, so the fast requests behind them do
+    /// not each wait for the watcher again. Returns at once otherwise; false when the session
+    /// ended while parked.
     pub(crate) fn park_if_spare(&self) -> bool {
         let mut readers = self.readers.load(Ordering::Acquire);
-        while readers > 1 {
+        if readers > 1 {
+            let since = self.now_us().saturating_sub(self.last_added_us.load(Ordering::Relaxed));
+            if u128::from(since) < LINGER.as_micros() {
+                return true;
+            }
+        }
+        // `busy` counts the other readers' requests (this one's was finished): a race with a
+        // reader starting one leaves at most one idle reader too many, never none.
+        while readers > 1 && readers - self.busy.load(Ordering::Acquire).min(readers) >= 2 {
             match self.readers.compare_exchange(
                 readers,
                 readers - 1,
@@ -180,6 +223,7 @@ impl SpinReader {
                 // worker, which then counts as a reader).
                 self.readers.fetch_add(1, Ordering::AcqRel);
                 self.added.fetch_add(1, Ordering::Relaxed);
+                self.last_added_us.store(self.now_us(), Ordering::Relaxed);
                 *guard += 1;
                 self.parked.notify_one();
             }

@@ -65,10 +65,10 @@ pub struct MountArgs {
     /// Stay in the foreground (log to stderr) instead of starting a daemon.
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// FUSE worker threads (default: 4, or one per CPU when there are more). Postmark-like
-    /// metadata workloads gain from more threads than cores (the kernel queues requests while
-    /// workers wait in syscalls); single-stream 4 KiB writes prefer one per core
-    /// (bench/results/fuse-tax/analysis).
+    /// FUSE worker threads (default: 4, or one per CPU when there are more): the most that
+    /// serve requests at once. With the spinning reader (`--spin-us`, on by default) one of
+    /// them reads requests and the others wait until every reading worker has been busy with
+    /// one request for 500 us (a request waiting on the disk), then join in.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: Option<u32>,
     /// Microseconds a FUSE worker keeps reading for the next request before it sleeps (one
