@@ -7,7 +7,11 @@ set -u
 BIN=${BIN:?release build of nvstack}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d /var/tmp/spin-ab.XXXXXX)
-cp "$HERE"/{run.sh,runsq.sh,runmd.sh,runpm.sh,sq.py,md.py} "$WORK"/ && gcc -O2 -o "$WORK/app" "$HERE/app.c"
+# The loops of the journal-mode probes (their scripts take extra mount options in $EXTRA),
+# and the Maildir loop of this directory.
+TOOLS="$HERE/../journal-sealed/tools"
+cp "$TOOLS"/{run.sh,runsq.sh,runpm.sh,sq.py} "$HERE"/{runmd.sh,md.py} "$WORK"/ &&
+    gcc -O2 -o "$WORK/app" "$TOOLS/app.c"
 cd "$WORK"
 for r in 1 2 3; do
   for s in 0 20; do

@@ -2,7 +2,7 @@
 # usage: run.sh BIN MODE N [perf]
 BIN=$1; MODE=$2; N=$3; PERF=$4
 rm -rf lower mnt; mkdir -p lower mnt; rm -f /dev/shm/s28-nv
-$BIN mount --nvram /dev/shm/s28-nv --consistency $MODE lower mnt >/dev/null
+$BIN mount --nvram /dev/shm/s28-nv --consistency $MODE $EXTRA lower mnt >/dev/null
 PID=$(pgrep -f "s28-nv" | head -1)
 ./app mnt/log 2000 >/dev/null
 if [ -n "$PERF" ]; then perf record -q -F 2000 -g -p $PID -o perf-$MODE.data 2>/dev/null & PP=$!; sleep 0.5; fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 BIN=$1; MODE=$2
 rm -rf lower mnt; mkdir -p lower mnt; rm -f /dev/shm/s28-nv
-$BIN mount --nvram /dev/shm/s28-nv --consistency $MODE lower mnt >/dev/null
+$BIN mount --nvram /dev/shm/s28-nv --consistency $MODE $EXTRA lower mnt >/dev/null
 PID=$(pgrep -f "s28-nv" | head -1)
 T0=$(awk '{print $14+$15}' /proc/$PID/stat)
 S=$(date +%s.%N)
