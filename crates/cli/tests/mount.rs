@@ -429,12 +429,13 @@ fn xattrs_off_stops_the_kernel_asking_before_every_write() {
     assert!(v["requests"]["setxattr"].as_u64().unwrap_or(0) <= 1, "{}", v["requests"]);
 }
 
-/// LOOKUP requests the daemon counted so far.
+/// `nvstack stat --json` of the mount.
 fn stat_json(mnt: &Path) -> serde_json::Value {
     let out = nvstack(&["stat", mnt.to_str().unwrap(), "--json"]);
     serde_json::from_slice(&out.stdout).expect("stat json")
 }
 
+/// LOOKUP requests the daemon counted so far.
 fn lookups(mnt: &Path) -> u64 {
     stat_json(mnt)["requests"]["lookup"].as_u64().unwrap_or(0)
 }

@@ -74,8 +74,8 @@ pub struct MountArgs {
     /// Microseconds a FUSE worker keeps reading for the next request before it sleeps (one
     /// worker at a time; 0 = never). An application waiting for durability sends its next
     /// request a few microseconds after each reply: taken by a spinning worker it costs no
-    /// sleep and wakeup, which are most of a short request's round trip (fsync-bound rows
-    /// 1.2-1.8x faster; docs/design.md 14.8). The price is at most this much CPU per request
+    /// sleep and wakeup, which are most of a short request's round trip (fsync-bound loops
+    /// 1.4-1.7x faster; docs/design.md 14.8). The price is at most this much CPU per request
     /// when requests are further apart, and none when the mount is idle.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=10_000), value_name = "US")]
     pub spin_us: u32,
@@ -284,7 +284,7 @@ pub enum DirectIoArg {
 struct EnvFailpoint {
     point: String,
     remaining: std::sync::atomic::AtomicU64,
-    pause: Option<std::time::Duration>,
+    pause: Option<Duration>,
 }
 
 impl engine::Failpoints for EnvFailpoint {
