@@ -293,18 +293,17 @@ impl<FS: Filesystem> Session<FS> {
 
         // nvstack (PATCHES.md): each worker gets a non-blocking clone to spin on. Where the
         // kernel cannot clone the device, every worker blocks and reads, as upstream's do.
-        let mut spin = config.spin.clone().filter(|s| !s.spin().is_zero());
-        let mut spin_clones: Vec<Option<Channel>> = Vec::with_capacity(n_threads);
-        if spin.is_some() {
-            spin_clones = channels.iter().map(spin_clone).collect();
-            if spin_clones.iter().any(Option::is_none) {
-                spin = None;
-            }
-        }
-        spin_clones.resize_with(n_threads, || None);
-        for (i, (ch, spin_ch)) in channels.into_iter().zip(spin_clones).enumerate() {
+        let spin_clones: Option<Vec<Channel>> = config
+            .spin
+            .as_ref()
+            .filter(|s| !s.spin().is_zero())
+            .and_then(|_| channels.iter().map(spin_clone).collect());
+        let spin = config.spin.clone().filter(|_| spin_clones.is_some());
+        let mut spin_clones = spin_clones.map(Vec::into_iter);
+        for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
-            let spinning = spin.as_ref().zip(spin_ch).map(|(s, c)| (c, s.clone()));
+            let spin_ch = spin_clones.as_mut().and_then(Iterator::next);
+            let spinning = spin_ch.zip(spin.clone());
             let event_loop = SessionEventLoop {
                 thread_name: thread_name.clone(),
                 filesystem: filesystem.clone(),
@@ -322,17 +321,13 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         // nvstack (PATCHES.md): the crew's watcher.
-        let watcher = match &spin {
-            Some(spin) => {
-                let spin = spin.clone();
-                Some(
-                    thread::Builder::new()
-                        .name("fuser-watch".to_string())
-                        .spawn(move || spin.watch(n_threads))?,
-                )
-            }
-            None => None,
-        };
+        let watcher = spin
+            .map(|spin| {
+                thread::Builder::new()
+                    .name("fuser-watch".to_string())
+                    .spawn(move || spin.watch(n_threads))
+            })
+            .transpose()?;
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -349,10 +344,9 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
+        // nvstack: every worker ended the crew as it returned (`event_loop`), so the watcher
+        // has returned too, or will at its next look.
         if let Some(watcher) = watcher {
-            if let Some(spin) = &spin {
-                spin.end();
-            }
             let _ = watcher.join();
         }
 

@@ -35,9 +35,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long every reader may be busy with the same requests before the watcher adds one.
-pub(crate) const STUCK: Duration = Duration::from_micros(500);
+const STUCK: Duration = Duration::from_micros(500);
 
-/// How long the watcher sleeps when no request has started since its last look (a reader that
+/// How long the watcher sleeps when no request ran since its last look (a reader that
 /// starts one wakes it early).
 const IDLE_NAP: Duration = Duration::from_millis(200);
 
@@ -62,8 +62,7 @@ pub struct SpinReader {
     readers: AtomicUsize,
     /// Readers processing a request.
     busy: AtomicUsize,
-    /// Requests started and finished (the watcher compares them across `STUCK`).
-    started: AtomicU64,
+    /// Requests finished (the watcher compares the count across `STUCK`).
     finished: AtomicU64,
     /// Readers added by the watcher.
     added: AtomicU64,
@@ -90,7 +89,6 @@ impl SpinReader {
             expired: AtomicU64::new(0),
             readers: AtomicUsize::new(1),
             busy: AtomicUsize::new(0),
-            started: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             added: AtomicU64::new(0),
             ended: AtomicBool::new(false),
@@ -126,13 +124,10 @@ impl SpinReader {
         self.added.load(Ordering::Relaxed)
     }
 
-    /// Becomes the one spinning worker, if no other worker is.
+    /// Becomes the one spinning worker, if no other worker is (the session spins only with a
+    /// window that is not zero).
     pub(crate) fn claim(&self) -> bool {
-        !self.spin.is_zero()
-            && self
-                .spinner
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+        self.spinner.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }
 
     /// Ends this worker's window, counting whether it took a request.
@@ -148,7 +143,6 @@ impl SpinReader {
     /// A reader took a request.
     pub(crate) fn start(&self) {
         self.busy.fetch_add(1, Ordering::AcqRel);
-        self.started.fetch_add(1, Ordering::Relaxed);
         if self.napping.load(Ordering::Relaxed) && self.napping.swap(false, Ordering::AcqRel) {
             let _guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
             self.watch.notify_one();
@@ -168,15 +162,17 @@ impl SpinReader {
     /// ended while parked.
     pub(crate) fn park_if_spare(&self) -> bool {
         let mut readers = self.readers.load(Ordering::Acquire);
-        if readers > 1 {
-            let since = self.now_us().saturating_sub(self.last_added_us.load(Ordering::Relaxed));
-            if u128::from(since) < LINGER.as_micros() {
-                return true;
-            }
+        if readers == 1 {
+            return true;
         }
-        // `busy` counts the other readers' requests (this one's was finished): a race with a
-        // reader starting one leaves at most one idle reader too many, never none.
-        while readers > 1 && readers - self.busy.load(Ordering::Acquire).min(readers) >= 2 {
+        let since = self.now_us().saturating_sub(self.last_added_us.load(Ordering::Relaxed));
+        if u128::from(since) < LINGER.as_micros() {
+            return true;
+        }
+        // Another reader is idle: `busy` counts the other readers' requests (this one's was
+        // finished). A race with a reader starting one leaves at most one idle reader too
+        // many, never none (`readers` stays >= 1: it only goes from r > 1 to r - 1).
+        while readers >= self.busy.load(Ordering::Acquire) + 2 {
             match self.readers.compare_exchange(
                 readers,
                 readers - 1,
@@ -211,10 +207,8 @@ impl SpinReader {
     /// the session is idle. `workers` bounds the readers.
     pub(crate) fn watch(&self, workers: usize) {
         let mut last_finished = self.finished.load(Ordering::Relaxed);
-        let mut last_started = self.started.load(Ordering::Relaxed);
         let mut guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
         while !self.ended.load(Ordering::Acquire) {
-            let started = self.started.load(Ordering::Relaxed);
             let finished = self.finished.load(Ordering::Relaxed);
             let readers = self.readers.load(Ordering::Acquire);
             let busy = self.busy.load(Ordering::Acquire);
@@ -227,13 +221,14 @@ impl SpinReader {
                 *guard += 1;
                 self.parked.notify_one();
             }
-            let nap = if started == last_started && busy == 0 {
+            // Idle: nothing running and nothing finished since the last look (a request that
+            // started and finished in between counts as finished).
+            let nap = if finished == last_finished && busy == 0 {
                 self.napping.store(true, Ordering::Release);
                 IDLE_NAP
             } else {
                 STUCK
             };
-            last_started = started;
             last_finished = finished;
             guard = self.watch.wait_timeout(guard, nap).unwrap_or_else(|e| e.into_inner()).0;
             self.napping.store(false, Ordering::Release);
