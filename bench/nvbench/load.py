@@ -26,7 +26,8 @@ At the end (every wait bounded), the checks (result.json `checks`, each with its
                    errors are exactly the aborted transactions: a write that finds NVRAM full
                    is retried after pressure relief, and nvstack counts every attempt
                    (`error_check`); fsx verifies every byte it wrote
-  pressure         temp files were transformed by NVRAM pressure and dirty pages written
+  pressure         temp files were transformed by NVRAM pressure (or the background
+                   transformer, --tempfile-background) and dirty pages written
                    back by the watermarks during the run (the test did what it is for)
   tempfiles        created = deleted in NVRAM + transformed + resident (every temp file is
                    accounted for), transformed = the sum of its reasons
@@ -171,12 +172,15 @@ def pressure_check(before: dict, after: dict) -> dict:
         get(before, "tempfiles", "transformed", "pressure")
     nf = get(after, "tempfiles", "transformed", "nvram_full") - \
         get(before, "tempfiles", "transformed", "nvram_full")
+    bg = get(after, "tempfiles", "transformed", "background") - \
+        get(before, "tempfiles", "transformed", "background")
     wr = get(after, "writeback", "rounds", "pressure") - get(before, "writeback", "rounds", "pressure")
     wf = get(after, "writeback", "rounds", "nvram_full") - \
         get(before, "writeback", "rounds", "nvram_full")
     pw = get(after, "writeback", "pages_written") - get(before, "writeback", "pages_written")
-    return {"ok": pt + nf > 0 and wr + wf > 0, "pressure_transforms": pt,
-            "nvram_full_transforms": nf, "writeback_pressure_rounds": wr,
+    return {"ok": pt + nf + bg > 0 and wr + wf > 0, "pressure_transforms": pt,
+            "nvram_full_transforms": nf, "background_transforms": bg,
+            "writeback_pressure_rounds": wr,
             "writeback_nvram_full_rounds": wf, "pages_written_back": pw}
 
 

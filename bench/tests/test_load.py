@@ -2,6 +2,7 @@
 /proc/PID/status, `nvstack stat --json` of a real load run at its end and after the flush, a
 real fsx output. No root, no mounts."""
 
+import copy
 import json
 
 from nvbench import cli, load
@@ -59,6 +60,13 @@ def test_flush_tempfiles_and_pressure_checks(samples):
     p = load.pressure_check({}, end)
     assert p["ok"] and p["pressure_transforms"] > 0 and p["pages_written_back"] > 0
     assert not load.pressure_check(end, end)["ok"]        # nothing happened in between
+    bg = copy.deepcopy(end)                               # the background transformer moved
+    bg["tempfiles"]["transformed"]["background"] = 5      # temp files instead of writers
+    before = copy.deepcopy(end)
+    before["tempfiles"]["transformed"]["background"] = 0
+    before["writeback"]["rounds"]["pressure"] -= 1
+    q = load.pressure_check(before, bg)
+    assert q["ok"] and q["pressure_transforms"] == 0 and q["background_transforms"] == 5
     fl["writeback"]["pages_dirty"] = 3
     assert not load.flush_check(fl)["ok"]
     fl["tempfiles"]["created"] += 1                       # a temp file nobody accounts for

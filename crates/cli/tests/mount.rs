@@ -435,6 +435,45 @@ fn stat_json(mnt: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("stat json")
 }
 
+#[test]
+fn the_daemons_background_transformer_keeps_temp_files_under_its_mark() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    // 32 MiB = 8,192 frames; the share 90 % = 7,372; the mark 20 % of it = 1,474 frames.
+    let out = f.mount_with(&["--tempfile-background", "20"]);
+    assert!(out.status.success(), "mount: {}", text(&out));
+    let mnt = f.mnt();
+    // 1,200 one-page files: 2,400 frames, above the mark and far below the share.
+    for i in 0..1200u32 {
+        std::fs::write(mnt.join(format!("m{i}")), i.to_le_bytes().repeat(1024)).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let t = loop {
+        let t = stat_json(&mnt)["tempfiles"].clone();
+        let frames = t["pages_resident"].as_u64().unwrap() + t["files_resident"].as_u64().unwrap();
+        if frames <= 1474 {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {frames} frames after 60 s: {t}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let background = t["transformed"]["background"].as_u64().unwrap();
+    assert!(background >= 463, "at least the 926 frames above the mark went: {t}");
+    assert_eq!(t["transformed"]["pressure"], 0, "no writer met the share: {t}");
+    for i in (0..1200u32).step_by(7) {
+        let want = i.to_le_bytes().repeat(1024);
+        assert_eq!(std::fs::read(mnt.join(format!("m{i}"))).unwrap(), want, "m{i}");
+        if i < 400 {
+            // the least recently used are lower files now
+            assert_eq!(std::fs::read(f.lower().join(format!("m{i}"))).unwrap(), want, "m{i}");
+        }
+    }
+    f.umount();
+    assert_eq!(std::fs::read_dir(f.lower()).unwrap().count(), 1200);
+}
+
 /// LOOKUP requests the daemon counted so far.
 fn lookups(mnt: &Path) -> u64 {
     stat_json(mnt)["requests"]["lookup"].as_u64().unwrap_or(0)
@@ -868,6 +907,7 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("tempfile-max-size", Some("256K"), json!(256 << 10)),
         ("tempfile-share", Some("50"), json!(50)),
         ("tempfile-writeback-batch", Some("64"), json!(64)),
+        ("tempfile-background", Some("60"), json!(60)),
         ("xattrs", Some("off"), json!("off")),
         ("passthrough", Some("off"), json!("off")),
         ("direct-io", Some("nvram"), json!("nvram")),

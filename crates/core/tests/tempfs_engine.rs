@@ -126,6 +126,66 @@ fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
 }
 
 #[test]
+fn the_background_transformer_moves_the_least_recently_used_out_before_any_writer_must() {
+    let lower = MemLower::default();
+    let view = lower.clone();
+    // The share is 160 frames, the background mark 80; a round takes 8 x NR_WB = 64 frames.
+    let temp = TempConfig {
+        max_frames: 160,
+        writeback_batch: 8,
+        background_frames: 80,
+        ..TempConfig::default()
+    };
+    let e = engine(lower, 256, temp);
+    let root = e.root_id();
+    let write_files = |range: std::ops::Range<u8>| {
+        for i in range {
+            let (entry, fh) =
+                e.create(&ROOT, root, name(&format!("g{i}")), 0o600, libc::O_RDWR).unwrap();
+            e.write(fh, 0, &[i; 4096], false).unwrap();
+            e.release(fh).unwrap();
+            e.forget(entry.node_id, 1);
+        }
+    };
+    // 40 one-page files hold 80 frames: at the mark, not above it.
+    write_files(0..40);
+    assert_eq!(e.transform_in_background(), 0, "nothing to do at the mark");
+    write_files(40..50); // 100 frames
+    let first = e.transform_in_background();
+    assert_eq!(first, 32, "one round: 64 frames = 32 files of a page and a record");
+    assert_eq!(e.transform_in_background(), 0, "under the mark again");
+    let t = e.stats().tempfiles;
+    assert_eq!(t.pages_resident + t.files_resident, 36);
+    assert_eq!(t.transformed["background"], 32);
+    assert_eq!(t.transformed["pressure"], 0, "no writer had to relieve pressure: {t:?}");
+    // Least recently used first: the oldest 32 are lower files, the newest 18 still in NVRAM.
+    for i in 0..50u8 {
+        let n = format!("g{i}");
+        assert_eq!(lower_content(&view, &n).is_some(), i < 32, "{n}");
+        assert_eq!(read_all(&e, root, &n), vec![i; 4096], "{n} through the mount");
+    }
+    e.shutdown();
+    for i in 0..50u8 {
+        assert_eq!(lower_content(&view, &format!("g{i}")), Some(vec![i; 4096]));
+    }
+}
+
+#[test]
+fn the_background_transformer_is_off_by_default_in_the_engine() {
+    let e = engine(MemLower::default(), 64, TempConfig { max_frames: 40, ..TempConfig::default() });
+    let root = e.root_id();
+    for i in 0..10u8 {
+        let (entry, fh) =
+            e.create(&ROOT, root, name(&format!("h{i}")), 0o600, libc::O_RDWR).unwrap();
+        e.write(fh, 0, &[i; 4096], false).unwrap();
+        e.release(fh).unwrap();
+        e.forget(entry.node_id, 1);
+    }
+    assert_eq!(e.transform_in_background(), 0);
+    assert_eq!(e.stats().tempfiles.transformed["background"], 0);
+}
+
+#[test]
 fn an_unlinked_open_temp_file_stays_usable_until_closed_then_its_frames_are_free() {
     let e = engine(MemLower::default(), 64, TempConfig::default());
     let root = e.root_id();

@@ -66,6 +66,9 @@ pub enum Trigger {
     Size,
     /// Temp files exceeded their share of the region; least recently used first.
     Pressure,
+    /// Temp files passed the background mark (`--tempfile-background`): the daemon's
+    /// transformer thread moved the least recently used out before any writer had to.
+    Background,
     /// `nvstack flush`.
     Flush,
     /// Unmount (unless `--keep-tempfiles`), or mounting with `--tempfiles off`.
@@ -84,9 +87,10 @@ pub enum Trigger {
     Recovery,
 }
 
-pub const TRIGGERS: [Trigger; 10] = [
+pub const TRIGGERS: [Trigger; 11] = [
     Trigger::Size,
     Trigger::Pressure,
+    Trigger::Background,
     Trigger::Flush,
     Trigger::Unmount,
     Trigger::Link,
@@ -102,6 +106,7 @@ impl Trigger {
         match self {
             Trigger::Size => "size",
             Trigger::Pressure => "pressure",
+            Trigger::Background => "background",
             Trigger::Flush => "flush",
             Trigger::Unmount => "unmount",
             Trigger::Link => "link",
@@ -129,6 +134,10 @@ pub struct TempConfig {
     /// NR_WB: pages the pressure trigger frees at a time (thesis: N = NR_WB * NR_TempFFS /
     /// NR_Dirty temp files' worth of pages; without the page cache NR_TempFFS = NR_Dirty).
     pub writeback_batch: u64,
+    /// Above this many frames the background transformer moves the least recently used temp
+    /// files out, NR_WB pages a round, so that writers rarely meet `max_frames` and its
+    /// transforms in their own requests (`--tempfile-background`; `u64::MAX`: never).
+    pub background_frames: u64,
 }
 
 impl Default for TempConfig {
@@ -139,6 +148,7 @@ impl Default for TempConfig {
             transform_on_unmount: true,
             max_frames: u64::MAX,
             writeback_batch: 256,
+            background_frames: u64::MAX,
         }
     }
 }
@@ -229,7 +239,7 @@ pub struct TempStore {
     pub config: TempConfig,
     pub counters: TempCounters,
     pub lru: Clock,
-    /// One pressure relief at a time.
+    /// One pressure relief or background round at a time.
     pub relieving: AtomicBool,
 }
 
