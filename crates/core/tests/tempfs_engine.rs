@@ -42,6 +42,19 @@ fn read_all(e: &Engine<MemLower>, parent: u64, n: &str) -> Vec<u8> {
     out
 }
 
+/// Creates `{prefix}{i}` for each i of `ids` in the root, `len` bytes of the value i each,
+/// closed and forgotten (the kernel let go of them).
+fn make_files(e: &Engine<MemLower>, prefix: &str, ids: std::ops::Range<u8>, len: usize) {
+    let root = e.root_id();
+    for i in ids {
+        let (entry, fh) =
+            e.create(&ROOT, root, name(&format!("{prefix}{i}")), 0o600, libc::O_RDWR).unwrap();
+        e.write(fh, 0, &vec![i; len], false).unwrap();
+        e.release(fh).unwrap();
+        e.forget(entry.node_id, 1);
+    }
+}
+
 fn lower_content(lower: &MemLower, n: &str) -> Option<Vec<u8>> {
     let (node, attr) = lower.lookup(lower.root(), name(n)).ok()?;
     let f = lower.open(&node, libc::O_RDONLY).unwrap();
@@ -105,13 +118,7 @@ fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
     let temp = TempConfig { max_frames: 40, writeback_batch: 8, ..TempConfig::default() };
     let e = engine(lower, 48, temp);
     let root = e.root_id();
-    for i in 0..60u8 {
-        let (entry, fh) =
-            e.create(&ROOT, root, name(&format!("g{i}")), 0o600, libc::O_RDWR).unwrap();
-        e.write(fh, 0, &[i; 12288], false).unwrap();
-        e.release(fh).unwrap();
-        e.forget(entry.node_id, 1);
-    }
+    make_files(&e, "g", 0..60, 12288);
     let t = e.stats().tempfiles;
     assert_eq!(t.created, 60);
     assert!(t.transformed["pressure"] + t.transformed["nvram_full"] > 0, "{t:?}");
@@ -138,19 +145,10 @@ fn the_background_transformer_moves_the_least_recently_used_out_before_any_write
     };
     let e = engine(lower, 256, temp);
     let root = e.root_id();
-    let write_files = |range: std::ops::Range<u8>| {
-        for i in range {
-            let (entry, fh) =
-                e.create(&ROOT, root, name(&format!("g{i}")), 0o600, libc::O_RDWR).unwrap();
-            e.write(fh, 0, &[i; 4096], false).unwrap();
-            e.release(fh).unwrap();
-            e.forget(entry.node_id, 1);
-        }
-    };
     // 40 one-page files hold 80 frames: at the mark, not above it.
-    write_files(0..40);
+    make_files(&e, "g", 0..40, 4096);
     assert_eq!(e.transform_in_background(), 0, "nothing to do at the mark");
-    write_files(40..50); // 100 frames
+    make_files(&e, "g", 40..50, 4096); // 100 frames
     let first = e.transform_in_background();
     assert_eq!(first, 32, "one round: 64 frames = 32 files of a page and a record");
     assert_eq!(e.transform_in_background(), 0, "under the mark again");
@@ -173,14 +171,7 @@ fn the_background_transformer_moves_the_least_recently_used_out_before_any_write
 #[test]
 fn the_background_transformer_is_off_by_default_in_the_engine() {
     let e = engine(MemLower::default(), 64, TempConfig { max_frames: 40, ..TempConfig::default() });
-    let root = e.root_id();
-    for i in 0..10u8 {
-        let (entry, fh) =
-            e.create(&ROOT, root, name(&format!("h{i}")), 0o600, libc::O_RDWR).unwrap();
-        e.write(fh, 0, &[i; 4096], false).unwrap();
-        e.release(fh).unwrap();
-        e.forget(entry.node_id, 1);
-    }
+    make_files(&e, "h", 0..10, 4096);
     assert_eq!(e.transform_in_background(), 0);
     assert_eq!(e.stats().tempfiles.transformed["background"], 0);
 }

@@ -256,76 +256,61 @@ fn prepare_run_dir(
     Ok((run_dir, socket_path, listener))
 }
 
-/// The engine's clock (the engine is deterministic; time enters here): about twice a second
-/// `Engine::tick` commits a due group (journal mode), checkpoints the metadata journal past
-/// `--checkpoint-interval` and writes back pages dirty for longer than `--max-dirty-age`.
-/// Stopped by setting the flag.
-fn start_aging(
-    args: &MountArgs,
+/// A daemon thread and the flag that stops it.
+type Worker = (Arc<AtomicBool>, std::thread::JoinHandle<()>);
+
+/// A daemon thread around one engine call: `work` runs again at once while it did some (it
+/// returned true), otherwise after `idle`. Stopped by setting the flag; a call in progress
+/// finishes first. (The engine is deterministic and starts no thread; time enters here.)
+fn spawn_loop(
     engine: &Arc<Engine<PosixLower>>,
-) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
+    idle: Duration,
+    work: impl Fn(&Engine<PosixLower>) -> bool + Send + 'static,
+) -> Worker {
+    let engine = Arc::clone(engine);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            if !work(&engine) {
+                std::thread::sleep(idle);
+            }
+        }
+    });
+    (stop, thread)
+}
+
+/// The engine's clock: about twice a second `Engine::tick` commits a due group (journal
+/// mode), checkpoints the metadata journal past `--checkpoint-interval` and writes back pages
+/// dirty for longer than `--max-dirty-age`.
+fn start_aging(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     let groups = args.consistency == ConsistencyArg::Journal;
     if args.max_dirty_age == 0 && args.checkpoint_interval == 0 && !groups {
         return None;
     }
-    let engine = Arc::clone(engine);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || {
-        while !flag.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(500));
-            if let Err(e) = engine.tick() {
-                eprintln!("nvstack: timed checkpoint or write-back failed: {e}");
-            }
+    Some(spawn_loop(engine, Duration::from_millis(500), |engine| {
+        if let Err(e) = engine.tick() {
+            eprintln!("nvstack: timed checkpoint or write-back failed: {e}");
         }
-    });
-    Some((stop, thread))
+        false
+    }))
 }
 
 /// `--nbw async-bg`: the background fetcher - patched pages are read from the lower file and
-/// merged, 64 at a time, polling every 2 ms while there are none. Stopped by setting the flag.
-fn start_fetcher(
-    args: &MountArgs,
-    engine: &Arc<Engine<PosixLower>>,
-) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
-    if args.nbw != super::mount::NbwArg::AsyncBg {
-        return None;
-    }
-    let engine = Arc::clone(engine);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || {
-        while !flag.load(Ordering::Relaxed) {
-            if engine.fetch_patches(64) == 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-    });
-    Some((stop, thread))
+/// merged, 64 at a time, polling every 2 ms while there are none.
+fn start_fetcher(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
+    (args.nbw == super::mount::NbwArg::AsyncBg).then(|| {
+        spawn_loop(engine, Duration::from_millis(2), |engine| engine.fetch_patches(64) > 0)
+    })
 }
 
 /// `--tempfile-background`: the background transformer - while temp files hold more than the
 /// mark, one round after another (`Engine::transform_in_background`); otherwise it looks again
-/// every 50 ms (at most 20 wakeups a second on an idle mount: a counter read). Stopped by
-/// setting the flag; a round in progress finishes first (one group of files).
-fn start_transformer(
-    args: &MountArgs,
-    engine: &Arc<Engine<PosixLower>>,
-) -> Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)> {
-    if args.tempfiles != super::mount::OnOff::On || args.tempfile_background == 0 {
-        return None;
-    }
-    let engine = Arc::clone(engine);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || {
-        while !flag.load(Ordering::Relaxed) {
-            if engine.transform_in_background() == 0 {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    });
-    Some((stop, thread))
+/// every 50 ms (at most 20 wakeups a second on an idle mount: a counter read).
+fn start_transformer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
+    (args.tempfiles == super::mount::OnOff::On && args.tempfile_background != 0).then(|| {
+        spawn_loop(engine, Duration::from_millis(50), |engine| engine.transform_in_background() > 0)
+    })
 }
 
 /// The engine over the recovered region: rebuilds the temp-file overlay and finishes
