@@ -462,6 +462,9 @@ fn the_daemons_background_transformer_keeps_temp_files_under_its_mark() {
     let background = t["transformed"]["background"].as_u64().unwrap();
     assert!(background >= 463, "at least the 926 frames above the mark went: {t}");
     assert_eq!(t["transformed"]["pressure"], 0, "no writer met the share: {t}");
+    // (a round may still be freeing files: the count only grows)
+    let human = text(&nvstack(&["stat", mnt.to_str().unwrap()]));
+    assert!(human.contains("; background "), "{human}");
     for i in (0..1200u32).step_by(7) {
         let want = i.to_le_bytes().repeat(1024);
         assert_eq!(std::fs::read(mnt.join(format!("m{i}"))).unwrap(), want, "m{i}");

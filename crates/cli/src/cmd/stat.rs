@@ -92,17 +92,29 @@ fn print_overview(value: &serde_json::Value) {
     );
 }
 
+/// "; pressure 12, size 3": the triggers that transformed temp files, in the JSON's order
+/// (empty when none did).
+fn by_trigger(transformed: &serde_json::Value) -> String {
+    let Some(map) = transformed.as_object() else {
+        return String::new();
+    };
+    map.iter()
+        .filter_map(|(k, v)| v.as_u64().filter(|&n| n > 0).map(|n| format!("; {k} {n}")))
+        .collect()
+}
+
 /// The two NVRAM caches: temp files and the page cache (only when used).
 fn print_caches(value: &serde_json::Value) {
     let t = &value["tempfiles"];
     if t["enabled"].as_bool() == Some(true) || t["created"].as_u64().unwrap_or(0) > 0 {
         println!(
-            "tempfiles: {} created, {} deleted in NVRAM, {} transformed ({} B), {} resident \
+            "tempfiles: {} created, {} deleted in NVRAM, {} transformed ({} B{}), {} resident \
              ({} pages), average span {:.1} blocks",
             t["created"],
             t["deleted_in_nvram"],
             t["transformed_total"],
             t["bytes_transformed"],
+            by_trigger(&t["transformed"]),
             t["files_resident"],
             t["pages_resident"],
             t["span_blocks_avg"].as_f64().unwrap_or(0.0)
