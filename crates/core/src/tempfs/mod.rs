@@ -135,8 +135,9 @@ pub struct TempConfig {
     /// NR_Dirty temp files' worth of pages; without the page cache NR_TempFFS = NR_Dirty).
     pub writeback_batch: u64,
     /// Above this many frames the background transformer moves the least recently used temp
-    /// files out, NR_WB pages a round, so that writers rarely meet `max_frames` and its
-    /// transforms in their own requests (`--tempfile-background`; `u64::MAX`: never).
+    /// files out (`Engine::transform_in_background`, larger rounds than a writer's), so that
+    /// writers rarely meet `max_frames` and its transforms in their own requests
+    /// (`--tempfile-background`; `u64::MAX`: never).
     pub background_frames: u64,
 }
 
