@@ -22,10 +22,11 @@ At the end (every wait bounded), the checks (result.json `checks`, each with its
   exits            every Postmark run and both fsx exited 0; fsx printed "operations
                    completed A-OK" and nothing of a mismatch (`checks.fsx`)
   errors           `nvstack stat` before the flush: errors <= requests for every operation,
-                   no error on the data path (read, fsync, flush, release), and the WRITE
-                   errors are exactly the aborted transactions: a write that finds NVRAM full
-                   is retried after pressure relief, and nvstack counts every attempt
-                   (`error_check`); fsx verifies every byte it wrote
+                   no error on the data path (read, fsync, flush, release), and every
+                   aborted transaction is a WRITE retried after pressure relief (nvstack
+                   counts every attempt), a create sent to the lower directory or a journal
+                   record applied without one because NVRAM was full (`error_check`); fsx
+                   verifies every byte it wrote
   pressure         temp files were transformed by NVRAM pressure (or the background
                    transformer, --tempfile-background) and dirty pages written
                    back by the watermarks during the run (the test did what it is for)
@@ -33,13 +34,14 @@ At the end (every wait bounded), the checks (result.json `checks`, each with its
                    accounted for), transformed = the sum of its reasons
   flush            after `nvstack flush`: pages_dirty = 0, files_resident = 0,
                    pages_resident = 0, undo slots in use = 0, open handles = 0, frames used =
-                   0 (nothing left in the region but its metadata)
+                   the route profile's (0 or 1: nothing else left in the region but its
+                   metadata)
   memory           the daemon's anonymous memory (RssAnon: its heap, without the mapped
                    region) in the last third of the run is at most 1.25 x + 16 MiB its peak
                    in the first third (no growth with time); peak VmHWM reported
-  umount, check    `nvstack umount` exits 0; the region is clean, frames used 0 (`nvstack
-                   inspect --json`) and `nvstack check` exits 0 after it; e2fsck -fn of the
-                   lower ext4 after `device detach` exits 0
+  umount, check    `nvstack umount` exits 0; the region is clean, frames used = the route
+                   profile's (`nvstack inspect --json`) and `nvstack check` exits 0 after it;
+                   e2fsck -fn of the lower ext4 after `device detach` exits 0
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def add_arguments(p) -> None:
     p.add_argument("--timing", choices=["sleep", "account"], default="account")
     p.add_argument("--disk", default="4G", help="size of the lower ext4 image")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"))
+    p.add_argument("--mount-args", default="",
+                   help="more `nvstack mount` options, e.g. '--tempfile-background 50'")
     p.add_argument("--echo", action="store_true", help="print every command as it runs")
 
 
@@ -138,16 +142,23 @@ def error_check(stat: dict) -> dict:
     """errors <= requests per operation; no error on the data path (read, fsync, flush,
     release); WRITE errors only as internal retries: nvstack counts every attempt of an
     operation, and a write that finds NVRAM full aborts its transaction, relieves the pressure
-    and tries again (ops/io.rs), so each counted write error is one aborted transaction
-    (errors.write == nvram.transactions_aborted), not an answer the application saw."""
+    and tries again (ops/io.rs). The other transactions a full NVRAM aborts are answered
+    without an error either: a create that goes to the lower directory instead
+    (`tempfiles.created_in_lower_nvram_full`) and a metadata-journal record that is applied
+    without one (`journal.not_journaled`). So every aborted transaction is one of the three
+    (a test in crates/core/tests/tempfs_engine.rs holds the engine to it), and none is an
+    answer the application saw."""
     req, err = stat.get("requests", {}), stat.get("errors", {})
     aborted = stat.get("nvram", {}).get("transactions_aborted", 0)
     over = {op: (n, req.get(op, 0)) for op, n in err.items() if n > req.get(op, 0)}
     data = {op: err[op] for op in DATA_PATH_OPS if op != "write" and err.get(op)}
     retries = err.get("write", 0)
-    return {"ok": not over and not data and retries == aborted, "errors": err,
-            "errors_over_requests": over, "data_path_errors": data,
-            "write_retries": retries, "transactions_aborted": aborted,
+    creates = stat.get("tempfiles", {}).get("created_in_lower_nvram_full", 0)
+    unjournaled = stat.get("journal", {}).get("not_journaled", 0)
+    return {"ok": not over and not data and retries + creates + unjournaled == aborted,
+            "errors": err, "errors_over_requests": over, "data_path_errors": data,
+            "write_retries": retries, "creates_sent_down": creates,
+            "records_not_journaled": unjournaled, "transactions_aborted": aborted,
             "requests_total": sum(req.values()), "errors_total": sum(err.values())}
 
 
@@ -184,15 +195,24 @@ def pressure_check(before: dict, after: dict) -> dict:
             "writeback_nvram_full_rounds": wf, "pages_written_back": pw}
 
 
+def profile_frames(stat: dict) -> int:
+    """Frames that stay in use after a flush and an unmount: the route profile (at most one
+    record, made when the first file is learned; its entries are only ever replaced, so it
+    exists exactly when it names a file - design.md section 14)."""
+    return 1 if stat.get("passthrough", {}).get("profile_files", 0) > 0 else 0
+
+
 def flush_check(stat: dict) -> dict:
     n, t, w = stat.get("nvram", {}), stat.get("tempfiles", {}), stat.get("writeback", {})
     vals = {"pages_dirty": w.get("pages_dirty"), "files_resident": t.get("files_resident"),
             "pages_resident": t.get("pages_resident"),
             "undo_slots_in_use": n.get("undo_slots_in_use"),
             "open_handles": stat.get("open_handles"), "frames_used": n.get("frames_used"),
+            "profile_frames": profile_frames(stat),
             "cache_files": stat.get("cache", {}).get("files")}
     ok = all(vals[k] == 0 for k in ("pages_dirty", "files_resident", "pages_resident",
-                                    "undo_slots_in_use", "open_handles", "frames_used"))
+                                    "undo_slots_in_use", "open_handles")) \
+        and vals["frames_used"] == vals["profile_frames"]
     return {"ok": ok, **vals}
 
 
@@ -316,7 +336,7 @@ def main(args) -> int:
     base = fs_mod.CONFIGS["nvstack-ext4-defaults"]
     cfg = dataclasses.replace(base, name="nvstack-ext4-load", nvstack={
         **base.nvstack, "args": ["--dirty-high", str(args.dirty_high),
-                                 "--dirty-low", str(args.dirty_low)]})
+                                 "--dirty-low", str(args.dirty_low), *args.mount_args.split()]})
     sh = Shell(echo=args.echo)
     sh.param(str(out), "RUN", "$(mktemp -d /tmp/nvbench-load.XXXXXX)")
     run_id = f"load-{os.getpid()}"
@@ -327,12 +347,14 @@ def main(args) -> int:
     result = {"duration_s": args.duration, "postmarks": args.postmarks,
               "fsx_processes": args.fsx_procs, "fsx": fsx, "nvram_bytes": nvram,
               "dirty_high": args.dirty_high, "dirty_low": args.dirty_low,
+              "mount_args": args.mount_args,
               "device": args.device, "timing": args.timing, "disk": args.disk,
               "nvstack": caps.binary, "nvstack_version": caps.version, "status": "ok",
               "checks": {}}
     checks = result["checks"]
     print(f"load: nvstack (defaults, region {fmt_size(nvram)}, dirty {args.dirty_high}/"
-          f"{args.dirty_low} %) over ext4 on {args.device} ({args.timing}); "
+          f"{args.dirty_low} %{', ' + args.mount_args if args.mount_args else ''}) over ext4 "
+          f"on {args.device} ({args.timing}); "
           f"{args.postmarks} Postmark loops + {args.fsx_procs} fsx for {args.duration:g} s",
           flush=True)
     stop = threading.Event()
@@ -421,11 +443,12 @@ def main(args) -> int:
         except ValueError:
             insj = {}
         checks["umount"] = {"ok": um.returncode == 0 and ck.returncode == 0
-                            and insj.get("frames_used") == 0
+                            and insj.get("frames_used") == profile_frames(stat_fl)
                             and insj.get("state", {}).get("clean") is True,
                             "umount_exit": um.returncode, "check_exit": ck.returncode,
                             "check_output": (ck.stdout + ck.stderr).strip()[-300:],
                             "frames_used_after_umount": insj.get("frames_used"),
+                            "profile_frames": profile_frames(stat_fl),
                             "region_clean": insj.get("state", {}).get("clean")}
         if args.device != "none" and target.device_mnt is not None:
             sh.run([caps.binary, "device", "stat", str(target.device_mnt), "--json"],
@@ -469,7 +492,9 @@ def summary_text(r: dict) -> str:
              "",
              f"nvstack defaults over ext4 on {r['device']} ({r['timing']} timing), region "
              f"{fmt_size(r['nvram_bytes'])}, dirty watermarks {r['dirty_high']} / "
-             f"{r['dirty_low']} %; {r['postmarks']} Postmark loops + {r['fsx_processes']} fsx, "
+             f"{r['dirty_low']} %"
+             + (f", `{r['mount_args']}`" if r.get("mount_args") else "")
+             + f"; {r['postmarks']} Postmark loops + {r['fsx_processes']} fsx, "
              f"{r['duration_s']:g} s (wall {r.get('wall_seconds', '?')} s).", "",
              "| check | ok | values |", "|---|---|---|"]
     for name, chk in c.items():

@@ -73,6 +73,28 @@ def test_flush_tempfiles_and_pressure_checks(samples):
     assert not load.tempfiles_check(fl)["ok"]
 
 
+def test_checks_of_a_run_with_background_transforms_and_a_route_profile(samples):
+    end = stat(samples, "nvstack_stat_load_bg_end.json")
+    fl = stat(samples, "nvstack_stat_load_bg_flushed.json")
+    e = load.error_check(end)
+    # a full NVRAM aborted writes (retried), creates (sent to the lower directory) and
+    # journal records (applied without one): all answered without an error
+    assert e["ok"] and e["transactions_aborted"] == 7781
+    assert (e["write_retries"], e["creates_sent_down"], e["records_not_journaled"]) == \
+        (1248, 3385, 3148)
+    end["tempfiles"]["created_in_lower_nvram_full"] -= 1  # an abort nobody accounts for
+    assert not load.error_check(end)["ok"]
+    p = load.pressure_check({}, stat(samples, "nvstack_stat_load_bg_end.json"))
+    assert p["ok"] and p["pressure_transforms"] == 0 and p["background_transforms"] == 311092
+    f = load.flush_check(fl)
+    assert f["ok"] and f["frames_used"] == f["profile_frames"] == 1  # the route profile
+    fl["nvram"]["frames_used"] = 2                         # anything else left in NVRAM
+    assert not load.flush_check(fl)["ok"]
+    fl["nvram"]["frames_used"] = 1
+    fl["passthrough"]["profile_files"] = 0                 # no profile: nothing may be left
+    assert not load.flush_check(fl)["ok"]
+
+
 def test_fsx_check(samples):
     text = (samples / "fsx_ok.txt").read_text()
     assert load.fsx_operations(text) == 13981

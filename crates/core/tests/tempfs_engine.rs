@@ -177,6 +177,40 @@ fn the_background_transformer_is_off_by_default_in_the_engine() {
 }
 
 #[test]
+fn every_aborted_transaction_is_a_write_retry_an_unjournaled_record_or_a_create_sent_down() {
+    // No share: nothing relieves pressure until a write finds the region full.
+    let e = engine(MemLower::default(), 24, TempConfig::default());
+    let root = e.root_id();
+    // One write takes every free frame; the next create finds none and goes to the lower
+    // directory (its journal record finds none either).
+    let (entry, fh) = e.create(&ROOT, root, name("a"), 0o600, libc::O_RDWR).unwrap();
+    let free = e.stats().nvram.frames_free as usize;
+    e.write(fh, 0, &vec![7; free * 4096], false).unwrap();
+    assert_eq!(e.stats().nvram.frames_free, 0);
+    make_files(&e, "b", 0..1, 4096);
+    // Then writes that find the region full relieve it and retry.
+    make_files(&e, "f", 0..20, 4096);
+    e.release(fh).unwrap();
+    e.forget(entry.node_id, 1);
+    let s = e.stats();
+    let t = &s.tempfiles;
+    assert_eq!(t.created_in_lower_nvram_full, 1, "{t:?}");
+    assert!(t.created_in_lower >= t.created_in_lower_nvram_full, "{t:?}");
+    let write_retries = s.errors.get("write").copied().unwrap_or(0);
+    assert!(write_retries > 0, "{:?}", s.errors);
+    assert_eq!(
+        s.nvram.transactions_aborted,
+        write_retries + s.journal.not_journaled + t.created_in_lower_nvram_full,
+        "the load test's error check (bench/nvbench/load.py) relies on this: {s:?}"
+    );
+    assert_eq!(read_all(&e, root, "a"), vec![7; free * 4096]);
+    assert_eq!(read_all(&e, root, "b0"), vec![0; 4096]);
+    for i in 0..20u8 {
+        assert_eq!(read_all(&e, root, &format!("f{i}")), vec![i; 4096], "f{i}");
+    }
+}
+
+#[test]
 fn an_unlinked_open_temp_file_stays_usable_until_closed_then_its_frames_are_free() {
     let e = engine(MemLower::default(), 64, TempConfig::default());
     let root = e.root_id();

@@ -283,6 +283,7 @@ pub struct TempCounters {
     pub span_files: AtomicU64,
     pub span_blocks_sum: AtomicU64,
     pub created_in_lower: AtomicU64,
+    pub created_in_lower_nvram_full: AtomicU64,
 }
 
 impl Default for TempCounters {
@@ -298,6 +299,7 @@ impl Default for TempCounters {
             span_files: AtomicU64::new(0),
             span_blocks_sum: AtomicU64::new(0),
             created_in_lower: AtomicU64::new(0),
+            created_in_lower_nvram_full: AtomicU64::new(0),
         }
     }
 }
@@ -315,9 +317,12 @@ pub struct TempStats {
     pub bytes_transformed: u64,
     pub pages_resident: u64,
     pub files_resident: u64,
-    /// Files created directly in the lower file system although tempfiles are on (the parent
-    /// is on another file system or carries a default ACL).
+    /// Files created directly in the lower file system although tempfiles are on: the parent
+    /// is on another file system or carries a default ACL, or the NVRAM had no free frame.
     pub created_in_lower: u64,
+    /// Of those, the creates that found the NVRAM full (their transaction was aborted and
+    /// counts in `nvram.transactions_aborted`).
+    pub created_in_lower_nvram_full: u64,
     pub span_files: u64,
     pub span_blocks_sum: u64,
     /// Average distance in blocks between the first and last physical block of transformed
@@ -348,6 +353,7 @@ impl TempCounters {
             pages_resident: get(&self.pages_resident),
             files_resident: get(&self.files_resident),
             created_in_lower: get(&self.created_in_lower),
+            created_in_lower_nvram_full: get(&self.created_in_lower_nvram_full),
             span_files,
             span_blocks_sum,
             span_blocks_avg: if span_files == 0 {

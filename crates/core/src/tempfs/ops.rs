@@ -122,6 +122,7 @@ impl<L: LowerFs> Engine<L> {
             // A full NVRAM: the file goes to the lower file system (never an error there).
             Err(txn::TxError::NoFrames) => {
                 let _ = otx.end::<()>(Err(FsError::Nvram(txn::TxError::NoFrames)));
+                Counters::add(&self.temp.counters.created_in_lower_nvram_full, 1);
                 return Ok(None);
             }
             Err(e) => return otx.end(Err(e.into())),
