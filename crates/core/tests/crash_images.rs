@@ -44,7 +44,14 @@ const POLICIES: [&str; 4] = ["file", "recency", "location", "relo"];
 /// Small watermarks, so that pressure write-back rounds run often.
 fn config(seed: u64) -> EngineConfig {
     EngineConfig {
-        temp: TempConfig { max_size: MAX_SIZE, max_frames: 120, ..TempConfig::default() },
+        // A background mark far below the share, so that the "flush" step's background
+        // rounds (every other one) have files to move.
+        temp: TempConfig {
+            max_size: MAX_SIZE,
+            max_frames: 120,
+            background_frames: 4,
+            ..TempConfig::default()
+        },
         cache: CacheConfig {
             policy: POLICIES[(seed % 4) as usize],
             high_pages: 12,
@@ -326,6 +333,12 @@ fn step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
             let n = engine.fetch_patches(2);
             format!("fetch {n}")
         }
+        10 if dir == 0 => {
+            // A background round: the least recently used temp files above the mark, as one
+            // group (half of these steps; no extra draw from the seed's sequence).
+            let n = engine.transform_in_background();
+            format!("background round {n}")
+        }
         10 => {
             // Every temp file at once: the group transform (one syncfs per step).
             let _ = engine.flush_tempfiles(&mut |_, _| {});
@@ -361,6 +374,8 @@ struct Swept {
     /// The most patches that ever shared frames (patches - patch frames) after a step.
     shared: u64,
     moved: u64,
+    /// Temp files transformed by background rounds.
+    background: u64,
 }
 
 /// One step of a workload (`step`, `patch_step`).
@@ -462,6 +477,7 @@ fn sweep_with(seed: u64, ops: usize, step: Step) -> Result<Swept, String> {
         fetched: st.nbw.fetches_async,
         shared,
         moved: st.nbw.patches_moved,
+        background: st.tempfiles.transformed["background"],
     })
 }
 
@@ -472,9 +488,10 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
         Err(_) => (1..=10).collect(),
     };
     let (mut points, mut images, mut written, mut patches, mut fetched) = (0, 0, 0, 0, 0);
-    let mut shared = 0;
+    let (mut shared, mut background) = (0, 0);
     for seed in seeds {
         let got = sweep(seed, 200).unwrap_or_else(|e| panic!("{e}"));
+        background += got.background;
         points += got.points;
         images += got.images;
         written += got.written;
@@ -483,12 +500,13 @@ fn every_crash_point_of_temp_file_and_cache_operations_recovers_to_before_or_aft
         shared = shared.max(got.shared);
     }
     eprintln!(
-        "crash images: {points} crash points (fences), {images} images recovered and compared; {written} pages written back"
+        "crash images: {points} crash points (fences), {images} images recovered and compared; {written} pages written back; {background} temp files transformed by background rounds"
     );
     assert!(points > 500, "too few crash points: {points}");
     assert!(written > 0, "the workload never wrote back a page");
     if std::env::var_os("NVSTACK_SEED").is_none() {
         assert!(patches > 0 && fetched > 0, "patches {patches}, fetched {fetched}");
+        assert!(background > 0, "no background round transformed a file");
         // Patches packed: some frame held two or more at once (patchframe.rs).
         assert!(shared > 0, "no patch frame ever held two patches");
     }
