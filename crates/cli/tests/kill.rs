@@ -341,6 +341,15 @@ const TEMPFS: Scenario = Scenario {
     ],
 };
 
+/// The same workload with the background transformer moving temp files from 1 % of their
+/// share on (about 70 frames of the 32 MiB region): transforms run on the daemon's own thread
+/// beside the workload's requests, and the kills at transform steps land in its rounds too.
+const BACKGROUND: Scenario = Scenario {
+    name: "background",
+    args: &["--size", "32M", "--tempfile-max-size", MAX_SIZE, "--tempfile-background", "1"],
+    kills: &[at_work("transform.marked"), at_work("transform.copied"), at_work("transform.freed")],
+};
+
 /// Temp files off: every create, rename and unlink is a change of lower objects, journaled; a
 /// journal of two frames (8 KiB: 10-25 packed records) and no timed checkpoints, so that
 /// checkpoints run every few operations and a killed daemon leaves records. A daemon killed between a record's commit
@@ -487,6 +496,43 @@ fn sigkill_during_temp_file_operations_and_transforms_loses_nothing_completed() 
     }
     eprintln!("tempfs kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
     assert!(at_steps >= 20, "too few kills at transform steps: {at_steps}");
+}
+
+#[test]
+fn sigkill_while_the_background_transformer_runs_loses_nothing_completed() {
+    if skip() {
+        return;
+    }
+    let (mut kills, mut at_steps) = (0, 0);
+    for seed in seeds(21..=23) {
+        let (k, s, _) = run_seed(&BACKGROUND, seed, 10);
+        kills += k;
+        at_steps += s;
+    }
+    eprintln!("background kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
+    assert!(at_steps >= 10, "too few kills at transform steps: {at_steps}");
+    // With these arguments the thread does transform what the workload leaves (6 files of 12
+    // pages: 78 frames over a mark of ~73).
+    let f = Fixture::new();
+    f.mount_with(None, BACKGROUND.args);
+    for i in 0..6u8 {
+        std::fs::write(f.mnt().join(format!("bg{i}")), vec![i; 48 << 10]).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new(BIN).args(["stat", "--json"]).arg(f.mnt()).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v["tempfiles"]["transformed"]["background"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background transform: {}",
+            v["tempfiles"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f.umount();
 }
 
 #[test]
