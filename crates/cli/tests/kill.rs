@@ -483,19 +483,31 @@ fn seeds(default: std::ops::RangeInclusive<u64>) -> Vec<u64> {
     }
 }
 
+/// Runs `scenario` over `default` seeds (or NVSTACK_SEED) and checks that at least
+/// `at_least` kills landed at a transform step.
+fn kill_at_transforms(
+    scenario: &Scenario,
+    default: std::ops::RangeInclusive<u64>,
+    rounds: usize,
+    at_least: usize,
+) {
+    let (mut kills, mut at_steps) = (0, 0);
+    for seed in seeds(default) {
+        let (k, s, _) = run_seed(scenario, seed, rounds);
+        kills += k;
+        at_steps += s;
+    }
+    let name = scenario.name;
+    eprintln!("{name} kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
+    assert!(at_steps >= at_least, "too few kills at transform steps: {at_steps}");
+}
+
 #[test]
 fn sigkill_during_temp_file_operations_and_transforms_loses_nothing_completed() {
     if skip() {
         return;
     }
-    let (mut kills, mut at_steps) = (0, 0);
-    for seed in seeds(11..=15) {
-        let (k, s, _) = run_seed(&TEMPFS, seed, 16);
-        kills += k;
-        at_steps += s;
-    }
-    eprintln!("tempfs kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
-    assert!(at_steps >= 20, "too few kills at transform steps: {at_steps}");
+    kill_at_transforms(&TEMPFS, 11..=15, 16, 20);
 }
 
 #[test]
@@ -503,14 +515,7 @@ fn sigkill_while_the_background_transformer_runs_loses_nothing_completed() {
     if skip() {
         return;
     }
-    let (mut kills, mut at_steps) = (0, 0);
-    for seed in seeds(21..=23) {
-        let (k, s, _) = run_seed(&BACKGROUND, seed, 10);
-        kills += k;
-        at_steps += s;
-    }
-    eprintln!("background kill test: {kills} SIGKILLs, {at_steps} of them at a transform step");
-    assert!(at_steps >= 10, "too few kills at transform steps: {at_steps}");
+    kill_at_transforms(&BACKGROUND, 21..=23, 10, 10);
     // With these arguments the thread does transform what the workload leaves (6 files of 12
     // pages: 78 frames over a mark of ~73).
     let f = Fixture::new();
