@@ -280,9 +280,9 @@ fn spawn_loop(
     (stop, thread)
 }
 
-/// The engine's clock: about twice a second `Engine::tick` commits a due group (journal
-/// mode), checkpoints the metadata journal past `--checkpoint-interval` and writes back pages
-/// dirty for longer than `--max-dirty-age`.
+/// The engine's clock: about twice a second (the first time at mount) `Engine::tick` commits
+/// a due group (journal mode), checkpoints the metadata journal past `--checkpoint-interval`
+/// and writes back pages dirty for longer than `--max-dirty-age`.
 fn start_aging(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     let groups = args.consistency == ConsistencyArg::Journal;
     if args.max_dirty_age == 0 && args.checkpoint_interval == 0 && !groups {

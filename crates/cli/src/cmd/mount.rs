@@ -353,6 +353,8 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             human(layout.undo_slot_size)
         )));
     }
+    // The temp files' share of the frames; the background mark is a percentage of it.
+    let share_frames = layout.nr_frames * args.tempfile_share / 100;
     Ok(EngineConfig {
         cache: engine::CacheConfig {
             enabled: args.cache == OnOff::On,
@@ -370,11 +372,11 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             enabled: args.tempfiles == OnOff::On,
             max_size: args.tempfile_max_size,
             transform_on_unmount: !args.keep_tempfiles,
-            max_frames: layout.nr_frames * args.tempfile_share / 100,
+            max_frames: share_frames,
             writeback_batch: args.tempfile_writeback_batch,
             background_frames: match args.tempfile_background {
                 0 => u64::MAX,
-                p => layout.nr_frames * args.tempfile_share / 100 * p / 100,
+                p => share_frames * p / 100,
             },
         },
         journal: engine::JournalConfig {

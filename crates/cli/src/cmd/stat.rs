@@ -92,7 +92,7 @@ fn print_overview(value: &serde_json::Value) {
     );
 }
 
-/// "; pressure 12, size 3": the triggers that transformed temp files, in the JSON's order
+/// "; pressure 12; size 3": the triggers that transformed temp files, in the JSON's order
 /// (empty when none did).
 fn by_trigger(transformed: &serde_json::Value) -> String {
     let Some(map) = transformed.as_object() else {

@@ -433,50 +433,50 @@ impl<L: LowerFs> Engine<L> {
         if !force && self.temp_frames() <= self.temp.config.max_frames {
             return;
         }
-        if self.temp.relieving.swap(true, Ordering::AcqRel) {
-            return; // another thread is at it
-        }
         let nr_tempffs = self.temp.pages_resident();
         let nr_dirty = (nr_tempffs + self.cache.pages_dirty()).max(1);
         let target = (self.temp.config.writeback_batch * nr_tempffs / nr_dirty).max(1);
-        let chosen = self.least_recently_used(target);
-        let (_, error) = self.transform_group(&chosen, Trigger::Pressure, &mut |_, _| {});
-        if let Some(e) = error {
-            eprintln!("nvstack: pressure transform failed: {e}");
-        }
-        self.temp.relieving.store(false, Ordering::Release);
+        // None: another thread is at it.
+        let _ = self.lru_round(target, usize::MAX, GROUP, Trigger::Pressure);
     }
 
     /// One round of the background transformer (`--tempfile-background`, design.md section
     /// 10): above `background_frames`, the least recently used temp files worth
     /// `BACKGROUND_BATCHES` x NR_WB frames (at most `BACKGROUND_GROUP` files) are transformed as
-    /// one group, by the daemon's own thread, so that the writers' requests
-    /// rarely meet the share and its pressure transforms (a syncfs of the lower file system
-    /// in a writer's request). The same transform protocol as every trigger; pressure and
-    /// background rounds never run at once (`relieving`). Returns the files transformed: 0
-    /// when under the mark, when another round runs, or when nothing could be transformed
-    /// (the caller then waits before it looks again).
+    /// one group, by the daemon's own thread, so that the writers' requests rarely meet the
+    /// share and its pressure transforms (a syncfs of the lower file system in a writer's
+    /// request). Returns the files transformed: 0 when under the mark, when another round
+    /// runs, or when nothing could be transformed (the caller then waits before it looks
+    /// again).
     pub fn transform_in_background(&self) -> u64 {
         if self.temp_frames() <= self.temp.config.background_frames {
             return 0;
         }
-        if self.temp.relieving.swap(true, Ordering::AcqRel) {
-            return 0;
-        }
         let frames = BACKGROUND_BATCHES * self.temp.config.writeback_batch.max(1);
-        let mut chosen = self.least_recently_used(frames);
-        chosen.truncate(BACKGROUND_GROUP);
-        let (done, error) = self.transform_in_groups(
-            &chosen,
-            BACKGROUND_GROUP,
-            Trigger::Background,
-            &mut |_, _| {},
-        );
+        self.lru_round(frames, BACKGROUND_GROUP, BACKGROUND_GROUP, Trigger::Background).unwrap_or(0)
+    }
+
+    /// One round of least-recently-used transforms (pressure, background): the oldest named
+    /// temp files worth `frames` frames, at most `max_files` of them, in groups of `group`
+    /// files, with the same protocol as every trigger. One round at a time (`relieving`):
+    /// `None` when another runs, else the files transformed.
+    fn lru_round(
+        &self,
+        frames: u64,
+        max_files: usize,
+        group: usize,
+        trigger: Trigger,
+    ) -> Option<u64> {
+        if self.temp.relieving.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let chosen = self.least_recently_used(frames, max_files);
+        let (done, error) = self.transform_in_groups(&chosen, group, trigger, &mut |_, _| {});
         if let Some(e) = error {
-            eprintln!("nvstack: background transform failed: {e}");
+            eprintln!("nvstack: {} transform failed: {e}", trigger.name());
         }
         self.temp.relieving.store(false, Ordering::Release);
-        done
+        Some(done)
     }
 
     /// Frames temp files hold: their pages and one object frame each.
@@ -485,8 +485,8 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// The least recently used named, resident temp files, oldest first, until their frames
-    /// (pages + object frame) reach `frames`.
-    fn least_recently_used(&self, frames: u64) -> Vec<Arc<TempFile>> {
+    /// (pages + object frame) reach `frames` or there are `max_files` of them.
+    fn least_recently_used(&self, frames: u64, max_files: usize) -> Vec<Arc<TempFile>> {
         // The files first (the overlay), then each one's state (a rank before the overlay).
         let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
         let mut candidates: Vec<(u64, Arc<TempFile>)> = files
@@ -501,7 +501,7 @@ impl<L: LowerFs> Engine<L> {
         let mut chosen = Vec::new();
         let mut got = 0u64;
         for (_, f) in candidates {
-            if got >= frames {
+            if got >= frames || chosen.len() >= max_files {
                 break;
             }
             got += f.lock().pages.len() as u64 + 1;
