@@ -122,7 +122,7 @@ fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
     let t = e.stats().tempfiles;
     assert_eq!(t.created, 60);
     assert!(t.transformed["pressure"] + t.transformed["nvram_full"] > 0, "{t:?}");
-    assert!(t.pages_resident + t.files_resident <= 48);
+    assert!(t.pages_resident + t.record_frames <= 48, "{t:?}");
     for i in 0..60u8 {
         assert_eq!(read_all(&e, root, &format!("g{i}")), vec![i; 12288], "g{i}");
     }
@@ -136,34 +136,39 @@ fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
 fn the_background_transformer_moves_the_least_recently_used_out_before_any_writer_must() {
     let lower = MemLower::default();
     let view = lower.clone();
-    // The share is 160 frames, the background mark 80; a round takes 8 x NR_WB = 64 frames.
+    // The share is 160 frames, the background mark 90; a round takes 8 x NR_WB = 64 frames.
     let temp = TempConfig {
         max_frames: 160,
         writeback_batch: 8,
-        background_frames: 80,
+        background_frames: 90,
         ..TempConfig::default()
     };
     let e = engine(lower, 256, temp);
     let root = e.root_id();
-    // 40 one-page files hold 80 frames: at the mark, not above it.
-    make_files(&e, "g", 0..40, 4096);
+    // 80 one-page files hold 80 pages, their records 10 frames: at the mark, not above it.
+    make_files(&e, "g", 0..80, 4096);
+    let t = e.stats().tempfiles;
+    assert_eq!((t.pages_resident, t.record_frames), (80, 10));
     assert_eq!(e.transform_in_background(), 0, "nothing to do at the mark");
-    make_files(&e, "g", 40..50, 4096); // 100 frames
+    make_files(&e, "g", 80..88, 4096); // 88 + 11 frames
     let first = e.transform_in_background();
-    assert_eq!(first, 32, "one round: 64 frames = 32 files of a page and a record");
+    // 64 frames are 512 eighths; a one-page file takes 9 (its page and its record's slot).
+    assert_eq!(first, 57, "one round: 64 frames = 57 files of a page and a slot");
     assert_eq!(e.transform_in_background(), 0, "under the mark again");
     let t = e.stats().tempfiles;
-    assert_eq!(t.pages_resident + t.files_resident, 36);
-    assert_eq!(t.transformed["background"], 32);
+    // The records of g57..g87 fill 4 frames; of the 7 frames g0..g55 emptied one stays as
+    // room and 6 were freed.
+    assert_eq!((t.pages_resident, t.record_frames), (31, 5), "{t:?}");
+    assert_eq!(t.transformed["background"], 57);
     assert_eq!(t.transformed["pressure"], 0, "no writer had to relieve pressure: {t:?}");
-    // Least recently used first: the oldest 32 are lower files, the newest 18 still in NVRAM.
-    for i in 0..50u8 {
+    // Least recently used first: the oldest 57 are lower files, the newest 31 still in NVRAM.
+    for i in 0..88u8 {
         let n = format!("g{i}");
-        assert_eq!(lower_content(&view, &n).is_some(), i < 32, "{n}");
+        assert_eq!(lower_content(&view, &n).is_some(), i < 57, "{n}");
         assert_eq!(read_all(&e, root, &n), vec![i; 4096], "{n} through the mount");
     }
     e.shutdown();
-    for i in 0..50u8 {
+    for i in 0..88u8 {
         assert_eq!(lower_content(&view, &format!("g{i}")), Some(vec![i; 4096]));
     }
 }
@@ -184,6 +189,8 @@ fn every_aborted_transaction_is_a_write_retry_an_unjournaled_record_or_a_create_
     // One write takes every free frame; the next create finds none and goes to the lower
     // directory (its journal record finds none either).
     let (entry, fh) = e.create(&ROOT, root, name("a"), 0o600, libc::O_RDWR).unwrap();
+    // Seven more records fill a's record frame, so that the next create needs a frame.
+    make_files(&e, "s", 0..7, 0);
     let free = e.stats().nvram.frames_free as usize;
     e.write(fh, 0, &vec![7; free * 4096], false).unwrap();
     assert_eq!(e.stats().nvram.frames_free, 0);
@@ -226,12 +233,16 @@ fn an_unlinked_open_temp_file_stays_usable_until_closed_then_its_frames_are_free
     e.write(fh, 10, b"!", false).unwrap();
     assert_eq!(e.stats().tempfiles.deleted_in_nvram, 1);
     e.release(fh).unwrap();
-    // The root's pending times (the create and the unlink changed it) hold one frame until
-    // they are settled into the lower directory.
-    assert_eq!(e.stats().nvram.frames_free, free0 - 1, "object and data frames freed at close");
+    // The record frame, empty now, stays as room for the next create (T6), and the root's
+    // pending times (the create and the unlink changed it) hold one frame until they are
+    // settled into the lower directory.
+    assert_eq!(e.stats().nvram.frames_free, free0 - 2, "the data frame freed at close");
     assert_eq!(e.stats().tempfiles.files_resident, 0);
+    assert_eq!(e.stats().tempfiles.record_frames, 1);
     assert_eq!(e.settle_dir_times().unwrap(), 1);
-    assert_eq!(e.stats().nvram.frames_free, free0, "every frame free after settling");
+    assert_eq!(e.stats().nvram.frames_free, free0 - 1, "the dir-times frame freed by settling");
+    assert_eq!(e.flush_tempfiles(&mut |_, _| {}), (0, None));
+    assert_eq!(e.stats().nvram.frames_free, free0, "a flush frees the record frame kept as room");
 }
 
 #[test]
@@ -335,4 +346,77 @@ fn a_directory_holding_only_temp_files_is_not_empty() {
     assert!(e.lookup(moved.node_id, name("inside")).is_ok());
     e.unlink(moved.node_id, name("inside")).unwrap();
     e.rmdir(e2.node_id, name("moved")).unwrap();
+}
+
+#[test]
+fn a_small_file_costs_its_data_frames_and_an_eighth_of_a_record_frame() {
+    let e = engine(MemLower::default(), 256, TempConfig::default());
+    make_files(&e, "x", 0..1, 0); // the root's pending-times frame and a record frame
+    let free0 = e.stats().nvram.frames_free;
+    make_files(&e, "m", 0..63, 4096);
+    let t = e.stats().tempfiles;
+    assert_eq!((t.files_resident, t.pages_resident, t.record_frames), (64, 63, 8), "{t:?}");
+    assert_eq!(free0 - e.stats().nvram.frames_free, 63 + 7, "63 pages and 7 more record frames");
+    // Removing every file of a frame empties it; only one empty frame stays.
+    let root = e.root_id();
+    for i in 0..63u8 {
+        e.unlink(root, name(&format!("m{i}"))).unwrap();
+    }
+    let t = e.stats().tempfiles;
+    assert_eq!((t.files_resident, t.pages_resident, t.record_frames), (1, 0, 2), "{t:?}");
+    assert_eq!(e.stats().nvram.frames_free, free0 - 1, "x's frame and the one kept as room");
+}
+
+#[test]
+fn a_record_in_a_whole_object_frame_from_before_the_packing_is_read_changed_and_freed() {
+    use engine::tempfs::record::{KIND_DATA, KIND_OBJECT};
+    let lower = MemLower::default();
+    let view = lower.clone();
+    let p = pool(64);
+    let free0 = p.stats().frames_free;
+    // What an earlier nvstack left: the record alone at offset 0 of a KIND_OBJECT frame, its
+    // page's data frame owned by that frame's number.
+    let rec = engine::tempfs::Record {
+        state: engine::tempfs::State::Live,
+        flags: 0,
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        size: 5,
+        atime: (1, 0),
+        mtime: (1, 0),
+        ctime: (1, 0),
+        serial: 7,
+        dir: lower.dir_handle(lower.root()).unwrap(),
+        name: "old".into(),
+    };
+    let mut tx = p.begin();
+    let object = tx.alloc_frame(txn::FrameTag { kind: KIND_OBJECT, owner: 0, index: 0 }).unwrap();
+    tx.write(p.frame_offset(object), &rec.encode());
+    let page =
+        tx.alloc_frame(txn::FrameTag { kind: KIND_DATA, owner: object.0, index: 0 }).unwrap();
+    let mut bytes = vec![0u8; 4096];
+    bytes[..5].copy_from_slice(b"hello");
+    tx.write(p.frame_offset(page), &bytes);
+    tx.commit();
+    let e = Engine::new(lower, p, EngineConfig::default()).unwrap();
+    let root = e.root_id();
+    assert_eq!(read_all(&e, root, "old"), b"hello");
+    let id = e.lookup(root, name("old")).unwrap().node_id;
+    let fh = e.open(id, libc::O_RDWR).unwrap();
+    e.write(fh, 5, b", world", false).unwrap();
+    e.release(fh).unwrap();
+    e.forget(id, 1);
+    assert_eq!(read_all(&e, root, "old"), b"hello, world");
+    assert_eq!(e.stats().tempfiles.record_frames, 0, "an object frame is not a record frame");
+    e.unlink(root, name("old")).unwrap();
+    assert_eq!(e.stats().tempfiles.files_resident, 0);
+    // Both frames are free; the root's pending times hold one.
+    assert_eq!(e.stats().nvram.frames_free, free0 - 1);
+    make_files(&e, "new", 0..1, 3);
+    assert_eq!(e.stats().tempfiles.record_frames, 1, "new records go to slots");
+    e.shutdown();
+    assert_eq!(lower_content(&view, "new0"), Some(vec![0; 3]));
+    assert_eq!(lower_content(&view, "old"), None);
 }

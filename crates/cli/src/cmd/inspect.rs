@@ -184,6 +184,7 @@ fn temps_json(temps: &CliResult<Vec<engine::tempfs::Found>>) -> serde_json::Valu
                 .take(MAX_LISTED)
                 .map(|t| serde_json::json!({
                     "serial": t.rec.serial,
+                    "record": t.place.describe(),
                     "name": t.rec.name.to_string_lossy(),
                     "state": format!("{:?}", t.rec.state).to_lowercase(),
                     "size": t.rec.size,

@@ -109,7 +109,7 @@ fn print_caches(value: &serde_json::Value) {
     if t["enabled"].as_bool() == Some(true) || t["created"].as_u64().unwrap_or(0) > 0 {
         println!(
             "tempfiles: {} created, {} deleted in NVRAM, {} transformed ({} B{}), {} resident \
-             ({} pages), average span {:.1} blocks",
+             ({} pages, records in {} frames), average span {:.1} blocks",
             t["created"],
             t["deleted_in_nvram"],
             t["transformed_total"],
@@ -117,6 +117,7 @@ fn print_caches(value: &serde_json::Value) {
             by_trigger(&t["transformed"]),
             t["files_resident"],
             t["pages_resident"],
+            t["record_frames"],
             t["span_blocks_avg"].as_f64().unwrap_or(0.0)
         );
     }

@@ -52,6 +52,8 @@ pub enum StartError {
     DropDeleted { object: u64, error: FsError },
     #[error("settling pending directory times: {0}")]
     Settle(FsError),
+    #[error("freeing empty temp-file record frames: {0}")]
+    RecordFrames(FsError),
     #[error(
         "replaying metadata-journal record {seq} (frame {frame}) onto the lower file system: \
          {error} (the lower directory was changed behind nvstack's back; the region is left as it is)"

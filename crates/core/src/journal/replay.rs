@@ -304,7 +304,7 @@ impl<L: LowerFs> Engine<L> {
         for mut t in crate::tempfs::scan(pool).map_err(corrupt)? {
             let before = t.rec.encode().to_vec();
             if swap(&mut t.rec.dir) {
-                writes.push((pool.frame_offset(t.frame), before, t.rec.encode().to_vec()));
+                writes.push((t.place.offset(pool), before, t.rec.encode().to_vec()));
             }
         }
         for mut t in crate::overlay::times::scan(pool).map_err(corrupt)? {

@@ -1,7 +1,7 @@
 //! File data of a temp file in NVRAM frames: positional read, write and truncate.
 //!
-//! A page (4 KiB of the file) is either resident (a data frame tagged with the object frame
-//! and the page number) or a hole (reads as zeros). Invariants: D1 a fresh data frame is
+//! A page (4 KiB of the file) is either resident (a data frame tagged with the record's
+//! place, `Place::owner`, and the page number) or a hole (reads as zeros). Invariants: D1 a fresh data frame is
 //! completely written in the transaction that allocates it (zeros where the write does not
 //! reach), so no byte of a previous owner is ever visible; D2 bytes of a resident page beyond
 //! the file size are zero (truncate zeroes the tail), so growing the file shows zeros; D3 no
@@ -13,6 +13,7 @@ use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use super::record::{KIND_DATA, Record};
+use super::slots::{self, Place};
 
 pub const PAGE: u64 = FRAME_SIZE;
 
@@ -37,7 +38,7 @@ pub fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usiz
 /// page was added: the caller's map stays the mirror of what the rollback leaves.
 pub fn write(
     tx: &mut Tx<'_>,
-    object: FrameId,
+    object: Place,
     pages: &mut BTreeMap<u64, FrameId>,
     offset: u64,
     data: &[u8],
@@ -59,7 +60,7 @@ pub fn forget_pages(pages: &mut BTreeMap<u64, FrameId>, fresh: &[u64]) {
 
 fn write_into(
     tx: &mut Tx<'_>,
-    object: FrameId,
+    object: Place,
     pages: &mut BTreeMap<u64, FrameId>,
     offset: u64,
     data: &[u8],
@@ -72,7 +73,7 @@ fn write_into(
             tx.update(pool.frame_offset(frame) + in_page as u64, chunk)?;
         } else {
             let frame =
-                tx.alloc_frame(FrameTag { kind: KIND_DATA, owner: object.0, index: page })?;
+                tx.alloc_frame(FrameTag { kind: KIND_DATA, owner: object.owner(), index: page })?;
             // D1: the whole frame is written now.
             let mut buf = vec![0u8; PAGE as usize];
             buf[in_page..in_page + n].copy_from_slice(chunk);
@@ -137,10 +138,11 @@ pub fn truncate(
     Ok(gone.len() as u64)
 }
 
-/// Frees every frame of the object (data, then the record).
+/// Frees every data frame of the file and takes its record out (`slots::remove`: the slot
+/// is released after the commit, `Engine::release_record`).
 pub fn free_all(
     tx: &mut Tx<'_>,
-    object: FrameId,
+    object: Place,
     pages: &mut BTreeMap<u64, FrameId>,
 ) -> Result<u64, TxError> {
     let n = pages.len() as u64;
@@ -148,14 +150,13 @@ pub fn free_all(
         tx.free_frame(frame)?;
     }
     pages.clear();
-    tx.free_frame(object)?;
+    slots::remove(tx, object)?;
     Ok(n)
 }
 
-/// Writes the record to its object frame (snapshot first, unless the frame is fresh).
-pub fn put_record(tx: &mut Tx<'_>, object: FrameId, rec: &Record) -> Result<(), TxError> {
-    let off = tx.pool().frame_offset(object);
-    tx.update(off, &rec.encode())
+/// Rewrites the record at its place (snapshot first).
+pub fn put_record(tx: &mut Tx<'_>, object: Place, rec: &Record) -> Result<(), TxError> {
+    slots::put(tx, object, rec)
 }
 
 /// The next data offset at or after `offset` (SEEK_DATA), or None (ENXIO).

@@ -1,12 +1,12 @@
 //! TempFFS: new files live only in NVRAM and are *transformed* into the lower file system late
 //! (thesis 3.1.1; design.md section 10).
 //!
-//! A temp file is an object frame (its record: attributes, the lower directory and the name)
-//! plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
+//! A temp file is a record (attributes, the lower directory and the name) in a slot of a
+//! record frame, eight to a frame (`slots.rs`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
 //! index of named temp files by (lower directory, name), rebuilt from the records at mount;
 //! the engine consults it before the lower directory on lookup and merges it into readdir.
 //!
-//! Files: `record.rs` and `data.rs` (formats), `ops.rs` (operations on temp files),
+//! Files: `record.rs`, `slots.rs` and `data.rs` (formats), `ops.rs` (operations on temp files),
 //! `rename.rs` (rename over the merged namespace), `transform.rs` (the transform protocol and
 //! the triggers), `recovery.rs` (the overlay rebuilt at mount).
 //!
@@ -23,6 +23,7 @@ mod ops;
 pub mod record;
 mod recovery;
 mod rename;
+pub mod slots;
 mod transform;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ use crate::overlay::DirKey;
 use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 
 pub use record::{Record, State};
+pub use slots::Place;
 
 /// Names starting with this prefix are nvstack's hidden transform files in the lower
 /// directory: invisible through the mount, never created by it.
@@ -192,19 +194,19 @@ impl TempState {
     }
 }
 
-/// A temp file. `frame` (its object frame) and `serial` never change.
+/// A temp file. `place` (where its record is) and `serial` never change.
 #[derive(Debug)]
 pub struct TempFile {
-    pub frame: FrameId,
+    pub place: Place,
     pub serial: u64,
     state: Mutex<TempState>,
     changed: Condvar,
 }
 
 impl TempFile {
-    pub fn new(frame: FrameId, st: TempState) -> TempFile {
+    pub fn new(place: Place, st: TempState) -> TempFile {
         TempFile {
-            frame,
+            place,
             serial: st.rec.serial,
             state: Mutex::new(Rank::TempFile, st),
             changed: Condvar::new(),
@@ -242,6 +244,8 @@ pub struct TempStore {
     pub lru: Clock,
     /// One pressure relief or background round at a time.
     pub relieving: AtomicBool,
+    /// The record frames and their taken slots (T6).
+    pub slots: Mutex<slots::RecordSlots>,
 }
 
 impl TempStore {
@@ -251,6 +255,7 @@ impl TempStore {
             counters: TempCounters::default(),
             lru: Clock::default(),
             relieving: AtomicBool::new(false),
+            slots: Mutex::new(Rank::RecordSlots, slots::RecordSlots::default()),
         }
     }
 
@@ -266,7 +271,9 @@ impl TempStore {
 
     /// `nvstack stat --json`: `tempfiles`.
     pub fn stats(&self) -> TempStats {
-        self.counters.snapshot(&self.config)
+        let mut s = self.counters.snapshot(&self.config);
+        s.record_frames = self.slots.lock().frames();
+        s
     }
 }
 
@@ -284,6 +291,7 @@ pub struct TempCounters {
     pub span_blocks_sum: AtomicU64,
     pub created_in_lower: AtomicU64,
     pub created_in_lower_nvram_full: AtomicU64,
+    pub record_frames_freed: AtomicU64,
 }
 
 impl Default for TempCounters {
@@ -300,6 +308,7 @@ impl Default for TempCounters {
             span_blocks_sum: AtomicU64::new(0),
             created_in_lower: AtomicU64::new(0),
             created_in_lower_nvram_full: AtomicU64::new(0),
+            record_frames_freed: AtomicU64::new(0),
         }
     }
 }
@@ -317,6 +326,13 @@ pub struct TempStats {
     pub bytes_transformed: u64,
     pub pages_resident: u64,
     pub files_resident: u64,
+    /// Frames the records of the resident temp files are packed in, eight to a frame (one
+    /// may be empty, kept as room for the next creates): with `pages_resident`, the frames
+    /// temp files hold.
+    pub record_frames: u64,
+    /// Record frames freed because they held no record any more (a second empty one, or
+    /// every empty one after a flush).
+    pub record_frames_freed: u64,
     /// Files created directly in the lower file system although tempfiles are on: the parent
     /// is on another file system or carries a default ACL, or the NVRAM had no free frame.
     pub created_in_lower: u64,
@@ -352,6 +368,8 @@ impl TempCounters {
             bytes_transformed: get(&self.bytes_transformed),
             pages_resident: get(&self.pages_resident),
             files_resident: get(&self.files_resident),
+            record_frames: 0, // `TempStore::stats` fills it in
+            record_frames_freed: get(&self.record_frames_freed),
             created_in_lower: get(&self.created_in_lower),
             created_in_lower_nvram_full: get(&self.created_in_lower_nvram_full),
             span_files,
@@ -368,34 +386,72 @@ impl TempCounters {
 /// One temp file found in the region at mount.
 #[derive(Debug)]
 pub struct Found {
-    pub frame: FrameId,
+    pub place: Place,
     pub rec: Record,
     pub pages: BTreeMap<u64, FrameId>,
 }
 
-/// Reads every temp-file object of the region (after recovery rolled back unfinished
-/// transactions) and checks T1-T3. Damage is reported with the frame named, never guessed.
+/// Everything of the temp-file store a region holds.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    pub files: Vec<Found>,
+    /// Every record frame with its taken slots (bit i: slot i), empty ones too.
+    pub record_frames: Vec<(FrameId, u8)>,
+}
+
+/// Reads every temp-file record of the region (after recovery rolled back unfinished
+/// transactions) and checks T1-T3 and T5. Damage is reported with the place named, never
+/// guessed.
 pub fn scan(pool: &Pool) -> Result<Vec<Found>, nvram::Error> {
+    scan_all(pool).map(|s| s.files)
+}
+
+/// [`scan`], with the record frames.
+pub fn scan_all(pool: &Pool) -> Result<Scanned, nvram::Error> {
     let frames = pool.allocated_frames()?;
-    let mut objects: BTreeMap<u64, Found> = BTreeMap::new();
+    let mut objects: BTreeMap<Place, Found> = BTreeMap::new();
+    let mut record_frames = Vec::new();
     let mut data: Vec<(FrameId, FrameTag)> = Vec::new();
+    let damaged = |place: Place, what: &str| {
+        nvram::Error::corrupt(
+            nvram::Area::Frame(place.frame.0),
+            format!("{}: {what}", place.describe()),
+        )
+    };
     for (frame, tag) in frames {
         match tag.kind {
             record::KIND_OBJECT => {
-                let bytes = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
-                let rec = Record::decode(&bytes)
-                    .map_err(|what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what))?;
-                objects.insert(frame.0, Found { frame, rec, pages: BTreeMap::new() });
+                let place = Place::whole(frame);
+                let bytes = pool.read_vec(place.offset(pool), record::RECORD_SIZE);
+                let rec = Record::decode(&bytes).map_err(|what| damaged(place, what))?;
+                objects.insert(place, Found { place, rec, pages: BTreeMap::new() });
+            }
+            slots::KIND_RECORDS => {
+                let mut taken = 0u8;
+                for slot in 0..slots::SLOTS as u8 {
+                    let place = Place { frame, slot };
+                    let bytes = pool.read_vec(place.offset(pool), slots::SLOT_SIZE);
+                    if bytes.iter().all(|&b| b == 0) {
+                        continue; // T5: a free slot
+                    }
+                    let rec = Record::decode(&bytes).map_err(|what| damaged(place, what))?;
+                    if bytes[record::RECORD_SIZE..].iter().any(|&b| b != 0) {
+                        return Err(damaged(place, "bytes after the record are not zero (T5)"));
+                    }
+                    taken |= 1 << slot;
+                    objects.insert(place, Found { place, rec, pages: BTreeMap::new() });
+                }
+                record_frames.push((frame, taken));
             }
             record::KIND_DATA => data.push((frame, tag)),
             _ => {}
         }
     }
     for (frame, tag) in data {
-        let Some(obj) = objects.get_mut(&tag.owner) else {
+        let Some(obj) = objects.get_mut(&Place::from_owner(tag.owner)) else {
             return Err(nvram::Error::corrupt(
                 nvram::Area::Frame(frame.0),
-                "temp-file data frame whose owner is not a temp-file object (T2)",
+                "temp-file data frame whose owner is not a temp-file record (T2)",
             ));
         };
         if tag.index >= obj.rec.size.div_ceil(data::PAGE) {
@@ -406,7 +462,7 @@ pub fn scan(pool: &Pool) -> Result<Vec<Found>, nvram::Error> {
         }
         obj.pages.insert(tag.index, frame);
     }
-    Ok(objects.into_values().collect())
+    Ok(Scanned { files: objects.into_values().collect(), record_frames })
 }
 
 /// Ticks for LRU order.

@@ -19,7 +19,7 @@ use crate::engine::{Engine, Entry, Open, suidgid_bits};
 use crate::error::{FsError, FsResult, answer};
 use crate::overlay::DirKey;
 use crate::stats::Counters;
-use crate::tempfs::{self, Fate, Record, State, TempFile, TempState, data};
+use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data, slots};
 
 /// The outcome of `tx_truncate`, applied to the mirror after the commit.
 struct Truncated {
@@ -109,28 +109,37 @@ impl<L: LowerFs> Engine<L> {
             dir: handle.clone(),
             name: name.to_os_string(),
         };
-        // The record, and the directory's pending times (P3), in one transaction.
+        // The record in a reserved slot (or a fresh record frame, T6), and the directory's
+        // pending times (P3), in one transaction.
+        let reserved = self.temp.slots.lock().reserve();
         let attempt = (|| {
             let tx = otx.tx();
-            let tag = txn::FrameTag { kind: tempfs::record::KIND_OBJECT, ..Default::default() };
-            let frame = tx.alloc_frame(tag)?;
-            data::put_record(tx, frame, &rec)?;
-            Ok((frame, self.tx_dir_times(tx, &idx, key, &handle, now)?))
+            let place = slots::put_new(tx, reserved, &rec)?;
+            Ok((place, self.tx_dir_times(tx, &idx, key, &handle, now)?))
         })();
-        let (frame, times) = match attempt {
-            Ok(done) => otx.end(Ok(done))?,
-            // A full NVRAM: the file goes to the lower file system (never an error there).
-            Err(txn::TxError::NoFrames) => {
-                let _ = otx.end::<()>(Err(FsError::Nvram(txn::TxError::NoFrames)));
-                Counters::add(&self.temp.counters.created_in_lower_nvram_full, 1);
-                return Ok(None);
+        let full = matches!(attempt, Err(txn::TxError::NoFrames));
+        let (place, times) = match otx.end(attempt.map_err(FsError::from)) {
+            Ok(done) => done,
+            Err(e) => {
+                if let Some(p) = reserved {
+                    self.temp.slots.lock().unreserve(p); // rolled back: the slot is zero
+                }
+                if full {
+                    // A full NVRAM: the file goes to the lower file system (never an error
+                    // there).
+                    Counters::add(&self.temp.counters.created_in_lower_nvram_full, 1);
+                    return Ok(None);
+                }
+                return Err(e);
             }
-            Err(e) => return otx.end(Err(e.into())),
         };
+        if reserved.is_none() {
+            self.temp.slots.lock().add_frame(place.frame, 1); // committed: slot 0 taken
+        }
         Self::apply_dir_times(&mut idx, key, dir, times);
         idx.next_serial += 1;
         let f = Arc::new(TempFile::new(
-            frame,
+            place,
             TempState {
                 rec,
                 dir: key,
@@ -171,7 +180,7 @@ impl<L: LowerFs> Engine<L> {
             let r = self.tx_unname(otx.tx(), f, &st);
             if let Ok(u) = otx.end(r) {
                 let mut idx = self.overlay.lock();
-                self.apply_unname(&mut st, u);
+                self.apply_unname(f, &mut st, u);
                 idx.remove_name(key, name);
                 idx.temps.remove(&f.serial);
             }
@@ -254,7 +263,7 @@ impl<L: LowerFs> Engine<L> {
         if st.opens == 1 && st.rec.nlink == 0 && st.fate == Fate::Resident {
             let r = Self::tx_free(otx.tx(), f, &st);
             let n = otx.end(r)?;
-            self.apply_free(&mut st, n);
+            self.apply_free(f, &mut st, n);
             self.overlay.lock().temps.remove(&f.serial);
         }
         st.opens = st.opens.saturating_sub(1);
@@ -264,16 +273,52 @@ impl<L: LowerFs> Engine<L> {
     /// Frees every frame of `f` in `tx`; returns the number of data pages freed.
     pub(super) fn tx_free(tx: &mut Tx<'_>, f: &TempFile, st: &TempState) -> FsResult<u64> {
         let mut pages = st.pages.clone();
-        data::free_all(tx, f.frame, &mut pages).map_err(FsError::from)
+        data::free_all(tx, f.place, &mut pages).map_err(FsError::from)
     }
 
     /// After the transaction of `tx_free` committed.
-    pub(super) fn apply_free(&self, st: &mut TempState, pages: u64) {
+    pub(super) fn apply_free(&self, f: &TempFile, st: &mut TempState, pages: u64) {
+        self.release_record(f.place);
         st.pages.clear();
         st.fate = Fate::Freed;
         self.temp.counters.pages_resident.fetch_sub(pages, Ordering::Relaxed);
         self.space.sub(pages);
         self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// After the removal of the record at `place` committed (`data::free_all`): its slot is
+    /// free again (T6); a second empty record frame is freed in a transaction of its own
+    /// (off the list first, so no create reserves in it meanwhile).
+    pub(crate) fn release_record(&self, place: Place) {
+        let released = self.temp.slots.lock().release(place);
+        if let slots::Released::FreeFrame(frame) = released {
+            match self.atomically(|tx| tx.free_frame(frame)) {
+                Ok(()) => Counters::add(&self.temp.counters.record_frames_freed, 1),
+                Err(e) => {
+                    // Still allocated and zero (T5): listed again as room.
+                    eprintln!("nvstack: an empty temp-file record frame was not freed: {e}");
+                    self.temp.slots.lock().add_frame(frame, 0);
+                }
+            }
+        }
+    }
+
+    /// Frees the record frames without a record, all but `keep` (T6: off the list first).
+    pub(crate) fn free_empty_record_frames(&self, keep: usize) -> FsResult<()> {
+        let empty = self.temp.slots.lock().take_empty(keep);
+        if empty.is_empty() {
+            return Ok(());
+        }
+        let r = self.atomically(|tx| empty.iter().try_for_each(|&f| tx.free_frame(f)));
+        if r.is_ok() {
+            Counters::add(&self.temp.counters.record_frames_freed, empty.len() as u64);
+        } else {
+            let mut slots = self.temp.slots.lock();
+            for &f in &empty {
+                slots.add_frame(f, 0); // still allocated and zero (T5): room again
+            }
+        }
+        r
     }
 
     /// Sets the size of a temp file in `tx` (the caller holds its state, stable); returns the
@@ -290,7 +335,7 @@ impl<L: LowerFs> Engine<L> {
         rec.size = size;
         rec.mtime = now;
         rec.ctime = now;
-        data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+        data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
         let mut pages = st.pages.clone();
         let freed = data::truncate(tx, &mut pages, st.rec.size, size).map_err(FsError::from)?;
         Ok(Truncated { rec, pages, freed })
@@ -321,7 +366,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut rec = r.clone();
         rec.atime = now;
-        let r = data::put_record(otx.tx(), f.frame, &rec).map_err(FsError::from);
+        let r = data::put_record(otx.tx(), f.place, &rec).map_err(FsError::from);
         otx.end(r)?;
         st.rec = rec;
         Ok(())
@@ -361,8 +406,8 @@ impl<L: LowerFs> Engine<L> {
         // The page map is changed in place (no copy per write on this hot path): the pages a
         // rolled-back write added are taken out again while the file lock is still held.
         let tx = otx.tx();
-        let r = data::write(tx, f.frame, &mut st.pages, offset, buf).and_then(|fresh| {
-            data::put_record(tx, f.frame, &rec)
+        let r = data::write(tx, f.place, &mut st.pages, offset, buf).and_then(|fresh| {
+            data::put_record(tx, f.place, &rec)
                 .inspect_err(|_| data::forget_pages(&mut st.pages, &fresh))
         });
         otx.end(r.map(drop).map_err(FsError::from))?;
@@ -421,7 +466,7 @@ impl<L: LowerFs> Engine<L> {
                 rec.mtime = self.time(t);
             }
             rec.ctime = self.lower.now();
-            data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+            data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
             Ok((truncated, rec))
         })();
         let (truncated, rec) = otx.end(r)?;
@@ -458,7 +503,7 @@ impl<L: LowerFs> Engine<L> {
             })();
             let (unnamed, times) = otx.end(r)?;
             Self::apply_dir_times(&mut idx, key, dir, times);
-            self.apply_unname(&mut st, unnamed);
+            self.apply_unname(&f, &mut st, unnamed);
             idx.remove_name(key, name);
             if st.fate == Fate::Freed {
                 idx.temps.remove(&f.serial);
@@ -500,13 +545,13 @@ impl<L: LowerFs> Engine<L> {
         rec.name = std::ffi::OsString::new();
         rec.set_shadows(false);
         rec.ctime = self.lower.now();
-        data::put_record(tx, f.frame, &rec).map_err(FsError::from)?;
+        data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
         Ok(Unnamed::Kept(rec))
     }
 
-    pub(super) fn apply_unname(&self, st: &mut TempState, u: Unnamed) {
+    pub(super) fn apply_unname(&self, f: &TempFile, st: &mut TempState, u: Unnamed) {
         match u {
-            Unnamed::Freed(pages) => self.apply_free(st, pages),
+            Unnamed::Freed(pages) => self.apply_free(f, st, pages),
             Unnamed::Kept(rec) => st.rec = rec,
         }
     }

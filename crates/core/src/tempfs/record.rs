@@ -1,18 +1,19 @@
-//! The persistent form of a temp file: one *object frame* holding its record, plus one *data
-//! frame* per resident page.
+//! The persistent form of a temp file: its record, in a slot of a record frame (eight to a
+//! frame, `slots.rs`), plus one *data frame* per resident page.
 //!
 //! Frame tags (descriptor kind / owner / index, see `txn::frames`):
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x5446_0001 [`KIND_OBJECT`] | the record below | 0 | 0 |
-//! | 0x5446_0002 [`KIND_DATA`] | one 4 KiB page of file data | object frame number | page number |
+//! | 0x5446_0004 [`super::slots::KIND_RECORDS`] | eight record slots of 512 bytes | 0 | 0 |
+//! | 0x5446_0001 [`KIND_OBJECT`] | one record at offset 0 (regions written before records were packed; read, changed and freed, never made) | 0 | 0 |
+//! | 0x5446_0002 [`KIND_DATA`] | one 4 KiB page of file data | the record's place (`Place::owner`) | page number |
 //!
 //! (Kinds are distinctive numbers, "TF" in the high half, so that frames of other users of a
 //! region - the demo, test workloads - are never read as temp files.)
 //!
-//! Record (little endian, at offset 0 of the object frame; the rest of the frame is unused):
-//! the byte table is [`LAYOUT`] (design.md section 10 shows it; a test keeps the two equal).
+//! Record (little endian, at the start of its slot; the slot's last 16 bytes are zero): the
+//! byte table is [`LAYOUT`] (design.md section 10 shows it; a test keeps the two equal).
 //! `state` is 1 = live, 2 = transforming (transform step 1 done, step 4 not); `flags` bit 0 is
 //! SHADOWS (a lower entry with the same name exists and is hidden); `nlink` is 1 = named, 0 =
 //! unlinked but still open (freed at last close or at mount); times are seconds (i64),
@@ -21,12 +22,14 @@
 //! directory holding the name (`LowerFs::dir_handle`); the name has at most 255 bytes (none
 //! when unlinked); the checksum is XXH3-64 of the bytes before it.
 //!
-//! Invariants: T1 every record in an allocated object frame verifies (magic, checksum,
-//! state, lengths) - anything else is damage, reported with the frame named; T2 a data frame's
-//! owner is an object frame; T3 no data frame lies at or beyond `ceil(size / 4096)` pages;
-//! T4 named records (nlink 1) have a non-empty name and dir handle, and no two named records
-//! share (dir handle, name). Every change rewrites the whole record inside the operation's
-//! transaction (snapshot first), so a crash shows either the old or the new record.
+//! Invariants: T1 every record in a taken slot (one that is not all zero) or an object frame
+//! verifies (magic, checksum, state, lengths) - anything else is damage, reported with the
+//! frame and slot named; T2 a data frame's owner names a record; T3 no data frame lies at or
+//! beyond `ceil(size / 4096)` pages; T4 named records (nlink 1) have a non-empty name and dir
+//! handle, and no two named records share (dir handle, name); T5 and T6 (free slots are zero;
+//! the volatile list of taken slots) are in `slots.rs`. Every change rewrites the whole record
+//! inside the operation's transaction (snapshot first), so a crash shows either the old or the
+//! new record.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -70,6 +73,7 @@ pub const LAYOUT: &[nvram::layout::Field] = &[
 const _: () = {
     assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "temp-file record table");
     assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
+    assert!(SUM_OFF + 8 == RECORD_SIZE, "the checksum ends the record");
 };
 
 pub const FLAG_SHADOWS: u32 = 1;

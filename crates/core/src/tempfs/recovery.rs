@@ -16,7 +16,19 @@ use crate::tempfs::{self, Fate, State, TempFile, TempState, Trigger, data};
 impl<L: LowerFs> Engine<L> {
     /// See the module docs.
     pub(crate) fn rebuild_tempfiles(&self) -> Result<(), StartError> {
-        let found = tempfs::scan(&self.pool)?;
+        let scanned = tempfs::scan_all(&self.pool)?;
+        {
+            // T6: every record frame listed with its records' slots; empty ones beyond the
+            // one kept as room (a crash can leave several) freed.
+            let mut slots = self.temp.slots.lock();
+            *slots = tempfs::slots::RecordSlots::default();
+            for &(frame, taken) in &scanned.record_frames {
+                slots.add_frame(frame, taken);
+            }
+            drop(slots);
+            self.free_empty_record_frames(1).map_err(StartError::RecordFrames)?;
+        }
+        let found = scanned.files;
         let mut dirs: HashMap<Vec<u8>, Arc<L::Node>> = HashMap::new();
         let mut redo = Vec::new();
         // Built without a lock (lower calls find the directories), installed at the end.
@@ -27,7 +39,7 @@ impl<L: LowerFs> Engine<L> {
         for f in found {
             let pages = f.pages.len() as u64;
             let file = Arc::new(TempFile::new(
-                f.frame,
+                f.place,
                 TempState {
                     dir: (0, 0),
                     rec: f.rec,
@@ -44,8 +56,9 @@ impl<L: LowerFs> Engine<L> {
             if st.rec.nlink == 0 {
                 // Unlinked while open, and nothing is open after a restart.
                 let n = self
-                    .atomically(|tx| data::free_all(tx, file.frame, &mut st.pages.clone()))
+                    .atomically(|tx| data::free_all(tx, file.place, &mut st.pages.clone()))
                     .map_err(|error| StartError::Redo { serial: file.serial, error })?;
+                self.release_record(file.place);
                 self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
                 self.space.sub(n);
                 self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);

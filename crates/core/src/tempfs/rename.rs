@@ -185,7 +185,7 @@ impl<L: LowerFs> Engine<L> {
         let old_handle = st.rec.dir.clone();
         let r = (|| -> FsResult<_> {
             let tx = otx.tx();
-            data::put_record(tx, s.frame, &rec)?;
+            data::put_record(tx, s.place, &rec)?;
             Ok(self.tx_renamed_dirs(tx, &idx, (k1, &old_handle), (k2, &handle), now)?)
         })();
         let times = otx.end(r)?;
@@ -243,8 +243,8 @@ impl<L: LowerFs> Engine<L> {
             let mut idx = self.overlay.lock();
             let r = (|| -> FsResult<_> {
                 let tx = otx.tx();
-                data::put_record(tx, s.frame, &rs)?;
-                data::put_record(tx, d.frame, &rd)?;
+                data::put_record(tx, s.place, &rs)?;
+                data::put_record(tx, d.place, &rd)?;
                 Ok(self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?)
             })();
             let times = otx.end(r)?;
@@ -270,12 +270,12 @@ impl<L: LowerFs> Engine<L> {
         let r = (|| -> FsResult<_> {
             let tx = otx.tx();
             let unnamed = self.tx_unname(tx, d, &ds)?;
-            data::put_record(tx, s.frame, &rs)?;
+            data::put_record(tx, s.place, &rs)?;
             Ok((unnamed, self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?))
         })();
         let (unnamed, times) = otx.end(r)?;
         Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
-        self.apply_unname(&mut ds, unnamed);
+        self.apply_unname(d, &mut ds, unnamed);
         ss.rec = rs;
         ss.dir = k2;
         idx.remove_name(k2, newname);

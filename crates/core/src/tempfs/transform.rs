@@ -33,6 +33,7 @@ use crate::error::{FsError, FsResult, answer};
 use crate::inodes::Identity;
 use crate::overlay::DirKey;
 use crate::stats::Counters;
+use crate::tempfs::slots::SLOTS;
 use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
 
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
@@ -102,7 +103,7 @@ impl<L: LowerFs> Engine<L> {
             rec.set_shadows(true);
             // On failure (NVRAM full) the record stays Transforming: the next attempt or the
             // next mount finishes the transform.
-            if self.atomically(|tx| data::put_record(tx, f.frame, &rec)).is_ok() {
+            if self.atomically(|tx| data::put_record(tx, f.place, &rec)).is_ok() {
                 st.rec = rec;
             }
         }
@@ -169,8 +170,9 @@ impl<L: LowerFs> Engine<L> {
         let mut st = f.lock();
         // On failure the lower file is complete; the record stays Transforming and is
         // finished by the next attempt or at the next mount.
-        self.atomically(|tx| data::free_all(tx, f.frame, &mut st.pages.clone()))?;
+        self.atomically(|tx| data::free_all(tx, f.place, &mut st.pages.clone()))?;
         self.fail("transform.freed");
+        self.release_record(f.place);
         let n = st.pages.len() as u64;
         // The name leaves the overlay with the file's lock held (O5).
         let mut idx = self.overlay.lock();
@@ -208,7 +210,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut rec = st.rec.clone();
         rec.state = State::Transforming;
-        self.atomically(|tx| data::put_record(tx, f.frame, &rec))?;
+        self.atomically(|tx| data::put_record(tx, f.place, &rec))?;
         st.rec = rec;
         drop(st);
         // W1: step 1 and the data step 2 copies are durable before the lower file appears.
@@ -422,7 +424,12 @@ impl<L: LowerFs> Engine<L> {
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
         let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
-        self.transform_group(&files, trigger, progress)
+        let (done, error) = self.transform_group(&files, trigger, progress);
+        // Every temp file went: no record frame is kept as room either.
+        match self.free_empty_record_frames(0) {
+            Ok(()) => (done, error),
+            Err(e) => (done, error.or(Some(e))),
+        }
     }
 
     /// NVRAM pressure (thesis 3.1.1): when temp files hold more than their share of frames, or
@@ -479,13 +486,14 @@ impl<L: LowerFs> Engine<L> {
         Some(done)
     }
 
-    /// Frames temp files hold: their pages and one object frame each.
-    fn temp_frames(&self) -> u64 {
-        self.temp.pages_resident() + self.temp.files_resident()
+    /// Frames temp files hold: their pages and the record frames (eight records a frame).
+    pub(crate) fn temp_frames(&self) -> u64 {
+        self.temp.pages_resident() + self.temp.slots.lock().frames()
     }
 
     /// The least recently used named, resident temp files, oldest first, until their frames
-    /// (pages + object frame) reach `frames` or there are `max_files` of them.
+    /// (pages + an eighth of a record frame each) reach `frames` or there are `max_files` of
+    /// them.
     fn least_recently_used(&self, frames: u64, max_files: usize) -> Vec<Arc<TempFile>> {
         // The files first (the overlay), then each one's state (a rank before the overlay).
         let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
@@ -499,12 +507,13 @@ impl<L: LowerFs> Engine<L> {
             .collect();
         candidates.sort_by_key(|(t, f)| (*t, f.serial));
         let mut chosen = Vec::new();
-        let mut got = 0u64;
+        // In eighths of a frame: a record takes one slot of a record frame.
+        let (want, mut got) = (frames.saturating_mul(SLOTS as u64), 0u64);
         for (_, f) in candidates {
-            if got >= frames || chosen.len() >= max_files {
+            if got >= want || chosen.len() >= max_files {
                 break;
             }
-            got += f.lock().pages.len() as u64 + 1;
+            got += f.lock().pages.len() as u64 * SLOTS as u64 + 1;
             chosen.push(f);
         }
         chosen

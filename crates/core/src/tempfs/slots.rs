@@ -1,0 +1,313 @@
+//! Where temp-file records live: eight to a *record frame*, so that a small file costs its
+//! data frames and an eighth of a frame, not a whole frame for its 496-byte record.
+//!
+//! A record frame (kind [`KIND_RECORDS`]) holds [`SLOTS`] slots of [`SLOT_SIZE`] bytes; a
+//! record is written at the start of its slot. Regions written before records were packed
+//! hold each record alone at offset 0 of an *object frame* (kind [`KIND_OBJECT`]); those are
+//! read, changed and freed as before ([`WHOLE`]), and new records always go to slots.
+//!
+//! Invariants (design.md section 10): **T5** every slot of a record frame that no record
+//! takes is zero, so that recovery tells a free slot from a damaged record; **T6** a record
+//! frame is listed in the volatile [`RecordSlots`] with a taken bit for every slot that holds
+//! a committed record or is being written by a running transaction (a *reservation*), so
+//! that two transactions never write one slot and a slot is reused only after the
+//! transaction that zeroed it committed.
+//!
+//! Protocol: a create reserves a free slot (or, when no listed frame has one, allocates a
+//! fresh frame inside its transaction, written completely: its record at slot 0, zeros
+//! elsewhere) and writes the record there in its transaction; after the commit a fresh frame
+//! is listed ([`RecordSlots::add_frame`]), after a rollback the reservation is dropped (the
+//! slot is zero again). Freeing a record zeroes its slot inside the operation's transaction
+//! (T5 holds whether it commits or not); only after the commit is the slot released. A frame
+//! left with no record stays listed as room for the next creates; a second empty frame is
+//! freed (taken off the list first, so nobody reserves in it meanwhile), so at most one empty
+//! record frame stays allocated (none after a flush or an unmount, which transformed every
+//! temp file). A crash can leave more empty frames: recovery lists them like any other and
+//! frees all but one.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nvram::layout::FRAME_SIZE;
+use txn::{FrameId, FrameTag, Pool, Tx, TxError};
+
+use super::record::{KIND_OBJECT, RECORD_SIZE, Record};
+
+/// A frame of packed temp-file records.
+pub const KIND_RECORDS: u32 = 0x5446_0004;
+/// Slots a record frame holds.
+pub const SLOTS: usize = 8;
+/// Bytes a slot takes (a record and 16 zero bytes).
+pub const SLOT_SIZE: usize = 512;
+/// The slot of a record that has a whole object frame to itself ([`KIND_OBJECT`], regions
+/// written before records were packed).
+pub const WHOLE: u8 = u8::MAX;
+/// Data frames of a record in a slot name it as `PACKED | frame << 3 | slot` (a whole object
+/// frame is named by its frame number, below 2^60, as before).
+const PACKED: u64 = 1 << 63;
+
+const _: () = {
+    assert!(SLOTS * SLOT_SIZE == FRAME_SIZE as usize, "slots fill the frame");
+    assert!(RECORD_SIZE <= SLOT_SIZE, "a record fits its slot");
+    assert!(SLOTS == 8, "one bit a slot in a u8, three bits of the owner");
+};
+
+/// Where a temp file's record is. `frame` and `slot` never change for a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Place {
+    pub frame: FrameId,
+    /// 0..SLOTS, or [`WHOLE`].
+    pub slot: u8,
+}
+
+impl Place {
+    pub fn whole(frame: FrameId) -> Place {
+        Place { frame, slot: WHOLE }
+    }
+
+    /// The region offset of the record.
+    pub fn offset(self, pool: &Pool) -> u64 {
+        let inside = if self.slot == WHOLE { 0 } else { u64::from(self.slot) * SLOT_SIZE as u64 };
+        pool.frame_offset(self.frame) + inside
+    }
+
+    /// The owner its data frames' tags name (T2).
+    pub fn owner(self) -> u64 {
+        if self.slot == WHOLE {
+            self.frame.0
+        } else {
+            PACKED | self.frame.0 << 3 | u64::from(self.slot)
+        }
+    }
+
+    /// The place a data frame's owner names (the inverse of [`Place::owner`]).
+    pub fn from_owner(owner: u64) -> Place {
+        if owner & PACKED == 0 {
+            Place::whole(FrameId(owner))
+        } else {
+            Place { frame: FrameId((owner & !PACKED) >> 3), slot: (owner & 7) as u8 }
+        }
+    }
+
+    /// "frame F" or "frame F slot S": the place a damage report names.
+    pub fn describe(self) -> String {
+        if self.slot == WHOLE {
+            format!("frame {}", self.frame.0)
+        } else {
+            format!("frame {} slot {}", self.frame.0, self.slot)
+        }
+    }
+}
+
+/// Writes a new record in `tx`: into `reserved` (a slot [`RecordSlots::reserve`] took), else
+/// into slot 0 of a fresh record frame. The caller lists a fresh frame after the commit
+/// ([`RecordSlots::add_frame`]) or drops the reservation after a rollback.
+pub fn put_new(tx: &mut Tx<'_>, reserved: Option<Place>, rec: &Record) -> Result<Place, TxError> {
+    if let Some(place) = reserved {
+        let off = place.offset(tx.pool());
+        tx.update(off, &rec.encode())?;
+        return Ok(place);
+    }
+    let frame = tx.alloc_frame(FrameTag { kind: KIND_RECORDS, owner: 0, index: 0 })?;
+    // T5: the whole fresh frame is written now, the other slots zero.
+    let mut buf = vec![0u8; FRAME_SIZE as usize];
+    buf[..RECORD_SIZE].copy_from_slice(&rec.encode());
+    let off = tx.pool().frame_offset(frame);
+    tx.write(off, &buf);
+    Ok(Place { frame, slot: 0 })
+}
+
+/// Rewrites the record at `place` (snapshot first).
+pub fn put(tx: &mut Tx<'_>, place: Place, rec: &Record) -> Result<(), TxError> {
+    let off = place.offset(tx.pool());
+    tx.update(off, &rec.encode())
+}
+
+/// Takes the record at `place` out of the region in `tx`: a whole object frame is freed, a
+/// slot is zeroed (T5); its release follows the commit ([`RecordSlots::release`]).
+pub fn remove(tx: &mut Tx<'_>, place: Place) -> Result<(), TxError> {
+    if place.slot == WHOLE {
+        return tx.free_frame(place.frame);
+    }
+    let off = place.offset(tx.pool());
+    tx.update(off, &[0u8; RECORD_SIZE])
+}
+
+/// The volatile list of record frames and their taken slots (T6).
+#[derive(Debug, Default)]
+pub struct RecordSlots {
+    /// Every record frame -> its taken slots (bit i: slot i).
+    frames: BTreeMap<FrameId, u8>,
+    /// Frames with a free slot (a subset of `frames`).
+    roomy: BTreeSet<FrameId>,
+}
+
+/// What [`RecordSlots::release`] asks of the caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Released {
+    Kept,
+    /// The frame holds no record and another empty one is listed: it is off the list now;
+    /// free it in a transaction of its own (on failure, [`RecordSlots::add_frame`] it back,
+    /// empty).
+    FreeFrame(FrameId),
+}
+
+impl RecordSlots {
+    /// Lists a record frame with the slots `taken` (a fresh frame after its commit, or one
+    /// found at mount).
+    pub fn add_frame(&mut self, frame: FrameId, taken: u8) {
+        debug_assert!(!self.frames.contains_key(&frame), "a record frame is listed once");
+        self.frames.insert(frame, taken);
+        if taken != u8::MAX {
+            self.roomy.insert(frame);
+        }
+    }
+
+    /// Takes a free slot of the lowest-numbered frame with one (records gather in few frames
+    /// instead of spreading over all); `None` when every listed frame is full.
+    pub fn reserve(&mut self) -> Option<Place> {
+        let &frame = self.roomy.iter().next()?;
+        let taken = self.frames.get_mut(&frame).expect("roomy frames are listed");
+        let slot = taken.trailing_ones() as u8;
+        *taken |= 1 << slot;
+        if *taken == u8::MAX {
+            self.roomy.remove(&frame);
+        }
+        Some(Place { frame, slot })
+    }
+
+    /// A reservation whose transaction rolled back (its slot is zero again).
+    pub fn unreserve(&mut self, place: Place) {
+        let _ = self.release(place);
+    }
+
+    /// The slot of a record whose removal committed is free again. See [`Released`].
+    pub fn release(&mut self, place: Place) -> Released {
+        if place.slot == WHOLE {
+            return Released::Kept;
+        }
+        let Some(taken) = self.frames.get_mut(&place.frame) else {
+            debug_assert!(false, "T6: a released slot's frame is listed");
+            return Released::Kept;
+        };
+        debug_assert!(*taken & (1 << place.slot) != 0, "T6: a released slot was taken");
+        *taken &= !(1 << place.slot);
+        self.roomy.insert(place.frame);
+        if *taken == 0 && self.empty_frames() > 1 {
+            self.frames.remove(&place.frame);
+            self.roomy.remove(&place.frame);
+            return Released::FreeFrame(place.frame);
+        }
+        Released::Kept
+    }
+
+    /// Listed frames without a record, all but the first `keep`: taken off the list, for the
+    /// caller to free (recovery keeps one after a crash left several; a flush or an unmount,
+    /// which transformed every temp file, keeps none).
+    pub fn take_empty(&mut self, keep: usize) -> Vec<FrameId> {
+        let empty: Vec<FrameId> =
+            self.frames.iter().filter(|&(_, &t)| t == 0).map(|(&f, _)| f).skip(keep).collect();
+        for f in &empty {
+            self.frames.remove(f);
+            self.roomy.remove(f);
+        }
+        empty
+    }
+
+    fn empty_frames(&self) -> usize {
+        self.roomy.iter().filter(|f| self.frames[f] == 0).take(2).count()
+    }
+
+    /// Record frames listed (`nvstack stat`: frames the records of temp files take).
+    pub fn frames(&self) -> u64 {
+        self.frames.len() as u64
+    }
+}
+
+/// Is `kind` the kind of a frame that holds temp-file records?
+pub fn is_record_kind(kind: u32) -> bool {
+    kind == KIND_RECORDS || kind == KIND_OBJECT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_round_trip_and_never_collide() {
+        for frame in [0u64, 1, 7, 8, 12_345, (1 << 60) - 1] {
+            let whole = Place::whole(FrameId(frame));
+            assert_eq!(Place::from_owner(whole.owner()), whole);
+            for slot in 0..SLOTS as u8 {
+                let p = Place { frame: FrameId(frame), slot };
+                assert_eq!(Place::from_owner(p.owner()), p);
+                assert_ne!(p.owner(), whole.owner());
+            }
+        }
+    }
+
+    #[test]
+    fn slots_are_packed_and_reused_after_release() {
+        let mut s = RecordSlots::default();
+        assert_eq!(s.reserve(), None, "no frame listed: a fresh one is needed");
+        s.add_frame(FrameId(10), 1);
+        let got: Vec<u8> = (1..SLOTS).map(|_| s.reserve().unwrap().slot).collect();
+        assert_eq!(got, vec![1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(s.reserve(), None, "full");
+        assert_eq!(s.release(Place { frame: FrameId(10), slot: 4 }), Released::Kept);
+        assert_eq!(s.reserve(), Some(Place { frame: FrameId(10), slot: 4 }));
+        s.unreserve(Place { frame: FrameId(10), slot: 4 });
+        assert_eq!(
+            s.reserve(),
+            Some(Place { frame: FrameId(10), slot: 4 }),
+            "a dropped reservation"
+        );
+    }
+
+    #[test]
+    fn the_lowest_roomy_frame_fills_first() {
+        let mut s = RecordSlots::default();
+        s.add_frame(FrameId(30), 0b1111_1110);
+        s.add_frame(FrameId(20), 0b0000_0001);
+        assert_eq!(s.reserve().unwrap().frame, FrameId(20));
+    }
+
+    #[test]
+    fn at_most_one_empty_frame_is_kept() {
+        let mut s = RecordSlots::default();
+        s.add_frame(FrameId(1), 1);
+        s.add_frame(FrameId(2), 1);
+        assert_eq!(s.release(Place { frame: FrameId(1), slot: 0 }), Released::Kept, "the one kept");
+        assert_eq!(
+            s.release(Place { frame: FrameId(2), slot: 0 }),
+            Released::FreeFrame(FrameId(2)),
+            "a second empty frame goes"
+        );
+        assert_eq!(s.frames(), 1);
+        assert_eq!(
+            s.reserve(),
+            Some(Place { frame: FrameId(1), slot: 0 }),
+            "nobody reserves in a frame being freed"
+        );
+    }
+
+    #[test]
+    fn recovery_frees_all_empty_frames_but_one() {
+        let mut s = RecordSlots::default();
+        for f in 1..=4 {
+            s.add_frame(FrameId(f), 0);
+        }
+        s.add_frame(FrameId(5), 0b10);
+        assert_eq!(s.take_empty(1), vec![FrameId(2), FrameId(3), FrameId(4)]);
+        assert_eq!(s.frames(), 2);
+        assert!(s.take_empty(1).is_empty());
+        assert_eq!(s.take_empty(0), vec![FrameId(1)], "a flush keeps none");
+        assert_eq!(s.reserve(), Some(Place { frame: FrameId(5), slot: 0 }));
+    }
+
+    #[test]
+    fn whole_frames_are_not_listed() {
+        let mut s = RecordSlots::default();
+        assert_eq!(s.release(Place::whole(FrameId(9))), Released::Kept);
+        assert_eq!(s.frames(), 0);
+    }
+}
