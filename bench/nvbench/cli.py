@@ -54,6 +54,10 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
                    "(sqlite, maildir, applog), absolute; default: theirs (10 s) x scale")
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/nvbench-work"),
                    help="where disk images and mount points live (removed after each run)")
+    p.add_argument("--no-floor", action="store_true",
+                   help="do not measure the FUSE round trip before and after the runs "
+                   "(bench/tools/fuse-floor, ~10 s each; kept in experiment.json and printed "
+                   "in the summaries)")
     p.add_argument("--dry-run", action="store_true",
                    help="execute nothing: write the run directories (inputs, repro.sh) and "
                         "print the matrix")
@@ -223,7 +227,8 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
                          overrides={k: v for k, v in (("transactions", args.transactions),
                                                       ("seconds", args.seconds)) if v},
                          variants=[v.strip() for v in args.variants.split(",") if v.strip()]
-                         if args.variants else None)
+                         if args.variants else None,
+                         floor=not getattr(args, "no_floor", False))
     if archive.unpack(st.out):
         print(f"unpacked {st.out / archive.ARCHIVE} (earlier runs; the new ones join them)")
     results = runner.run_experiment(exp, st, args.device)

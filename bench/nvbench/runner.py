@@ -1,6 +1,7 @@
 """Running an experiment: one run = one directory with everything needed to trust and redo it.
 
-OUT/experiment.json                                   matrix metadata, notes (device fallback...)
+OUT/experiment.json                                   matrix metadata, notes (device fallback...),
+                                                      the FUSE round trip before and after (floor.py)
 OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
     spec.json      what was asked (fs, workload params, budget, device, scale)
     env.json       kernel, CPU, memory, tool versions, git commit, scale factors, budget, device
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import cgroup as cgroup_mod
+from . import floor as floor_mod
 from . import fs as fs_mod
 from . import nvstack, workloads
 from .experiments import Experiment
@@ -90,6 +92,8 @@ class Settings:
                                                     # (e.g. {"transactions": 50000}), unscaled
     variants: list[str] | None = None               # only these variant names (e.g.
                                                     # ["files=2500"]); None: all
+    floor: bool = True                              # measure the FUSE round trip before and
+                                                    # after the runs (nvbench/floor.py)
 
 
 def _variants(mod, config: str, scale: float, memory: int):
@@ -477,6 +481,9 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
             "runs": len(specs), "notes": notes, "dry_run": st.dry_run,
             "command": " ".join(sys.argv),
             "started": _dt.datetime.now().isoformat(timespec="seconds")}
+    floor_bin = _floor_binary(exp, st)
+    if floor_bin:
+        meta["fuse_floor"] = {"start": floor_mod.measure(floor_bin, st.workdir)}
     _write_json(st.out / "experiment.json", meta)
     _install_signal_handlers()
     results = []
@@ -488,11 +495,22 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
         print(f"{r['status']}{wall}" + (f" ({r['reason'][:120]})" if r["reason"] else ""),
               flush=True)
         results.append(r)
+    if floor_bin:
+        meta["fuse_floor"]["end"] = floor_mod.measure(floor_bin, st.workdir)
     meta["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     meta["status_counts"] = {s: sum(r["status"] == s for r in results)
                              for s in ("ok", "failed", "skipped", "dry-run")}
     _write_json(st.out / "experiment.json", meta)
     return results
+
+
+def _floor_binary(exp: Experiment, st: Settings) -> str | None:
+    """The nvstack binary to measure the FUSE floor with (nvbench/floor.py), or None: a dry
+    run, `--no-floor`, no nvstack configuration, or no binary that mounts."""
+    if st.dry_run or not st.floor or not any(fs_mod.CONFIGS[f].nvstack for f in exp.fs):
+        return None
+    caps = nvstack.probe()
+    return caps.binary if caps.mount else None
 
 
 def _build_fuse_daemons(exp: Experiment, st: Settings, notes: list[str]) -> None:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from . import durability, nvfat
+from . import floor as floor_mod
 from .parse import read_csv
 
 BONNIE_METRICS = ["put_char_kBps", "put_block_kBps", "rewrite_kBps"]
@@ -410,6 +411,8 @@ def markdown(result_dir: Path) -> str:
                   f"(cgroup per run){nvram}; scale = {m['scale']}; baseline = `{baseline}`; "
                   f"CSV: `{csv_path.name}`; runs and repro.sh: `runs/{exp}/` (in git packed as "
                   f"`raw.tar.xz`; `bench/run parse` unpacks it).", ""]
+        if floor_mod.text(meta):
+            parts += [floor_mod.text(meta), ""]
         if durability.is_durability(rows):
             # two devices and two baselines in one CSV: its own tables, not the generic ones
             parts += durability.markdown(rows, result_dir)
@@ -739,6 +742,8 @@ def durability_text(result_dir: Path) -> str:
             f"{m['device']}, fresh ext4 per run; nvstack: its defaults, NVRAM region "
             f"{'/'.join(map(str, nvram)) or '-'} MiB in /dev/shm")
     text = [head, ""] + _columns(table)
+    if floor_mod.text(meta):
+        text += ["", floor_mod.text(meta)]
     for r in rows:
         if r["status"] != "ok":
             text.append(f"{r['fs']} {r['workload']} {r['variant']}: {r['status']}: "

@@ -139,6 +139,9 @@ pub struct RecordSlots {
     frames: BTreeMap<FrameId, u8>,
     /// Frames with a free slot (a subset of `frames`).
     roomy: BTreeSet<FrameId>,
+    /// Frames with no slot taken (a subset of `roomy`): kept apart so that a release knows
+    /// in O(log n) whether another empty frame exists.
+    empty: BTreeSet<FrameId>,
 }
 
 /// What [`RecordSlots::release`] asks of the caller.
@@ -160,6 +163,9 @@ impl RecordSlots {
         if taken != u8::MAX {
             self.roomy.insert(frame);
         }
+        if taken == 0 {
+            self.empty.insert(frame);
+        }
     }
 
     /// Takes a free slot of the lowest-numbered frame with one (records gather in few frames
@@ -167,6 +173,9 @@ impl RecordSlots {
     pub fn reserve(&mut self) -> Option<Place> {
         let &frame = self.roomy.iter().next()?;
         let taken = self.frames.get_mut(&frame).expect("roomy frames are listed");
+        if *taken == 0 {
+            self.empty.remove(&frame);
+        }
         let slot = taken.trailing_ones() as u8;
         *taken |= 1 << slot;
         if *taken == u8::MAX {
@@ -192,34 +201,44 @@ impl RecordSlots {
         debug_assert!(*taken & (1 << place.slot) != 0, "T6: a released slot was taken");
         *taken &= !(1 << place.slot);
         self.roomy.insert(place.frame);
-        if *taken == 0 && self.empty_frames() > 1 {
-            self.frames.remove(&place.frame);
-            self.roomy.remove(&place.frame);
-            return Released::FreeFrame(place.frame);
+        if *taken != 0 {
+            return Released::Kept;
         }
-        Released::Kept
+        if self.empty.is_empty() {
+            self.empty.insert(place.frame); // the one kept as room
+            return Released::Kept;
+        }
+        self.frames.remove(&place.frame);
+        self.roomy.remove(&place.frame);
+        Released::FreeFrame(place.frame)
     }
 
     /// Listed frames without a record, all but the first `keep`: taken off the list, for the
     /// caller to free (recovery keeps one after a crash left several; a flush or an unmount,
     /// which transformed every temp file, keeps none).
     pub fn take_empty(&mut self, keep: usize) -> Vec<FrameId> {
-        let empty: Vec<FrameId> =
-            self.frames.iter().filter(|&(_, &t)| t == 0).map(|(&f, _)| f).skip(keep).collect();
-        for f in &empty {
+        let gone: Vec<FrameId> = self.empty.iter().copied().skip(keep).collect();
+        for f in &gone {
             self.frames.remove(f);
             self.roomy.remove(f);
+            self.empty.remove(f);
         }
-        empty
-    }
-
-    fn empty_frames(&self) -> usize {
-        self.roomy.iter().filter(|f| self.frames[f] == 0).take(2).count()
+        gone
     }
 
     /// Record frames listed (`nvstack stat`: frames the records of temp files take).
     pub fn frames(&self) -> u64 {
         self.frames.len() as u64
+    }
+
+    /// `roomy` and `empty` are exactly the listed frames with a free slot and with none taken.
+    #[cfg(test)]
+    fn consistent(&self) -> bool {
+        let roomy: BTreeSet<FrameId> =
+            self.frames.iter().filter(|&(_, &t)| t != u8::MAX).map(|(&f, _)| f).collect();
+        let empty: BTreeSet<FrameId> =
+            self.frames.iter().filter(|&(_, &t)| t == 0).map(|(&f, _)| f).collect();
+        roomy == self.roomy && empty == self.empty
     }
 }
 
@@ -302,6 +321,40 @@ mod tests {
         assert!(s.take_empty(1).is_empty());
         assert_eq!(s.take_empty(0), vec![FrameId(1)], "a flush keeps none");
         assert_eq!(s.reserve(), Some(Place { frame: FrameId(5), slot: 0 }));
+    }
+
+    #[test]
+    fn the_lists_agree_with_the_slots_through_any_sequence() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..50u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut s = RecordSlots::default();
+            let mut taken: Vec<Place> = Vec::new();
+            let mut next = 100u64;
+            for _ in 0..400 {
+                match rng.random_range(0..3) {
+                    0 | 1 => match s.reserve() {
+                        Some(p) => taken.push(p),
+                        None => {
+                            s.add_frame(FrameId(next), 1); // a fresh frame, committed
+                            taken.push(Place { frame: FrameId(next), slot: 0 });
+                            next += 1;
+                        }
+                    },
+                    _ if !taken.is_empty() => {
+                        let p = taken.swap_remove(rng.random_range(0..taken.len()));
+                        if let Released::FreeFrame(f) = s.release(p) {
+                            assert!(taken.iter().all(|t| t.frame != f), "a freed frame held none");
+                        }
+                    }
+                    _ => {}
+                }
+                assert!(s.consistent(), "seed {seed}");
+                assert!(s.empty.len() <= 1, "at most one empty frame kept");
+                let mut seen = std::collections::HashSet::new();
+                assert!(taken.iter().all(|p| seen.insert(*p)), "no slot given twice");
+            }
+        }
     }
 
     #[test]
