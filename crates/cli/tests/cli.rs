@@ -453,9 +453,9 @@ fn check_and_inspect_list_patches_and_refuse_a_damaged_one_naming_its_frame() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("0 dirty page(s) and 2 patch(es)"), "{}", text(&out));
     let out = nvstack(&["inspect", "--nvram", path.to_str().unwrap()]);
-    assert!(text(&out).contains("slots  0+1  file frame"), "{}", text(&out));
+    assert!(text(&out).contains("slots  0+1  file record in frame"), "{}", text(&out));
     assert!(text(&out).contains("page 1: 1 range(s), 13 B"), "{}", text(&out));
-    assert!(text(&out).contains("slots  1+1  file frame"), "{}", text(&out));
+    assert!(text(&out).contains("slots  1+1  file record in frame"), "{}", text(&out));
     assert!(text(&out).contains("page 2: 1 range(s), 10 B"), "{}", text(&out));
     let layout = layout_of(&path);
     let frame = (offset - layout.frames_offset) / PAGE_SIZE;

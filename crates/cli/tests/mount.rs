@@ -687,16 +687,18 @@ fn dirty_pages_stay_with_keep_dirty_are_listed_flushed_and_a_damaged_record_is_r
     let out = nvstack(&["inspect", "--nvram", nv.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let record = v["cache"]["records"][0]["frame"].as_u64().unwrap_or(record);
+    // The only cached file's record: slot 0 of its record frame.
+    assert_eq!(v["cache"]["records"][0]["record"], format!("frame {record} slot 0"));
     let frames = v["layout"]["frames_offset"].as_u64().unwrap();
     let mut image = std::fs::read(&nv).unwrap();
     image[(frames + record * 4096 + 20) as usize] ^= 0x10;
     std::fs::write(&nv, &image).unwrap();
     let out = nvstack(&["check", "--nvram", nv.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-    assert!(text(&out).contains(&format!("frame {record}")), "{}", text(&out));
+    assert!(text(&out).contains(&format!("frame {record} slot 0")), "{}", text(&out));
     let out = f.mount_with(&[]);
     assert!(!out.status.success());
-    assert!(text(&out).contains(&format!("frame {record}")), "{}", text(&out));
+    assert!(text(&out).contains(&format!("frame {record} slot 0")), "{}", text(&out));
 }
 
 /// Whether `path` is a mount point (its exact path as field 5 of /proc/self/mountinfo; the test

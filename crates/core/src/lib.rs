@@ -21,6 +21,8 @@
 //!   facade and accounted for (durability).
 //! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
 //!   short lock or an undo slot).
+//! - `slots.rs`: records packed eight to a frame (temp files' and cached files'), the
+//!   volatile list of taken slots.
 //! - `sync.rs`: the ranked locks and the one lock order, checked in debug builds.
 //! - `inodes.rs` (node ids and identities), `handles.rs` (open files), `binding.rs` (the
 //!   root-area record tying a region to its lower directory), `stats.rs` (counters),
@@ -37,6 +39,7 @@ pub mod lowerfs;
 mod ops;
 pub mod overlay;
 pub mod route;
+pub mod slots;
 pub mod stats;
 pub mod sync;
 pub mod tempfs;

@@ -584,3 +584,76 @@ fn repeated_pages_count_one_file_not_a_reused_inode_number() {
     assert_eq!(flush(&e), (3, 1), "another file's page 0 is not a repeat");
     assert_eq!(lower_content(&lower, "b")[..PAGE], [3; PAGE]);
 }
+
+#[test]
+fn cached_files_records_are_packed_eight_to_a_frame_and_their_frames_freed() {
+    let lower = MemLower::default();
+    for i in 0..17 {
+        lower_file(&lower, &format!("f{i}"), &pattern(PAGE, i));
+    }
+    let reg = region(64);
+    let e = start(&lower, &reg, CacheConfig::default());
+    let free0 = e.stats().nvram.frames_free;
+    for i in 0..17 {
+        let (id, fh) = open(&e, &format!("f{i}"), libc::O_RDWR);
+        e.write(fh, 0, b"page", false).unwrap();
+        e.release(fh).unwrap();
+        e.forget(id, 1);
+    }
+    let s = e.stats();
+    assert_eq!((s.cache.files, s.cache.record_frames, s.writeback.pages_dirty), (17, 3, 17));
+    assert_eq!(free0 - s.nvram.frames_free, 17 + 3, "a page each and 3 record frames");
+    // Written back, every record goes; a flush keeps no empty record frame.
+    e.flush_cache(Reason::Flush, &mut |_, _| {});
+    let s = e.stats();
+    assert_eq!((s.cache.files, s.cache.record_frames), (0, 0), "{:?}", s.cache);
+    assert_eq!(s.nvram.frames_free, free0);
+    for i in 0..17u8 {
+        let mut want = pattern(PAGE, i);
+        want[..4].copy_from_slice(b"page");
+        assert_eq!(lower_content(&lower, &format!("f{i}")), want, "f{i}");
+    }
+}
+
+#[test]
+fn a_record_in_a_whole_frame_from_before_the_packing_is_recovered_and_written_back() {
+    use engine::cache::record::{KIND_PAGE, KIND_RECORD, Record};
+    let lower = MemLower::default();
+    lower_file(&lower, "old", &pattern(2 * PAGE, 9));
+    let reg = region(64);
+    // What an earlier nvstack left: the record alone at offset 0 of a KIND_RECORD frame, its
+    // dirty page's frame owned by that frame's number.
+    let (node, attr) = lower.lookup(lower.root(), name("old")).unwrap();
+    let rec = Record {
+        size: attr.size,
+        valid: attr.size,
+        mtime: attr.mtime,
+        ctime: attr.ctime,
+        serial: 1,
+        handle: lower.file_handle(&node).unwrap(),
+    };
+    let pool = Pool::open(reg.clone(), Consistency::Undo).unwrap().0;
+    let mut tx = pool.begin();
+    let object = tx.alloc_frame(txn::FrameTag { kind: KIND_RECORD, owner: 0, index: 0 }).unwrap();
+    tx.write(pool.frame_offset(object), &rec.encode());
+    let page =
+        tx.alloc_frame(txn::FrameTag { kind: KIND_PAGE, owner: object.0, index: 1 }).unwrap();
+    tx.write(pool.frame_offset(page), &pattern(PAGE, 77));
+    tx.commit();
+    drop(pool);
+    let e = start(&lower, &reg, CacheConfig::default());
+    let s = e.stats();
+    assert_eq!((s.cache.files, s.cache.record_frames, s.writeback.pages_dirty), (1, 0, 1));
+    let (_, fh) = open(&e, "old", libc::O_RDWR);
+    let mut want = pattern(2 * PAGE, 9);
+    want[PAGE..].copy_from_slice(&pattern(PAGE, 77));
+    assert_eq!(read(&e, fh, 0, 1 << 20), want, "the old page over the lower file");
+    e.write(fh, 0, b"new", false).unwrap();
+    want[..3].copy_from_slice(b"new");
+    e.release(fh).unwrap();
+    e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert_eq!(lower_content(&lower, "old"), want);
+    assert_eq!(e.stats().cache.files, 0, "its whole frame freed");
+    assert_eq!(e.stats().nvram.frames_free, e.stats().nvram.frames_total);
+    e.shutdown();
+}

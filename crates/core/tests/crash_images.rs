@@ -591,7 +591,7 @@ fn every_crash_point_of_patch_changes_recovers_to_before_or_after() {
 /// two directories (up to 40 records: five record frames) created, written, unlinked - also
 /// while open, so that the record stays, unnamed, until the close - renamed over one another,
 /// and now and then transformed by a background round or a flush; so record frames fill,
-/// empty and are freed (`tempfs/slots.rs`, T5 and T6), by a release after the transaction
+/// empty and are freed (`crate::slots`, T5 and T6), by a release after the transaction
 /// that emptied them and by the flush.
 fn record_step(engine: &Engine<MemLower>, rng: &mut Rng, dirs: &[u64; 2]) -> String {
     let dir = rng.below(2) as usize;

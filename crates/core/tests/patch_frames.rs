@@ -59,7 +59,7 @@ fn puts_and_removes_with_rollbacks_agree_with_a_model() {
             // Mostly small, sometimes large: runs grow, shrink and move.
             let len = if rng.random_range(0..5) == 0 { 2500 } else { rng.random_range(1..700) };
             let p = patch(page, rng.random_range(0..4096 - len), len, step as u8);
-            let at = pf.put(&mut tx, &pool, owner, page, &p.encode()).unwrap();
+            let at = pf.put(&mut tx, &pool, owner.0, page, &p.encode()).unwrap();
             assert_eq!(pf.place(page), Some(at));
             Some(p)
         };

@@ -253,7 +253,8 @@ fn cached_json(cached: &CliResult<Vec<engine::cache::Found>>) -> serde_json::Val
                 .iter()
                 .take(MAX_LISTED)
                 .map(|c| serde_json::json!({
-                    "frame": c.frame.0,
+                    "frame": c.record.frame.0,
+                    "record": c.record.describe(),
                     "serial": c.rec.serial,
                     "size": c.rec.size,
                     "valid": c.rec.valid,
@@ -292,12 +293,12 @@ fn print_cached(cached: &CliResult<Vec<engine::cache::Found>>) {
             for c in list {
                 for (page, (at, p)) in c.patches.iter().take(20) {
                     println!(
-                        "  patch     frame {:<8} slots {:>2}+{:<2} file frame {} page {page}: {} \
-                         range(s), {} B",
+                        "  patch     frame {:<8} slots {:>2}+{:<2} file record in {} page {page}: \
+                         {} range(s), {} B",
                         at.frame.0,
                         at.slot,
                         at.slots,
-                        c.frame.0,
+                        c.record.describe(),
                         p.ranges.len(),
                         p.len()
                     );

@@ -125,8 +125,10 @@ fn print_caches(value: &serde_json::Value) {
     let wb = &value["writeback"];
     if cache["enabled"].as_bool() == Some(true) || cache["files"].as_u64().unwrap_or(0) > 0 {
         println!(
-            "cache: {} files, {} dirty pages ({} inactive); {} hits, {} fetches",
+            "cache: {} files (records in {} frames), {} dirty pages ({} inactive); {} hits, {} \
+             fetches",
             cache["files"],
+            cache["record_frames"],
             wb["pages_dirty"],
             wb["pages_inactive_dirty"],
             cache["hits"],

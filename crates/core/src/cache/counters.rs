@@ -44,6 +44,8 @@ pub struct CacheStats {
     pub fetches: u64,
     /// Lower files with a record in NVRAM.
     pub files: u64,
+    /// Frames their records are packed in, eight to a frame (one may be empty, kept as room).
+    pub record_frames: u64,
     /// Dirty pages of deleted files, freed without being written.
     pub pages_dropped: u64,
     /// Writes that went straight to the lower file because NVRAM stayed full.
@@ -83,6 +85,7 @@ impl CacheCounters {
                 hits: get(&self.hits),
                 fetches: get(&self.fetches),
                 files: get(&self.files),
+                record_frames: 0, // `PageCache::stats` fills it in
                 pages_dropped: get(&self.pages_dropped),
                 write_through: get(&self.write_through),
             },

@@ -34,6 +34,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::slots::RecordSlots;
 use crate::sync::{Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
@@ -193,9 +194,11 @@ pub struct PageCache<N, F> {
     round: Mutex<History>,
     /// The cache clock: page versions and recency ticks.
     clock: AtomicU64,
-    /// Patched pages waiting for an asynchronous fetch, as (record frame, page), in elevator
+    /// Patched pages waiting for an asynchronous fetch, as (file id, page), in elevator
     /// order (rank `Fetches`; bounded: `nbw::MAX_QUEUED`).
     fetches: Mutex<fetchqueue::FetchQueue>,
+    /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::slots`).
+    slots: Mutex<RecordSlots>,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -220,6 +223,7 @@ impl<N, F> PageCache<N, F> {
             round: Mutex::new(Rank::Round, History::default()),
             clock: AtomicU64::new(1),
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
+            slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
         }
     }
 
@@ -239,7 +243,9 @@ impl<N, F> PageCache<N, F> {
 
     /// `nvstack stat`: the `cache` and `writeback` objects.
     pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
-        self.counters.snapshot(&self.config, self.policy.name())
+        let (mut cache, wb) = self.counters.snapshot(&self.config, self.policy.name());
+        cache.record_frames = self.slots.lock().frames();
+        (cache, wb)
     }
 
     /// `nvstack stat`: the `nbw` object.
@@ -251,7 +257,7 @@ impl<N, F> PageCache<N, F> {
     fn insert(&self, cf: &Arc<CachedFile<N, F>>) {
         let mut files = self.files.lock();
         files.by_key.insert(cf.key, Arc::clone(cf));
-        files.by_object.insert(cf.object.0, Arc::clone(cf));
+        files.by_object.insert(cf.id(), Arc::clone(cf));
         drop(files);
         counters::inc(&self.counters.files);
     }
@@ -264,8 +270,8 @@ impl<N, F> PageCache<N, F> {
         if files.by_key.get(&cf.key).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
             files.by_key.remove(&cf.key);
         }
-        if files.by_object.get(&cf.object.0).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
-            files.by_object.remove(&cf.object.0);
+        if files.by_object.get(&cf.id()).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
+            files.by_object.remove(&cf.id());
         }
         drop(files);
         counters::dec(&self.counters.files);

@@ -117,7 +117,7 @@ impl<L: LowerFs> Engine<L> {
             }
             let loc = {
                 let extents = self.extents(cf, st);
-                state::locate(extents, cf.object.0, page, &self.cache.tables().all)
+                state::locate(extents, cf.id(), page, &self.cache.tables().all)
             };
             let mut bytes = Box::new([0u8; PAGE as usize]);
             if n < PAGE as usize && base < st.rec.valid {
@@ -264,7 +264,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let Some(patch) = st.patches.get(&page).cloned() else { return Ok(false) };
         patch.apply(&mut bytes[..]);
-        let tag = FrameTag { kind: KIND_PAGE, owner: cf.object.0, index: page };
+        let tag = FrameTag { kind: KIND_PAGE, owner: cf.id(), index: page };
         let frame = self.patch_tx(&mut st.patch_frames, |pf| {
             self.atomically(|tx| {
                 let frame = tx.alloc_frame(tag)?;
@@ -325,7 +325,7 @@ impl<L: LowerFs> Engine<L> {
     pub(super) fn write_plans(
         &self,
         tx: &mut txn::Tx<'_>,
-        object: FrameId,
+        object: u64,
         plans: &[Plan],
         pf: &mut PatchFrames,
     ) -> Result<Vec<FrameId>, txn::TxError> {
@@ -334,7 +334,7 @@ impl<L: LowerFs> Engine<L> {
         for plan in plans {
             match plan {
                 Plan::Page { page, bytes, patched, .. } => {
-                    let tag = FrameTag { kind: KIND_PAGE, owner: object.0, index: *page };
+                    let tag = FrameTag { kind: KIND_PAGE, owner: object, index: *page };
                     let frame = tx.alloc_frame(tag)?;
                     tx.write(pool.frame_offset(frame), &bytes[..]);
                     if *patched {

@@ -20,16 +20,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use lower::{Attr, LowerFs, SetAttr};
-use txn::FrameTag;
 
 use super::counters::inc;
 use super::policy::{Loc, PageKey, ZoneTable};
-use super::record::{KIND_RECORD, MAX_HANDLE, Record};
+use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
 use super::state::{self, CachedFile, PageMeta};
 use super::{PAGE, Reason};
 use crate::engine::Engine;
 use crate::engine::optx::OpTx;
 use crate::error::{FsError, FsResult, answer};
+use crate::slots;
 use crate::stats::Counters;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
@@ -87,14 +87,22 @@ impl<L: LowerFs> Engine<L> {
             serial: self.cache.next_serial.fetch_add(1, Ordering::Relaxed),
             handle,
         };
-        let made = (|| -> Result<txn::FrameId, txn::TxError> {
-            let tx = otx.tx();
-            let object = tx.alloc_frame(FrameTag { kind: KIND_RECORD, owner: 0, index: 0 })?;
-            tx.write(self.pool.frame_offset(object), &rec.encode());
-            Ok(object)
-        })();
-        let object = otx.end(made.map_err(FsError::from))?;
-        let cf = Arc::new(CachedFile::new(key, object, Arc::clone(node), rec));
+        // The record in a reserved slot, or a fresh record frame listed after the commit (T6).
+        let reserved = self.cache.slots.lock().reserve();
+        let made = slots::put_new(otx.tx(), KIND_RECORDS, reserved, &rec.encode());
+        let place = match otx.end(made.map_err(FsError::from)) {
+            Ok(place) => place,
+            Err(e) => {
+                if let Some(p) = reserved {
+                    self.cache.slots.lock().unreserve(p); // rolled back: the slot is zero
+                }
+                return Err(e);
+            }
+        };
+        if reserved.is_none() {
+            self.cache.slots.lock().add_frame(place.frame, 1);
+        }
+        let cf = Arc::new(CachedFile::new(key, place, Arc::clone(node), rec));
         self.cache.insert(&cf);
         Ok(Some(cf))
     }
@@ -170,8 +178,8 @@ impl<L: LowerFs> Engine<L> {
                         touched.push(page);
                     }
                 }
-                let frames = self.write_plans(tx, cf.object, &plans, pf)?;
-                tx.update(pool.frame_offset(cf.object), &rec.encode())?;
+                let frames = self.write_plans(tx, cf.id(), &plans, pf)?;
+                slots::put(tx, cf.record, &rec.encode())?;
                 Ok(frames)
             })();
             // Commit (or roll back) before the file's lock is released (strict 2PL), then mirror.
@@ -234,7 +242,7 @@ impl<L: LowerFs> Engine<L> {
             // the location seen in phase 1; only placement changes.)
             let reserved = matches!(plan.loc(), Loc::Logical { .. });
             let loc = if t.all.contains(plan.loc()) {
-                Loc::Logical { object: cf.object.0, index: page }
+                Loc::Logical { object: cf.id(), index: page }
             } else {
                 plan.loc()
             };
@@ -248,7 +256,7 @@ impl<L: LowerFs> Engine<L> {
                 loc,
                 reserved,
             };
-            state::add_page(&mut t, c, PageKey { object: cf.object.0, index: page }, &meta);
+            state::add_page(&mut t, c, PageKey { object: cf.id(), index: page }, &meta);
             st.unmapped += u64::from(meta.reserved);
             st.pages.insert(page, meta);
             if let Plan::Patch { patch, .. } = plan {
@@ -259,7 +267,7 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         drop(t);
-        self.queue_fetches(cf.object.0, queued);
+        self.queue_fetches(cf.id(), queued);
     }
 
     /// Reads through the cache: the lower file's bytes below `valid`, zeros up to the size,
@@ -510,7 +518,7 @@ impl<L: LowerFs> Engine<L> {
             let result = (|| -> Result<(), txn::TxError> {
                 if let Some(Some(q)) = &clipped {
                     // Smaller than before: rewritten in its run.
-                    pf.put(otx.tx(), pool, cf.object, tail, &q.encode())?;
+                    pf.put(otx.tx(), pool, cf.id(), tail, &q.encode())?;
                 } else if size < old && size % PAGE != 0 && clipped.is_none() {
                     // C3: the tail of the last page reads as zeros if the file grows again.
                     if let Some(meta) = pages.get(&tail) {
@@ -533,7 +541,7 @@ impl<L: LowerFs> Engine<L> {
                 rec.valid = rec.valid.min(size);
                 rec.mtime = now;
                 rec.ctime = now;
-                otx.tx().update(pool.frame_offset(cf.object), &rec.encode())?;
+                slots::put(otx.tx(), cf.record, &rec.encode())?;
                 Ok(())
             })()
             .map_err(FsError::from);
@@ -597,8 +605,7 @@ impl<L: LowerFs> Engine<L> {
                 let mut rec = st.rec.clone();
                 rec.mtime = attr.mtime;
                 rec.ctime = rec.ctime.max(attr.ctime);
-                let off = self.pool.frame_offset(cf.object);
-                let r = otx.tx().update(off, &rec.encode()).map_err(FsError::from);
+                let r = slots::put(otx.tx(), cf.record, &rec.encode()).map_err(FsError::from);
                 otx.end(r)?;
                 st.rec = rec;
             }
@@ -634,7 +641,7 @@ impl<L: LowerFs> Engine<L> {
                     }
                 }
                 pf.free_all(tx)?;
-                tx.free_frame(cf.object)
+                slots::remove(tx, cf.record, RECORD_SIZE)
             })
         })?;
         let pages = std::mem::take(&mut st.pages);
@@ -656,6 +663,8 @@ impl<L: LowerFs> Engine<L> {
         self.patches_gone(st, patched);
         st.gone = true;
         self.cache.remove(cf);
+        // Its record's removal committed: the slot is free again.
+        self.release_slot(&self.cache.slots, cf.record);
     }
 
     /// Checks the volatile mirror against itself (tests): every dirty page of every cached
@@ -672,8 +681,7 @@ impl<L: LowerFs> Engine<L> {
                 ));
             }
             for (key, cf) in &f.by_key {
-                if cf.key != *key
-                    || !f.by_object.get(&cf.object.0).is_some_and(|o| Arc::ptr_eq(o, cf))
+                if cf.key != *key || !f.by_object.get(&cf.id()).is_some_and(|o| Arc::ptr_eq(o, cf))
                 {
                     return Err(format!("file {key:?} is not the same in both maps"));
                 }
@@ -686,32 +694,34 @@ impl<L: LowerFs> Engine<L> {
         for cf in files {
             let st = cf.lock();
             if st.gone {
-                return Err(format!("a freed file (frame {}) is still mapped", cf.object.0));
+                return Err(format!("a freed file (frame {}) is still mapped", cf.id()));
             }
             let reserved = st.pages.values().filter(|m| m.reserved).count() as u64;
             if st.unmapped != reserved {
                 return Err(format!(
                     "frame {}: unmapped {} but {reserved} reserved pages",
-                    cf.object.0, st.unmapped
+                    cf.id(),
+                    st.unmapped
                 ));
             }
             // Patches: where the map says, each patched page's frame theirs, and no other.
-            st.patch_frames.check().map_err(|e| format!("frame {}: {e}", cf.object.0))?;
+            st.patch_frames.check().map_err(|e| format!("frame {}: {e}", cf.id()))?;
             for (&index, meta) in &st.pages {
                 let place = st.patch_frames.place(index);
                 if place.map(|p| p.frame) != st.patches.contains_key(&index).then_some(meta.frame) {
                     return Err(format!(
                         "frame {} page {index}: patch at {place:?}, page frame {}",
-                        cf.object.0, meta.frame.0
+                        cf.id(),
+                        meta.frame.0
                     ));
                 }
             }
             if st.patch_frames.len() != st.patches.len() {
-                return Err(format!("frame {}: patches placed and decoded differ", cf.object.0));
+                return Err(format!("frame {}: patches placed and decoded differ", cf.id()));
             }
             patch_frames += st.patch_frames.frame_count() as u64;
             pages.extend(
-                st.pages.iter().map(|(&index, m)| (PageKey { object: cf.object.0, index }, *m)),
+                st.pages.iter().map(|(&index, m)| (PageKey { object: cf.id(), index }, *m)),
             );
         }
         let counted = self.cache.nbw.patch_frames.load(Ordering::Relaxed);

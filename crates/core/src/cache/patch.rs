@@ -3,7 +3,7 @@
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x5043_0004 [`KIND_PATCHES`] | patches of one file, packed (below) | record frame number | 0 |
+//! | 0x5043_0004 [`KIND_PATCHES`] | patches of one file, packed (below) | the file's record place (`Place::owner`) | 0 |
 //!
 //! A patch frame is 64 slots of 64 bytes. Each patch of the owner file takes a run of
 //! consecutive slots (as few as its bytes need: a 512-byte patch takes 9, so 7 share a frame);

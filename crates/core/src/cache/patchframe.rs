@@ -240,7 +240,7 @@ impl PatchFrames {
         &mut self,
         tx: &mut Tx<'_>,
         pool: &Pool,
-        owner: FrameId,
+        owner: u64,
         page: u64,
         entry: &[u8],
     ) -> Result<Place, TxError> {
@@ -273,7 +273,7 @@ impl PatchFrames {
             tx.update(at(place), entry)?;
             place
         } else {
-            let tag = FrameTag { kind: KIND_PATCHES, owner: owner.0, index: 0 };
+            let tag = FrameTag { kind: KIND_PATCHES, owner, index: 0 };
             let frame = tx.alloc_frame(tag)?;
             let mut bytes = entry.to_vec();
             bytes.resize(SLOTS * SLOT, 0);

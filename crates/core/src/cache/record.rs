@@ -1,14 +1,16 @@
-//! The persistent form of a cached lower file: one *record frame* plus one *dirty page frame*
-//! per page that differs from the lower file (design.md section 11).
+//! The persistent form of a cached lower file: its record, in a slot of a record frame (eight
+//! to a frame, `crate::slots`), plus one *dirty page frame* per page that differs from the
+//! lower file (design.md section 11).
 //!
 //! Frame tags (descriptor kind / owner / index, see `txn::frames`):
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x5043_0001 [`KIND_RECORD`] ("PC") | the record below | 0 | 0 |
-//! | 0x5043_0002 [`KIND_PAGE`] | one 4 KiB dirty page | record frame number | page number |
+//! | 0x5043_0005 [`KIND_RECORDS`] ("PC") | eight record slots of 512 bytes | 0 | 0 |
+//! | 0x5043_0001 [`KIND_RECORD`] | one record at offset 0 (regions written before records were packed; read, changed and freed, never made) | 0 | 0 |
+//! | 0x5043_0002 [`KIND_PAGE`] | one 4 KiB dirty page | the record's place (`Place::owner`) | page number |
 //!
-//! Record (little endian, at offset 0 of the record frame; the rest of the frame is unused):
+//! Record (little endian, at the start of its slot; the rest of the slot is zero):
 //! the byte table is [`LAYOUT`] (design.md section 11.1 shows it; a test keeps the two equal).
 //! `size` is the file's logical size; lower bytes at or beyond `valid` are logically zero (a
 //! truncate below the lower size is applied to the lower file by the next write-back); times
@@ -27,7 +29,10 @@
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
+/// A whole frame holding one record (regions written before records were packed).
 pub const KIND_RECORD: u32 = 0x5043_0001;
+/// A frame of eight records (`crate::slots`).
+pub const KIND_RECORDS: u32 = 0x5043_0005;
 pub const KIND_PAGE: u32 = 0x5043_0002;
 
 pub const RECORD_SIZE: usize = 216;
@@ -54,6 +59,7 @@ pub const LAYOUT: &[nvram::layout::Field] = &[
 const _: () = {
     assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "cached-file record table");
     assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
+    assert!(RECORD_SIZE <= crate::slots::SLOT_SIZE, "a record fits its slot");
 };
 
 /// The decoded record (see the module docs).

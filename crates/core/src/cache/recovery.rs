@@ -17,12 +17,14 @@ use super::record::{self, Record};
 use super::state::{self, CachedFile, PageMeta};
 use crate::engine::Engine;
 use crate::engine::start::StartError;
+use crate::slots;
 use crate::stats::Counters;
 
 /// One cached file found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]
 pub struct Found {
-    pub frame: FrameId,
+    /// Where its record is.
+    pub record: slots::Place,
     pub rec: Record,
     pub pages: BTreeMap<u64, FrameId>,
     /// Patched pages (non-blocking writes): where the patch lies, and the patch.
@@ -33,16 +35,37 @@ pub struct Found {
 /// back unfinished transactions) and checks C1-C3, P4 and P5. Damage is reported with the
 /// frame named.
 pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
+    scan_all(pool).map(|(found, _)| found)
+}
+
+/// [`scan`], with every record frame and its taken slots (bit i: slot i), empty ones too.
+pub fn scan_all(pool: &txn::Pool) -> Result<(Vec<Found>, slots::FramesFound), nvram::Error> {
+    // By the owner their page and patch frames name (`Place::owner`).
     let mut records: BTreeMap<u64, Found> = BTreeMap::new();
+    let mut record_frames = Vec::new();
     let mut pages = Vec::new();
+    let found = |record: slots::Place, rec| {
+        let (pages, patches) = (BTreeMap::new(), BTreeMap::new());
+        (record.owner(), Found { record, rec, pages, patches })
+    };
     for (frame, tag) in pool.allocated_frames()? {
         let corrupt = |what| nvram::Error::corrupt(nvram::Area::Frame(frame.0), what);
         match tag.kind {
             record::KIND_RECORD => {
-                let b = pool.read_vec(pool.frame_offset(frame), record::RECORD_SIZE);
-                let rec = Record::decode(&b).map_err(corrupt)?;
-                let (pages, patches) = (BTreeMap::new(), BTreeMap::new());
-                records.insert(frame.0, Found { frame, rec, pages, patches });
+                let record = slots::Place::whole(frame);
+                let b = pool.read_vec(record.offset(pool), record::RECORD_SIZE);
+                let rec = Record::decode(&b).map_err(|what| slots::damaged(record, what))?;
+                let (owner, f) = found(record, rec);
+                records.insert(owner, f);
+            }
+            record::KIND_RECORDS => {
+                let in_frame = slots::read_frame(pool, frame, record::RECORD_SIZE)?;
+                record_frames.push((frame, slots::taken(&in_frame)));
+                for (record, b) in in_frame {
+                    let rec = Record::decode(&b).map_err(|what| slots::damaged(record, what))?;
+                    let (owner, f) = found(record, rec);
+                    records.insert(owner, f);
+                }
             }
             record::KIND_PAGE | KIND_PATCHES => pages.push((frame, tag)),
             KIND_PATCH_V1 => {
@@ -89,7 +112,7 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
         }
         found.pages.insert(tag.index, frame);
     }
-    Ok(records.into_values().collect())
+    Ok((records.into_values().collect(), record_frames))
 }
 
 impl<L: LowerFs> Engine<L> {
@@ -97,10 +120,21 @@ impl<L: LowerFs> Engine<L> {
     /// file that no longer exists (deleted while dirty, before its pages were dropped) is
     /// freed with its pages.
     pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
-        let found = scan(&self.pool)?;
+        let (found, record_frames) = scan_all(&self.pool)?;
+        {
+            // T6: every record frame listed with its records' slots; empty ones beyond the
+            // one kept as room (a crash can leave several) freed.
+            let mut list = self.cache.slots.lock();
+            *list = slots::RecordSlots::default();
+            for &(frame, taken) in &record_frames {
+                list.add_frame(frame, taken);
+            }
+        }
+        self.free_empty_slots(&self.cache.slots, 1).map_err(StartError::RecordFrames)?;
         let now = self.lower.now().0;
         let mut next_serial = 1;
-        for Found { frame: object, rec, pages: mut frames, patches } in found {
+        for Found { record, rec, pages: mut frames, patches } in found {
+            let object = record.owner();
             let mut patched = BTreeMap::new();
             let mut places = Vec::new();
             for (index, (place, patch)) in patches {
@@ -115,9 +149,16 @@ impl<L: LowerFs> Engine<L> {
                 Err(Errno(libc::ENOENT | libc::ESTALE)) => {
                     // Patched pages share their patch frames: each frame once.
                     let all: std::collections::BTreeSet<FrameId> =
-                        frames.values().copied().chain(std::iter::once(object)).collect();
-                    self.atomically(|tx| all.iter().try_for_each(|f| tx.free_frame(*f)))
-                        .map_err(|error| StartError::DropDeleted { object: object.0, error })?;
+                        frames.values().copied().collect();
+                    self.atomically(|tx| {
+                        all.iter().try_for_each(|f| tx.free_frame(*f))?;
+                        slots::remove(tx, record, record::RECORD_SIZE)
+                    })
+                    .map_err(|error| StartError::DropDeleted {
+                        record: record.describe(),
+                        error,
+                    })?;
+                    self.release_slot(&self.cache.slots, record);
                     Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
                     eprintln!(
                         "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
@@ -125,16 +166,16 @@ impl<L: LowerFs> Engine<L> {
                     );
                     continue;
                 }
-                Err(e) => return Err(StartError::CachedFile { object: object.0, error: e }),
+                Err(e) => {
+                    return Err(StartError::CachedFile { record: record.describe(), error: e });
+                }
             };
             let key = self.lower.key(&node);
-            let cf = Arc::new(CachedFile::new(key, object, Arc::new(node), rec));
+            let cf = Arc::new(CachedFile::new(key, record, Arc::new(node), rec));
             if self.cache.get(key).is_some() {
-                return Err(nvram::Error::corrupt(
-                    nvram::Area::Frame(object.0),
-                    "two cached-file records for one lower file",
-                )
-                .into());
+                return Err(
+                    slots::damaged(record, "two cached-file records for one lower file").into()
+                );
             }
             self.cache.insert(&cf);
             let mut st = cf.lock();
@@ -143,7 +184,7 @@ impl<L: LowerFs> Engine<L> {
             let mut t = self.cache.tables();
             let mut reserved = 0;
             for (index, frame) in frames {
-                let loc = state::locate(&extents, object.0, index, &t.all);
+                let loc = state::locate(&extents, object, index, &t.all);
                 let meta = PageMeta {
                     frame,
                     active: false,
@@ -155,12 +196,7 @@ impl<L: LowerFs> Engine<L> {
                     reserved: matches!(loc, Loc::Logical { .. }),
                 };
                 reserved += u64::from(meta.reserved);
-                state::add_page(
-                    &mut t,
-                    &self.cache.counters,
-                    PageKey { object: object.0, index },
-                    &meta,
-                );
+                state::add_page(&mut t, &self.cache.counters, PageKey { object, index }, &meta);
                 st.pages.insert(index, meta);
             }
             for patch in patched.values() {
@@ -171,7 +207,7 @@ impl<L: LowerFs> Engine<L> {
             st.patch_frames = patch_frames;
             drop(t);
             // The asynchronous modes fetch what they had not fetched before the stop.
-            self.queue_fetches(object.0, patched.keys().copied());
+            self.queue_fetches(object, patched.keys().copied());
             st.patches = patched;
             st.extents = Some(extents);
             st.unmapped = reserved;

@@ -14,6 +14,7 @@ use super::patch::Patch;
 use super::patchframe::PatchFrames;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::Record;
+use crate::slots::Place;
 use crate::sync::{Mutex, MutexGuard, Rank};
 
 /// The volatile state of one dirty page.
@@ -67,11 +68,12 @@ pub struct CacheState {
     pub lower_gen: u64,
 }
 
-/// A lower file with a record in NVRAM. `object` (its record frame) and `key` never change.
+/// A lower file with a record in NVRAM. `record` (where its record is: a slot of a record
+/// frame, `crate::slots`) and `key` never change.
 #[derive(Debug)]
 pub struct CachedFile<N, F> {
     pub key: (u64, u64),
-    pub object: FrameId,
+    pub record: Place,
     pub node: Arc<N>,
     state: Mutex<CacheState>,
     /// The lower file opened read-write (buffered) for fetches and the fallback write-back.
@@ -82,11 +84,11 @@ pub struct CachedFile<N, F> {
 }
 
 impl<N, F> CachedFile<N, F> {
-    pub fn new(key: (u64, u64), object: FrameId, node: Arc<N>, rec: Record) -> Self {
+    pub fn new(key: (u64, u64), record: Place, node: Arc<N>, rec: Record) -> Self {
         let size = rec.size;
         CachedFile {
             key,
-            object,
+            record,
             node,
             state: Mutex::new(
                 Rank::CachedFile,
@@ -108,9 +110,16 @@ impl<N, F> CachedFile<N, F> {
         }
     }
 
-    /// Several files are locked in record-frame order (a write-back batch).
+    /// Several files are locked in the order of their ids (a write-back batch).
     pub fn lock(&self) -> MutexGuard<'_, CacheState> {
-        self.state.lock_nth(self.object.0)
+        self.state.lock_nth(self.id())
+    }
+
+    /// The file's identity in the cache's maps, zone tables and fetch queue, and the owner
+    /// its page and patch frames name (`Place::owner`; a whole record frame's number for a
+    /// record written before records were packed).
+    pub fn id(&self) -> u64 {
+        self.record.owner()
     }
 }
 

@@ -33,11 +33,12 @@ use lower::{Errno, LowerFs, SetAttr, TimeSet};
 use super::counters::inc;
 use super::ops::Cached;
 use super::policy::{self, Loc, PageKey};
-use super::record::Record;
+use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
 use crate::engine::Engine;
 use crate::error::{FsError, FsResult};
+use crate::slots;
 use crate::stats::Counters;
 
 /// A page-aligned 4 KiB block (O_DIRECT buffers must be aligned).
@@ -182,12 +183,7 @@ impl<L: LowerFs> Engine<L> {
             let mut st = cf.lock();
             let mut t = self.cache.tables();
             for (&index, meta) in &mut st.pages {
-                state::age(
-                    &mut t,
-                    &self.cache.counters,
-                    PageKey { object: cf.object.0, index },
-                    meta,
-                );
+                state::age(&mut t, &self.cache.counters, PageKey { object: cf.id(), index }, meta);
             }
         }
     }
@@ -203,11 +199,11 @@ impl<L: LowerFs> Engine<L> {
             for cf in all {
                 let st = cf.lock();
                 if policy.uses_files() {
-                    files.push((cf.object.0, st.pages.iter().map(|(&i, m)| (i, m.loc)).collect()));
+                    files.push((cf.id(), st.pages.iter().map(|(&i, m)| (i, m.loc)).collect()));
                 }
                 if policy.uses_lru() {
                     lru.extend(st.pages.iter().filter(|(_, m)| !m.active).map(|(&index, m)| {
-                        (m.last_use, PageKey { object: cf.object.0, index }, m.loc)
+                        (m.last_use, PageKey { object: cf.id(), index }, m.loc)
                     }));
                 }
             }
@@ -314,7 +310,11 @@ impl<L: LowerFs> Engine<L> {
                 return (done, Some(e));
             }
         }
-        (done, None)
+        // Record frames left without records are not kept as room after a flush.
+        match self.free_empty_slots(&self.cache.slots, 0) {
+            Ok(_) => (done, None),
+            Err(e) => (done, Some(e)),
+        }
     }
 
     /// Writes back the pages dirty for longer than `--max-dirty-age` (called about once a
@@ -332,7 +332,7 @@ impl<L: LowerFs> Engine<L> {
                 st.pages
                     .iter()
                     .filter(|(_, m)| m.dirtied_at <= limit)
-                    .map(|(&index, m)| (PageKey { object: cf.object.0, index }, m.loc)),
+                    .map(|(&index, m)| (PageKey { object: cf.id(), index }, m.loc)),
             );
         }
         if old.is_empty() {
@@ -396,7 +396,7 @@ impl<L: LowerFs> Engine<L> {
         mut batch: Batch<L>,
         seen: &mut std::collections::HashSet<u64>,
     ) -> Vec<BatchFile<L>> {
-        batch.sort_by_key(|(cf, _)| cf.object.0);
+        batch.sort_by_key(|(cf, _)| cf.id());
         let mut jobs: Vec<BatchFile<L>> = Vec::new();
         for (cf, mut indices) in batch {
             indices.sort_unstable();
@@ -432,7 +432,7 @@ impl<L: LowerFs> Engine<L> {
                 job.pages.push((index, meta.loc, meta.version));
                 job.data.push(block);
             }
-            job.cut = seen.insert(cf.object.0);
+            job.cut = seen.insert(cf.id());
             if job.cut {
                 st.shrunk_to = st.rec.size;
             }
@@ -630,9 +630,9 @@ impl<L: LowerFs> Engine<L> {
                 let free_record =
                     clean.len() == st.pages.len() && rec.valid == rec.size && rec.size == job.size;
                 if free_record {
-                    tx.free_frame(job.cf.object)?;
+                    slots::remove(tx, job.cf.record, RECORD_SIZE)?;
                 } else {
-                    tx.update(self.pool.frame_offset(job.cf.object), &rec.encode())?;
+                    slots::put(tx, job.cf.record, &rec.encode())?;
                 }
                 plans.push((clean, rec, free_record));
             }

@@ -15,6 +15,7 @@
 
 pub mod durability;
 pub mod optx;
+pub mod records;
 pub mod routing;
 pub mod space;
 pub mod start;

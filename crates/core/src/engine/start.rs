@@ -40,19 +40,19 @@ pub enum StartError {
     #[error("finishing an interrupted transform of temp file {serial}: {error}")]
     Redo { serial: u64, error: FsError },
     #[error(
-        "finding the lower file of cached-file record in frame {object} by its handle: {error} \
+        "finding the lower file of the cached-file record in {record} by its handle: {error} \
          (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
          the walk limit)"
     )]
-    CachedFile { object: u64, error: lower::Errno },
+    CachedFile { record: String, error: lower::Errno },
     #[error(
-        "freeing the dirty pages of a file deleted before the crash (record in frame {object}): \
+        "freeing the dirty pages of a file deleted before the crash (record in {record}): \
          {error}"
     )]
-    DropDeleted { object: u64, error: FsError },
+    DropDeleted { record: String, error: FsError },
     #[error("settling pending directory times: {0}")]
     Settle(FsError),
-    #[error("freeing empty temp-file record frames: {0}")]
+    #[error("freeing record frames that hold no record: {0}")]
     RecordFrames(FsError),
     #[error(
         "replaying metadata-journal record {seq} (frame {frame}) onto the lower file system: \

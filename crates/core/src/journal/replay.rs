@@ -316,7 +316,7 @@ impl<L: LowerFs> Engine<L> {
         for mut c in crate::cache::scan(pool).map_err(corrupt)? {
             let before = c.rec.encode().to_vec();
             if swap(&mut c.rec.handle) {
-                writes.push((pool.frame_offset(c.frame), before, c.rec.encode().to_vec()));
+                writes.push((c.record.offset(pool), before, c.rec.encode().to_vec()));
             }
         }
         let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
-use super::record::{KIND_DATA, Record};
-use super::slots::{self, Place};
+use super::record::{KIND_DATA, RECORD_SIZE, Record};
+use crate::slots::{self, Place};
 
 pub const PAGE: u64 = FRAME_SIZE;
 
@@ -150,13 +150,13 @@ pub fn free_all(
         tx.free_frame(frame)?;
     }
     pages.clear();
-    slots::remove(tx, object)?;
+    slots::remove(tx, object, RECORD_SIZE)?;
     Ok(n)
 }
 
 /// Rewrites the record at its place (snapshot first).
 pub fn put_record(tx: &mut Tx<'_>, object: Place, rec: &Record) -> Result<(), TxError> {
-    slots::put(tx, object, rec)
+    slots::put(tx, object, &rec.encode())
 }
 
 /// The next data offset at or after `offset` (SEEK_DATA), or None (ENXIO).

@@ -2,11 +2,11 @@
 //! (thesis 3.1.1; design.md section 10).
 //!
 //! A temp file is a record (attributes, the lower directory and the name) in a slot of a
-//! record frame, eight to a frame (`slots.rs`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
+//! record frame, eight to a frame (`crate::slots`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
 //! index of named temp files by (lower directory, name), rebuilt from the records at mount;
 //! the engine consults it before the lower directory on lookup and merges it into readdir.
 //!
-//! Files: `record.rs`, `slots.rs` and `data.rs` (formats), `ops.rs` (operations on temp files),
+//! Files: `record.rs` and `data.rs` (formats; records packed by `crate::slots`), `ops.rs` (operations on temp files),
 //! `rename.rs` (rename over the merged namespace), `transform.rs` (the transform protocol and
 //! the triggers), `recovery.rs` (the overlay rebuilt at mount).
 //!
@@ -23,7 +23,6 @@ mod ops;
 pub mod record;
 mod recovery;
 mod rename;
-pub mod slots;
 mod transform;
 
 use std::collections::BTreeMap;
@@ -35,8 +34,9 @@ use txn::{FrameId, FrameTag, Pool};
 use crate::overlay::DirKey;
 use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 
+use crate::slots;
+pub use crate::slots::Place;
 pub use record::{Record, State};
-pub use slots::Place;
 
 /// Names starting with this prefix are nvstack's hidden transform files in the lower
 /// directory: invisible through the mount, never created by it.
@@ -396,7 +396,7 @@ pub struct Found {
 pub struct Scanned {
     pub files: Vec<Found>,
     /// Every record frame with its taken slots (bit i: slot i), empty ones too.
-    pub record_frames: Vec<(FrameId, u8)>,
+    pub record_frames: slots::FramesFound,
 }
 
 /// Reads every temp-file record of the region (after recovery rolled back unfinished
@@ -412,36 +412,21 @@ pub fn scan_all(pool: &Pool) -> Result<Scanned, nvram::Error> {
     let mut objects: BTreeMap<Place, Found> = BTreeMap::new();
     let mut record_frames = Vec::new();
     let mut data: Vec<(FrameId, FrameTag)> = Vec::new();
-    let damaged = |place: Place, what: &str| {
-        nvram::Error::corrupt(
-            nvram::Area::Frame(place.frame.0),
-            format!("{}: {what}", place.describe()),
-        )
-    };
     for (frame, tag) in frames {
         match tag.kind {
             record::KIND_OBJECT => {
                 let place = Place::whole(frame);
                 let bytes = pool.read_vec(place.offset(pool), record::RECORD_SIZE);
-                let rec = Record::decode(&bytes).map_err(|what| damaged(place, what))?;
+                let rec = Record::decode(&bytes).map_err(|what| slots::damaged(place, what))?;
                 objects.insert(place, Found { place, rec, pages: BTreeMap::new() });
             }
-            slots::KIND_RECORDS => {
-                let mut taken = 0u8;
-                for slot in 0..slots::SLOTS as u8 {
-                    let place = Place { frame, slot };
-                    let bytes = pool.read_vec(place.offset(pool), slots::SLOT_SIZE);
-                    if bytes.iter().all(|&b| b == 0) {
-                        continue; // T5: a free slot
-                    }
-                    let rec = Record::decode(&bytes).map_err(|what| damaged(place, what))?;
-                    if bytes[record::RECORD_SIZE..].iter().any(|&b| b != 0) {
-                        return Err(damaged(place, "bytes after the record are not zero (T5)"));
-                    }
-                    taken |= 1 << slot;
+            record::KIND_RECORDS => {
+                let records = slots::read_frame(pool, frame, record::RECORD_SIZE)?;
+                record_frames.push((frame, slots::taken(&records)));
+                for (place, bytes) in records {
+                    let rec = Record::decode(&bytes).map_err(|what| slots::damaged(place, what))?;
                     objects.insert(place, Found { place, rec, pages: BTreeMap::new() });
                 }
-                record_frames.push((frame, taken));
             }
             record::KIND_DATA => data.push((frame, tag)),
             _ => {}

@@ -18,8 +18,9 @@ use crate::engine::optx::OpTx;
 use crate::engine::{Engine, Entry, Open, suidgid_bits};
 use crate::error::{FsError, FsResult, answer};
 use crate::overlay::DirKey;
+use crate::slots;
 use crate::stats::Counters;
-use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data, slots};
+use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data};
 
 /// The outcome of `tx_truncate`, applied to the mirror after the commit.
 struct Truncated {
@@ -114,7 +115,7 @@ impl<L: LowerFs> Engine<L> {
         let reserved = self.temp.slots.lock().reserve();
         let attempt = (|| {
             let tx = otx.tx();
-            let place = slots::put_new(tx, reserved, &rec)?;
+            let place = slots::put_new(tx, tempfs::record::KIND_RECORDS, reserved, &rec.encode())?;
             Ok((place, self.tx_dir_times(tx, &idx, key, &handle, now)?))
         })();
         let full = matches!(attempt, Err(txn::TxError::NoFrames));
@@ -286,39 +287,18 @@ impl<L: LowerFs> Engine<L> {
         self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// After the removal of the record at `place` committed (`data::free_all`): its slot is
-    /// free again (T6); a second empty record frame is freed in a transaction of its own
-    /// (off the list first, so no create reserves in it meanwhile).
+    /// After the removal of the record at `place` committed (`data::free_all`): the slot
+    /// released (`Engine::release_slot`).
     pub(crate) fn release_record(&self, place: Place) {
-        let released = self.temp.slots.lock().release(place);
-        if let slots::Released::FreeFrame(frame) = released {
-            match self.atomically(|tx| tx.free_frame(frame)) {
-                Ok(()) => Counters::add(&self.temp.counters.record_frames_freed, 1),
-                Err(e) => {
-                    // Still allocated and zero (T5): listed again as room.
-                    eprintln!("nvstack: an empty temp-file record frame was not freed: {e}");
-                    self.temp.slots.lock().add_frame(frame, 0);
-                }
-            }
-        }
+        let freed = self.release_slot(&self.temp.slots, place);
+        Counters::add(&self.temp.counters.record_frames_freed, freed);
     }
 
-    /// Frees the record frames without a record, all but `keep` (T6: off the list first).
+    /// Frees the temp files' record frames without a record, all but `keep`.
     pub(crate) fn free_empty_record_frames(&self, keep: usize) -> FsResult<()> {
-        let empty = self.temp.slots.lock().take_empty(keep);
-        if empty.is_empty() {
-            return Ok(());
-        }
-        let r = self.atomically(|tx| empty.iter().try_for_each(|&f| tx.free_frame(f)));
-        if r.is_ok() {
-            Counters::add(&self.temp.counters.record_frames_freed, empty.len() as u64);
-        } else {
-            let mut slots = self.temp.slots.lock();
-            for &f in &empty {
-                slots.add_frame(f, 0); // still allocated and zero (T5): room again
-            }
-        }
-        r
+        let freed = self.free_empty_slots(&self.temp.slots, keep)?;
+        Counters::add(&self.temp.counters.record_frames_freed, freed);
+        Ok(())
     }
 
     /// Sets the size of a temp file in `tx` (the caller holds its state, stable); returns the

@@ -21,7 +21,7 @@ impl<L: LowerFs> Engine<L> {
             // T6: every record frame listed with its records' slots; empty ones beyond the
             // one kept as room (a crash can leave several) freed.
             let mut slots = self.temp.slots.lock();
-            *slots = tempfs::slots::RecordSlots::default();
+            *slots = crate::slots::RecordSlots::default();
             for &(frame, taken) in &scanned.record_frames {
                 slots.add_frame(frame, taken);
             }

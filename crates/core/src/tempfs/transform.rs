@@ -32,8 +32,8 @@ use crate::engine::{Engine, Obj};
 use crate::error::{FsError, FsResult, answer};
 use crate::inodes::Identity;
 use crate::overlay::DirKey;
+use crate::slots::SLOTS;
 use crate::stats::Counters;
-use crate::tempfs::slots::SLOTS;
 use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
 
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).

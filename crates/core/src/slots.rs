@@ -1,57 +1,54 @@
-//! Where temp-file records live: eight to a *record frame*, so that a small file costs its
-//! data frames and an eighth of a frame, not a whole frame for its 496-byte record.
+//! Records packed eight to a frame: the temp files' records (`tempfs`, 496 bytes) and the
+//! cached files' records (`cache`, 216 bytes), so that a small file costs its data frames and
+//! an eighth of a frame, not a whole frame for its record.
 //!
-//! A record frame (kind [`KIND_RECORDS`]) holds [`SLOTS`] slots of [`SLOT_SIZE`] bytes; a
-//! record is written at the start of its slot. Regions written before records were packed
-//! hold each record alone at offset 0 of an *object frame* (kind [`KIND_OBJECT`]); those are
-//! read, changed and freed as before ([`WHOLE`]), and new records always go to slots.
+//! A *record frame* (each user has its own kind: `tempfs::record::KIND_RECORDS`,
+//! `cache::record::KIND_RECORDS`) holds [`SLOTS`] slots of [`SLOT_SIZE`] bytes; a record is
+//! written at the start of its slot. Regions written before records were packed hold each
+//! record alone at offset 0 of a frame of its own (the users' older kinds); those are read,
+//! changed and freed as before ([`WHOLE`]), and new records always go to slots.
 //!
 //! Invariants (design.md section 10): **T5** every slot of a record frame that no record
 //! takes is zero, so that recovery tells a free slot from a damaged record; **T6** a record
-//! frame is listed in the volatile [`RecordSlots`] with a taken bit for every slot that holds
-//! a committed record or is being written by a running transaction (a *reservation*), so
-//! that two transactions never write one slot and a slot is reused only after the
-//! transaction that zeroed it committed.
+//! frame is listed in the volatile [`RecordSlots`] of its user with a taken bit for every slot
+//! that holds a committed record or is being written by a running transaction (a
+//! *reservation*), so that two transactions never write one slot and a slot is reused only
+//! after the transaction that zeroed it committed.
 //!
-//! Protocol: a create reserves a free slot (or, when no listed frame has one, allocates a
+//! Protocol: a new record reserves a free slot (or, when no listed frame has one, allocates a
 //! fresh frame inside its transaction, written completely: its record at slot 0, zeros
 //! elsewhere) and writes the record there in its transaction; after the commit a fresh frame
 //! is listed ([`RecordSlots::add_frame`]), after a rollback the reservation is dropped (the
-//! slot is zero again). Freeing a record zeroes its slot inside the operation's transaction
+//! slot is zero again). Removing a record zeroes its slot inside the operation's transaction
 //! (T5 holds whether it commits or not); only after the commit is the slot released. A frame
-//! left with no record stays listed as room for the next creates; a second empty frame is
+//! left with no record stays listed as room for the next records; a second empty frame is
 //! freed (taken off the list first, so nobody reserves in it meanwhile), so at most one empty
-//! record frame stays allocated (none after a flush or an unmount, which transformed every
-//! temp file). A crash can leave more empty frames: recovery lists them like any other and
-//! frees all but one.
+//! record frame stays allocated (none after a flush or an unmount that emptied them all). A
+//! crash can leave more empty frames: recovery lists them like any other and frees all but
+//! one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
-use super::record::{KIND_OBJECT, RECORD_SIZE, Record};
-
-/// A frame of packed temp-file records.
-pub const KIND_RECORDS: u32 = 0x5446_0004;
 /// Slots a record frame holds.
 pub const SLOTS: usize = 8;
-/// Bytes a slot takes (a record and 16 zero bytes).
+/// Bytes a slot takes (a record, then zeros).
 pub const SLOT_SIZE: usize = 512;
-/// The slot of a record that has a whole object frame to itself ([`KIND_OBJECT`], regions
-/// written before records were packed).
+/// The slot of a record that has a whole frame to itself (regions written before records
+/// were packed).
 pub const WHOLE: u8 = u8::MAX;
-/// Data frames of a record in a slot name it as `PACKED | frame << 3 | slot` (a whole object
+/// Data frames of a record in a slot name it as `PACKED | frame << 3 | slot` (a whole record
 /// frame is named by its frame number, below 2^60, as before).
 const PACKED: u64 = 1 << 63;
 
 const _: () = {
     assert!(SLOTS * SLOT_SIZE == FRAME_SIZE as usize, "slots fill the frame");
-    assert!(RECORD_SIZE <= SLOT_SIZE, "a record fits its slot");
     assert!(SLOTS == 8, "one bit a slot in a u8, three bits of the owner");
 };
 
-/// Where a temp file's record is. `frame` and `slot` never change for a file.
+/// Where a record is. `frame` and `slot` never change for a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Place {
     pub frame: FrameId,
@@ -70,7 +67,7 @@ impl Place {
         pool.frame_offset(self.frame) + inside
     }
 
-    /// The owner its data frames' tags name (T2).
+    /// The owner its data frames' tags name, and the file's identity in volatile maps.
     pub fn owner(self) -> u64 {
         if self.slot == WHOLE {
             self.frame.0
@@ -98,38 +95,84 @@ impl Place {
     }
 }
 
-/// Writes a new record in `tx`: into `reserved` (a slot [`RecordSlots::reserve`] took), else
-/// into slot 0 of a fresh record frame. The caller lists a fresh frame after the commit
-/// ([`RecordSlots::add_frame`]) or drops the reservation after a rollback.
-pub fn put_new(tx: &mut Tx<'_>, reserved: Option<Place>, rec: &Record) -> Result<Place, TxError> {
+/// Writes a new record (`bytes`, at most a slot) in `tx`: into `reserved` (a slot
+/// [`RecordSlots::reserve`] took), else into slot 0 of a fresh record frame of `kind`. The
+/// caller lists a fresh frame after the commit ([`RecordSlots::add_frame`]) or drops the
+/// reservation after a rollback.
+pub fn put_new(
+    tx: &mut Tx<'_>,
+    kind: u32,
+    reserved: Option<Place>,
+    bytes: &[u8],
+) -> Result<Place, TxError> {
+    assert!(bytes.len() <= SLOT_SIZE, "a record fits its slot");
     if let Some(place) = reserved {
         let off = place.offset(tx.pool());
-        tx.update(off, &rec.encode())?;
+        tx.update(off, bytes)?;
         return Ok(place);
     }
-    let frame = tx.alloc_frame(FrameTag { kind: KIND_RECORDS, owner: 0, index: 0 })?;
+    let frame = tx.alloc_frame(FrameTag { kind, owner: 0, index: 0 })?;
     // T5: the whole fresh frame is written now, the other slots zero.
     let mut buf = vec![0u8; FRAME_SIZE as usize];
-    buf[..RECORD_SIZE].copy_from_slice(&rec.encode());
+    buf[..bytes.len()].copy_from_slice(bytes);
     let off = tx.pool().frame_offset(frame);
     tx.write(off, &buf);
     Ok(Place { frame, slot: 0 })
 }
 
 /// Rewrites the record at `place` (snapshot first).
-pub fn put(tx: &mut Tx<'_>, place: Place, rec: &Record) -> Result<(), TxError> {
+pub fn put(tx: &mut Tx<'_>, place: Place, bytes: &[u8]) -> Result<(), TxError> {
     let off = place.offset(tx.pool());
-    tx.update(off, &rec.encode())
+    tx.update(off, bytes)
 }
 
-/// Takes the record at `place` out of the region in `tx`: a whole object frame is freed, a
-/// slot is zeroed (T5); its release follows the commit ([`RecordSlots::release`]).
-pub fn remove(tx: &mut Tx<'_>, place: Place) -> Result<(), TxError> {
+/// Takes the record of `len` bytes at `place` out of the region in `tx`: a whole frame is
+/// freed, a slot is zeroed (T5); its release follows the commit ([`RecordSlots::release`]).
+pub fn remove(tx: &mut Tx<'_>, place: Place, len: usize) -> Result<(), TxError> {
     if place.slot == WHOLE {
         return tx.free_frame(place.frame);
     }
     let off = place.offset(tx.pool());
-    tx.update(off, &[0u8; RECORD_SIZE])
+    tx.update(off, &vec![0u8; len])
+}
+
+/// The records of a record frame: the bytes of every slot that is not all zero, or damage
+/// naming the frame and slot (`what` says whose records: "temp-file record"). A record of
+/// `len` bytes is followed by zeros to the end of its slot (T5).
+pub fn read_frame(
+    pool: &Pool,
+    frame: FrameId,
+    len: usize,
+) -> Result<Vec<(Place, Vec<u8>)>, nvram::Error> {
+    let mut out = Vec::new();
+    for slot in 0..SLOTS as u8 {
+        let place = Place { frame, slot };
+        let bytes = pool.read_vec(place.offset(pool), SLOT_SIZE);
+        if bytes.iter().all(|&b| b == 0) {
+            continue; // T5: a free slot
+        }
+        if bytes[len..].iter().any(|&b| b != 0) {
+            return Err(damaged(place, "bytes after the record are not zero (T5)"));
+        }
+        out.push((place, bytes[..len].to_vec()));
+    }
+    Ok(out)
+}
+
+/// Damage at `place`, named ("frame F slot S: what").
+pub fn damaged(place: Place, what: &str) -> nvram::Error {
+    nvram::Error::corrupt(
+        nvram::Area::Frame(place.frame.0),
+        format!("{}: {what}", place.describe()),
+    )
+}
+
+/// Record frames found in a region, each with its taken slots (bit i: slot i).
+pub type FramesFound = Vec<(FrameId, u8)>;
+
+/// The taken slots of the records `read_frame` found (bit i: slot i).
+pub fn taken(records: &[(Place, Vec<u8>)]) -> u8 {
+    records.iter().fold(0, |t, (p, _)| t | 1 << p.slot)
 }
 
 /// The volatile list of record frames and their taken slots (T6).
@@ -226,7 +269,7 @@ impl RecordSlots {
         gone
     }
 
-    /// Record frames listed (`nvstack stat`: frames the records of temp files take).
+    /// Record frames listed (`nvstack stat`: the frames the records take).
     pub fn frames(&self) -> u64 {
         self.frames.len() as u64
     }
@@ -240,11 +283,6 @@ impl RecordSlots {
             self.frames.iter().filter(|&(_, &t)| t == 0).map(|(&f, _)| f).collect();
         roomy == self.roomy && empty == self.empty
     }
-}
-
-/// Is `kind` the kind of a frame that holds temp-file records?
-pub fn is_record_kind(kind: u32) -> bool {
-    kind == KIND_RECORDS || kind == KIND_OBJECT
 }
 
 #[cfg(test)]
@@ -333,14 +371,15 @@ mod tests {
             let mut next = 100u64;
             for _ in 0..400 {
                 match rng.random_range(0..3) {
-                    0 | 1 => match s.reserve() {
-                        Some(p) => taken.push(p),
-                        None => {
+                    0 | 1 => {
+                        if let Some(p) = s.reserve() {
+                            taken.push(p);
+                        } else {
                             s.add_frame(FrameId(next), 1); // a fresh frame, committed
                             taken.push(Place { frame: FrameId(next), slot: 0 });
                             next += 1;
                         }
-                    },
+                    }
                     _ if !taken.is_empty() => {
                         let p = taken.swap_remove(rng.random_range(0..taken.len()));
                         if let Released::FreeFrame(f) = s.release(p) {
