@@ -44,7 +44,8 @@ pub struct CacheStats {
     pub fetches: u64,
     /// Lower files with a record in NVRAM.
     pub files: u64,
-    /// Frames their records are packed in, eight to a frame (one may be empty, kept as room).
+    /// Frames their records are packed in, eight to a frame (one may be empty, kept as room;
+    /// a record written before records were packed has a frame of its own).
     pub record_frames: u64,
     /// Dirty pages of deleted files, freed without being written.
     pub pages_dropped: u64,

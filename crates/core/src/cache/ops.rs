@@ -664,6 +664,9 @@ impl<L: LowerFs> Engine<L> {
         st.gone = true;
         self.cache.remove(cf);
         // Its record's removal committed: the slot is free again.
+        if cf.record.slot == slots::WHOLE {
+            self.cache.whole_records.fetch_sub(1, Ordering::Relaxed);
+        }
         self.release_slot(&self.cache.slots, cf.record);
     }
 

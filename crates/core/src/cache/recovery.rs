@@ -172,6 +172,9 @@ impl<L: LowerFs> Engine<L> {
             };
             let key = self.lower.key(&node);
             let cf = Arc::new(CachedFile::new(key, record, Arc::new(node), rec));
+            if record.slot == slots::WHOLE {
+                self.cache.whole_records.fetch_add(1, Ordering::Relaxed);
+            }
             if self.cache.get(key).is_some() {
                 return Err(
                     slots::damaged(record, "two cached-file records for one lower file").into()

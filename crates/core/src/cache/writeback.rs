@@ -102,14 +102,14 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    /// Frames the page cache holds: dirty pages, the frames patches are packed in, and one
-    /// record per file (the watermarks are about NVRAM, and with many small files the records
-    /// are a third of it). `pages_dirty` counts patched pages too, which share frames.
+    /// Frames the page cache holds: dirty pages, the frames patches are packed in, and the
+    /// frames the records are packed in (the watermarks are about NVRAM). `pages_dirty` counts
+    /// patched pages too, which share frames.
     fn cache_frames(&self) -> u64 {
         let (c, n) = (&self.cache.counters, &self.cache.nbw);
         let pages = c.pages_dirty.load(Ordering::Relaxed);
         let patched = n.patches.load(Ordering::Relaxed).min(pages);
-        pages - patched + n.patch_frames.load(Ordering::Relaxed) + c.files.load(Ordering::Relaxed)
+        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.record_frames()
     }
 
     /// A write found no free frame: a round down to the low watermark, at least one batch

@@ -246,6 +246,8 @@ pub struct TempStore {
     pub relieving: AtomicBool,
     /// The record frames and their taken slots (T6).
     pub slots: Mutex<slots::RecordSlots>,
+    /// Records alone in a frame of their own (regions written before records were packed).
+    pub whole_records: AtomicU64,
 }
 
 impl TempStore {
@@ -256,6 +258,7 @@ impl TempStore {
             lru: Clock::default(),
             relieving: AtomicBool::new(false),
             slots: Mutex::new(Rank::RecordSlots, slots::RecordSlots::default()),
+            whole_records: AtomicU64::new(0),
         }
     }
 
@@ -272,8 +275,14 @@ impl TempStore {
     /// `nvstack stat --json`: `tempfiles`.
     pub fn stats(&self) -> TempStats {
         let mut s = self.counters.snapshot(&self.config);
-        s.record_frames = self.slots.lock().frames();
+        s.record_frames = self.record_frames();
         s
+    }
+
+    /// Frames the records take: the record frames, and the frames of records written before
+    /// records were packed (one each).
+    pub fn record_frames(&self) -> u64 {
+        self.slots.lock().frames() + self.whole_records.load(Ordering::Relaxed)
     }
 }
 
@@ -327,8 +336,8 @@ pub struct TempStats {
     pub pages_resident: u64,
     pub files_resident: u64,
     /// Frames the records of the resident temp files are packed in, eight to a frame (one
-    /// may be empty, kept as room for the next creates): with `pages_resident`, the frames
-    /// temp files hold.
+    /// may be empty, kept as room for the next creates; a record written before records were
+    /// packed has a frame of its own): with `pages_resident`, the frames temp files hold.
     pub record_frames: u64,
     /// Record frames freed because they held no record any more (a second empty one, or
     /// every empty one after a flush).

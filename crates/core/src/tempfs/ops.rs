@@ -290,6 +290,9 @@ impl<L: LowerFs> Engine<L> {
     /// After the removal of the record at `place` committed (`data::free_all`): the slot
     /// released (`Engine::release_slot`).
     pub(crate) fn release_record(&self, place: Place) {
+        if place.slot == slots::WHOLE {
+            self.temp.whole_records.fetch_sub(1, Ordering::Relaxed);
+        }
         let freed = self.release_slot(&self.temp.slots, place);
         Counters::add(&self.temp.counters.record_frames_freed, freed);
     }

@@ -52,6 +52,9 @@ impl<L: LowerFs> Engine<L> {
             self.temp.counters.pages_resident.fetch_add(pages, Ordering::Relaxed);
             self.space.add(pages);
             self.temp.counters.files_resident.fetch_add(1, Ordering::Relaxed);
+            if file.place.slot == crate::slots::WHOLE {
+                self.temp.whole_records.fetch_add(1, Ordering::Relaxed);
+            }
             let mut st = file.lock();
             if st.rec.nlink == 0 {
                 // Unlinked while open, and nothing is open after a restart.
