@@ -136,8 +136,8 @@ pub fn remove(tx: &mut Tx<'_>, place: Place, len: usize) -> Result<(), TxError> 
     tx.update(off, &vec![0u8; len])
 }
 
-/// The records of a record frame: the bytes of every slot that is not all zero, or damage
-/// naming the frame and slot (`what` says whose records: "temp-file record"). A record of
+/// The records of a record frame: the first `len` bytes of every slot that is not all zero
+/// (the caller decodes and verifies them), or damage naming the frame and slot: a record of
 /// `len` bytes is followed by zeros to the end of its slot (T5).
 pub fn read_frame(
     pool: &Pool,
