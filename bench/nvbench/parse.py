@@ -231,9 +231,9 @@ _NV_COUNTERS = ("requests.", "errors.", "app.", "lower.", "nvram.transactions_",
                 "cache.", "writeback.", "fsync.", "journal.")
 # ... except these gauges and settings, reported as read after the workload (span_blocks_avg is
 # recomputed from the span_* deltas)
-_NV_GAUGES = ("tempfiles.pages_resident", "tempfiles.files_resident",
+_NV_GAUGES = ("tempfiles.pages_resident", "tempfiles.files_resident", "tempfiles.record_frames",
               "tempfiles.span_blocks_avg", "tempfiles.max_size",
-              "cache.files", "writeback.pages_dirty", "writeback.pages_inactive_dirty",
+              "cache.files", "cache.record_frames", "writeback.pages_dirty", "writeback.pages_inactive_dirty",
               "writeback.high_pages", "writeback.low_pages", "writeback.zone_blocks",
               "fsync.unsynced_objects", "journal.records", "journal.bytes", "journal.size_max",
               "journal.interval_secs", "journal.replayed_at_mount", "journal.group.generation",

@@ -55,14 +55,21 @@ def test_tempffs_derived_metrics(samples):
 
 def test_span_average_recomputed_from_deltas():
     before = {"tempfiles": {"created": 10, "span_files": 10, "span_blocks_sum": 100,
-                            "span_blocks_avg": 10.0, "pages_resident": 7, "files_resident": 3}}
+                            "span_blocks_avg": 10.0, "pages_resident": 7, "files_resident": 3,
+                            "record_frames": 2, "record_frames_freed": 1},
+              "cache": {"files": 4, "record_frames": 1}}
     after = {"tempfiles": {"created": 40, "span_files": 30, "span_blocks_sum": 160,
                            "span_blocks_avg": 160 / 30, "pages_resident": 5, "files_resident": 2,
-                           "transformed": {"flush": 4}}}
+                           "record_frames": 1, "record_frames_freed": 3,
+                           "transformed": {"flush": 4}},
+             "cache": {"files": 9, "record_frames": 2}}
     m = parse.parse_nvstack_stat(after, before)
     assert m["nv_tempfiles.created"] == 30 and m["nv_tempfiles.span_files"] == 20
     assert m["nv_tempfiles.span_blocks_avg"] == 3.0               # 60 blocks / 20 files
     assert m["nv_tempfiles.pages_resident"] == 5 and m["nv_tempfiles.files_resident"] == 2
+    # the frames records take are gauges (as read after), the frames freed a counter (delta)
+    assert m["nv_tempfiles.record_frames"] == 1 and m["nv_cache.record_frames"] == 2
+    assert m["nv_tempfiles.record_frames_freed"] == 2 and m["nv_cache.files"] == 9
     assert m["nv_tempfiles.transformed.flush"] == 4
     before["tempfiles"].update(span_files=30, span_blocks_sum=160)
     assert parse.parse_nvstack_stat(after, before)["nv_tempfiles.span_blocks_avg"] == 0.0
