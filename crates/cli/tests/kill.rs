@@ -350,6 +350,8 @@ struct Scenario {
     names: &'static [&'static str],
     /// One in this many of the workload's flush draws flushes (the others write).
     flush_odds: u64,
+    /// Temp files made (small, the first names) before the first round.
+    prefill: usize,
 }
 
 const fn at_work(point: &'static str) -> Kill {
@@ -367,10 +369,12 @@ const TEMPFS: Scenario = Scenario {
     ],
     names: NAMES,
     flush_odds: 1,
+    prefill: 0,
 };
 
-/// The workload over 25 names, flushing one in eight times it would and keeping temp files
-/// in NVRAM across unmounts: temp-file records fill, empty and free record frames (`crate::slots`), with kills at random moments and at
+/// The workload over 25 names, starting from 24 small temp files (three record frames),
+/// flushing one in eight times it would and keeping temp files in NVRAM across unmounts:
+/// temp-file records fill, empty and free record frames (`crate::slots`), with kills at random moments and at
 /// transform steps (whose last one frees the record's slot).
 const RECORDS: Scenario = Scenario {
     name: "records",
@@ -378,6 +382,7 @@ const RECORDS: Scenario = Scenario {
     kills: &[at_work("transform.marked"), at_work("transform.freed")],
     names: MANY_NAMES,
     flush_odds: 8,
+    prefill: 24,
 };
 
 /// The same workload with the background transformer moving temp files from 1 % of their
@@ -389,6 +394,7 @@ const BACKGROUND: Scenario = Scenario {
     kills: &[at_work("transform.marked"), at_work("transform.copied"), at_work("transform.freed")],
     names: NAMES,
     flush_odds: 1,
+    prefill: 0,
 };
 
 /// Temp files off: every create, rename and unlink is a change of lower objects, journaled; a
@@ -417,23 +423,50 @@ const JOURNAL: Scenario = Scenario {
     ],
     names: NAMES,
     flush_odds: 1,
+    prefill: 0,
 };
 
+/// The tree a seed starts from: a lower file `victim` to rename over (created, transformed,
+/// and so a plain lower file) and the scenario's prefilled temp files; returns the record
+/// frames their records take (checked: eight a frame).
+fn start_tree(
+    f: &Fixture,
+    scenario: &Scenario,
+    seed: u64,
+    model: &mut BTreeMap<String, Allowed>,
+) -> u64 {
+    f.mount_with(None, scenario.args);
+    std::fs::write(f.mnt().join("victim"), b"the lower victim").unwrap();
+    assert!(f.flush());
+    model.insert("victim".into(), BTreeSet::from([Some(b"the lower victim".to_vec())]));
+    for (i, &name) in scenario.names.iter().take(scenario.prefill).enumerate() {
+        let content = vec![b'p' + (i % 8) as u8; 100 + i];
+        std::fs::write(f.mnt().join(name), &content).unwrap();
+        model.insert(name.into(), BTreeSet::from([Some(content)]));
+    }
+    let out = Command::new(BIN).args(["stat", "--json"]).arg(f.mnt()).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let record_frames = v["tempfiles"]["record_frames"].as_u64().unwrap_or(0);
+    assert_eq!(
+        record_frames,
+        scenario.prefill.div_ceil(8) as u64,
+        "{} seed {seed}: the prefilled records' frames",
+        scenario.name
+    );
+    f.umount();
+    record_frames
+}
+
 /// Kills of one seed: (all, at a failpoint, at a failpoint during recovery), and the most
-/// record frames the recovered temp files' records took after a round.
+/// record frames the temp files' records took (after the prefill, after each recovery).
 fn run_seed(scenario: &Scenario, seed: u64, rounds: usize) -> (usize, usize, usize, u64) {
     let f = Fixture::new();
     let mount = |failpoint: Option<&str>| f.mount_with(failpoint, scenario.args);
     let trace = std::env::var_os("NVSTACK_TRACE").is_some();
     let mut rng = Rng::new(seed);
     let mut model: BTreeMap<String, Allowed> = BTreeMap::new();
-    // A lower file to rename over: created, transformed, and so a plain lower file.
-    mount(None);
-    std::fs::write(f.mnt().join("victim"), b"the lower victim").unwrap();
-    assert!(f.flush());
-    model.insert("victim".into(), BTreeSet::from([Some(b"the lower victim".to_vec())]));
-    f.umount();
-    let (mut kills, mut failpoint_kills, mut recovery_kills, mut record_frames) = (0, 0, 0, 0);
+    let mut record_frames = start_tree(&f, scenario, seed, &mut model);
+    let (mut kills, mut failpoint_kills, mut recovery_kills) = (0, 0, 0);
     for round in 0..rounds {
         // Every other round dies at a step (the n-th time it is reached), the others at a
         // random moment.
@@ -532,13 +565,13 @@ fn seeds(default: std::ops::RangeInclusive<u64>) -> Vec<u64> {
 }
 
 /// Runs `scenario` over `default` seeds (or NVSTACK_SEED) and checks that at least
-/// `at_least` kills landed at a transform step; returns the most record frames seen.
+/// `at_least` kills landed at a transform step; prints the most record frames seen.
 fn kill_at_transforms(
     scenario: &Scenario,
     default: std::ops::RangeInclusive<u64>,
     rounds: usize,
     at_least: usize,
-) -> u64 {
+) {
     let (mut kills, mut at_steps, mut record_frames) = (0, 0, 0);
     for seed in seeds(default) {
         let (k, s, _, r) = run_seed(scenario, seed, rounds);
@@ -549,10 +582,9 @@ fn kill_at_transforms(
     let name = scenario.name;
     eprintln!(
         "{name} kill test: {kills} SIGKILLs, {at_steps} of them at a transform step; up to \
-         {record_frames} record frames after recovery"
+         {record_frames} record frames after the prefill and each recovery"
     );
     assert!(at_steps >= at_least, "too few kills at transform steps: {at_steps}");
-    record_frames
 }
 
 #[test]
@@ -560,7 +592,7 @@ fn sigkill_during_temp_file_operations_and_transforms_loses_nothing_completed() 
     if skip() {
         return;
     }
-    let _ = kill_at_transforms(&TEMPFS, 11..=15, 16, 20);
+    kill_at_transforms(&TEMPFS, 11..=15, 16, 20);
 }
 
 #[test]
@@ -568,10 +600,9 @@ fn sigkill_while_temp_file_records_fill_and_empty_record_frames_loses_nothing_co
     if skip() {
         return;
     }
-    let frames = kill_at_transforms(&RECORDS, 31..=33, 12, 6);
-    if std::env::var_os("NVSTACK_SEED").is_none() {
-        assert!(frames >= 2, "the records never took more than {frames} record frame(s)");
-    }
+    // Every seed starts from three record frames (checked by `start_tree`); how many remain
+    // after each recovery depends on where the kills land, so it is reported, not asserted.
+    kill_at_transforms(&RECORDS, 31..=33, 12, 6);
 }
 
 #[test]
@@ -579,7 +610,7 @@ fn sigkill_while_the_background_transformer_runs_loses_nothing_completed() {
     if skip() {
         return;
     }
-    let _ = kill_at_transforms(&BACKGROUND, 21..=23, 10, 10);
+    kill_at_transforms(&BACKGROUND, 21..=23, 10, 10);
     // With these arguments the thread does transform what the workload leaves (6 files of 12
     // pages and their record frame: 73 frames over a mark of 34, 1 % of the 3,426 frames of
     // the temp files' share of the region's 3,807).
