@@ -185,6 +185,9 @@ pub struct RecordSlots {
     /// Frames with no slot taken (a subset of `roomy`): kept apart so that a release knows
     /// in O(log n) whether another empty frame exists.
     empty: BTreeSet<FrameId>,
+    /// Records alone in a frame of their own ([`WHOLE`], regions written before records were
+    /// packed): a frame each.
+    whole: u64,
 }
 
 /// What [`RecordSlots::release`] asks of the caller.
@@ -232,9 +235,27 @@ impl RecordSlots {
         let _ = self.release(place);
     }
 
+    /// After the transaction that wrote a new record (`put_new` into `reserved`) ended:
+    /// `made` is its place if it committed. A fresh frame is listed, a reservation that
+    /// rolled back dropped.
+    pub fn settle_new(&mut self, reserved: Option<Place>, made: Option<Place>) {
+        match (reserved, made) {
+            (None, Some(p)) => self.add_frame(p.frame, 1),
+            (Some(p), None) => self.unreserve(p),
+            _ => {}
+        }
+    }
+
+    /// A record found alone in a frame of its own (recovery of an earlier region).
+    pub fn add_whole(&mut self) {
+        self.whole += 1;
+    }
+
     /// The slot of a record whose removal committed is free again. See [`Released`].
     pub fn release(&mut self, place: Place) -> Released {
         if place.slot == WHOLE {
+            debug_assert!(self.whole > 0, "a whole-frame record was counted when found");
+            self.whole = self.whole.saturating_sub(1); // its frame went in the transaction
             return Released::Kept;
         }
         let Some(taken) = self.frames.get_mut(&place.frame) else {
@@ -269,9 +290,10 @@ impl RecordSlots {
         gone
     }
 
-    /// Record frames listed (`nvstack stat`: the frames the records take).
+    /// The frames the records take (`nvstack stat`, the watermarks and the share): the
+    /// record frames, and a frame for each record still alone in one.
     pub fn frames(&self) -> u64 {
-        self.frames.len() as u64
+        self.frames.len() as u64 + self.whole
     }
 
     /// `roomy` and `empty` are exactly the listed frames with a free slot and with none taken.
@@ -397,9 +419,24 @@ mod tests {
     }
 
     #[test]
-    fn whole_frames_are_not_listed() {
+    fn whole_frames_are_counted_not_listed() {
         let mut s = RecordSlots::default();
+        s.add_whole();
+        assert_eq!(s.frames(), 1);
+        assert_eq!(s.reserve(), None, "no slot in a whole frame");
         assert_eq!(s.release(Place::whole(FrameId(9))), Released::Kept);
         assert_eq!(s.frames(), 0);
+    }
+
+    #[test]
+    fn a_new_record_settles_as_its_transaction_ended() {
+        let mut s = RecordSlots::default();
+        s.settle_new(None, Some(Place { frame: FrameId(4), slot: 0 }));
+        let p = s.reserve().unwrap();
+        assert_eq!(p, Place { frame: FrameId(4), slot: 1 });
+        s.settle_new(Some(p), None); // rolled back
+        assert_eq!(s.reserve(), Some(p));
+        s.settle_new(None, None); // a fresh frame that rolled back: nothing to list
+        assert_eq!(s.frames(), 1);
     }
 }

@@ -199,8 +199,6 @@ pub struct PageCache<N, F> {
     fetches: Mutex<fetchqueue::FetchQueue>,
     /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::slots`).
     slots: Mutex<RecordSlots>,
-    /// Records alone in a frame of their own (regions written before records were packed).
-    whole_records: AtomicU64,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -226,7 +224,6 @@ impl<N, F> PageCache<N, F> {
             clock: AtomicU64::new(1),
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
             slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
-            whole_records: AtomicU64::new(0),
         }
     }
 
@@ -247,14 +244,8 @@ impl<N, F> PageCache<N, F> {
     /// `nvstack stat`: the `cache` and `writeback` objects.
     pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
         let (mut cache, wb) = self.counters.snapshot(&self.config, self.policy.name());
-        cache.record_frames = self.record_frames();
+        cache.record_frames = self.slots.lock().frames();
         (cache, wb)
-    }
-
-    /// Frames the records take: the record frames, and the frames of records written before
-    /// records were packed (one each).
-    fn record_frames(&self) -> u64 {
-        self.slots.lock().frames() + self.whole_records.load(Ordering::Relaxed)
     }
 
     /// `nvstack stat`: the `nbw` object.

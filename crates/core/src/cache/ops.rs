@@ -90,18 +90,9 @@ impl<L: LowerFs> Engine<L> {
         // The record in a reserved slot, or a fresh record frame listed after the commit (T6).
         let reserved = self.cache.slots.lock().reserve();
         let made = slots::put_new(otx.tx(), KIND_RECORDS, reserved, &rec.encode());
-        let place = match otx.end(made.map_err(FsError::from)) {
-            Ok(place) => place,
-            Err(e) => {
-                if let Some(p) = reserved {
-                    self.cache.slots.lock().unreserve(p); // rolled back: the slot is zero
-                }
-                return Err(e);
-            }
-        };
-        if reserved.is_none() {
-            self.cache.slots.lock().add_frame(place.frame, 1);
-        }
+        let ended = otx.end(made.map_err(FsError::from));
+        self.cache.slots.lock().settle_new(reserved, ended.as_ref().ok().copied());
+        let place = ended?;
         let cf = Arc::new(CachedFile::new(key, place, Arc::clone(node), rec));
         self.cache.insert(&cf);
         Ok(Some(cf))
@@ -664,9 +655,6 @@ impl<L: LowerFs> Engine<L> {
         st.gone = true;
         self.cache.remove(cf);
         // Its record's removal committed: the slot is free again.
-        if cf.record.slot == slots::WHOLE {
-            self.cache.whole_records.fetch_sub(1, Ordering::Relaxed);
-        }
         self.release_slot(&self.cache.slots, cf.record);
     }
 

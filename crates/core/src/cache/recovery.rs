@@ -129,6 +129,9 @@ impl<L: LowerFs> Engine<L> {
             for &(frame, taken) in &record_frames {
                 list.add_frame(frame, taken);
             }
+            for _ in found.iter().filter(|f| f.record.slot == slots::WHOLE) {
+                list.add_whole(); // released like any record when its file goes
+            }
         }
         self.free_empty_slots(&self.cache.slots, 1).map_err(StartError::RecordFrames)?;
         let now = self.lower.now().0;
@@ -172,9 +175,6 @@ impl<L: LowerFs> Engine<L> {
             };
             let key = self.lower.key(&node);
             let cf = Arc::new(CachedFile::new(key, record, Arc::new(node), rec));
-            if record.slot == slots::WHOLE {
-                self.cache.whole_records.fetch_add(1, Ordering::Relaxed);
-            }
             if self.cache.get(key).is_some() {
                 return Err(
                     slots::damaged(record, "two cached-file records for one lower file").into()

@@ -109,7 +109,7 @@ impl<L: LowerFs> Engine<L> {
         let (c, n) = (&self.cache.counters, &self.cache.nbw);
         let pages = c.pages_dirty.load(Ordering::Relaxed);
         let patched = n.patches.load(Ordering::Relaxed).min(pages);
-        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.record_frames()
+        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.slots.lock().frames()
     }
 
     /// A write found no free frame: a round down to the low watermark, at least one batch

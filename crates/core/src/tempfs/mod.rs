@@ -246,8 +246,6 @@ pub struct TempStore {
     pub relieving: AtomicBool,
     /// The record frames and their taken slots (T6).
     pub slots: Mutex<slots::RecordSlots>,
-    /// Records alone in a frame of their own (regions written before records were packed).
-    pub whole_records: AtomicU64,
 }
 
 impl TempStore {
@@ -258,7 +256,6 @@ impl TempStore {
             lru: Clock::default(),
             relieving: AtomicBool::new(false),
             slots: Mutex::new(Rank::RecordSlots, slots::RecordSlots::default()),
-            whole_records: AtomicU64::new(0),
         }
     }
 
@@ -275,14 +272,8 @@ impl TempStore {
     /// `nvstack stat --json`: `tempfiles`.
     pub fn stats(&self) -> TempStats {
         let mut s = self.counters.snapshot(&self.config);
-        s.record_frames = self.record_frames();
+        s.record_frames = self.slots.lock().frames();
         s
-    }
-
-    /// Frames the records take: the record frames, and the frames of records written before
-    /// records were packed (one each).
-    pub fn record_frames(&self) -> u64 {
-        self.slots.lock().frames() + self.whole_records.load(Ordering::Relaxed)
     }
 }
 

@@ -119,12 +119,11 @@ impl<L: LowerFs> Engine<L> {
             Ok((place, self.tx_dir_times(tx, &idx, key, &handle, now)?))
         })();
         let full = matches!(attempt, Err(txn::TxError::NoFrames));
-        let (place, times) = match otx.end(attempt.map_err(FsError::from)) {
+        let ended = otx.end(attempt.map_err(FsError::from));
+        self.temp.slots.lock().settle_new(reserved, ended.as_ref().ok().map(|(p, _)| *p));
+        let (place, times) = match ended {
             Ok(done) => done,
             Err(e) => {
-                if let Some(p) = reserved {
-                    self.temp.slots.lock().unreserve(p); // rolled back: the slot is zero
-                }
                 if full {
                     // A full NVRAM: the file goes to the lower file system (never an error
                     // there).
@@ -134,9 +133,6 @@ impl<L: LowerFs> Engine<L> {
                 return Err(e);
             }
         };
-        if reserved.is_none() {
-            self.temp.slots.lock().add_frame(place.frame, 1); // committed: slot 0 taken
-        }
         Self::apply_dir_times(&mut idx, key, dir, times);
         idx.next_serial += 1;
         let f = Arc::new(TempFile::new(
@@ -290,9 +286,6 @@ impl<L: LowerFs> Engine<L> {
     /// After the removal of the record at `place` committed (`data::free_all`): the slot
     /// released (`Engine::release_slot`).
     pub(crate) fn release_record(&self, place: Place) {
-        if place.slot == slots::WHOLE {
-            self.temp.whole_records.fetch_sub(1, Ordering::Relaxed);
-        }
         let freed = self.release_slot(&self.temp.slots, place);
         Counters::add(&self.temp.counters.record_frames_freed, freed);
     }

@@ -53,7 +53,7 @@ impl<L: LowerFs> Engine<L> {
             self.space.add(pages);
             self.temp.counters.files_resident.fetch_add(1, Ordering::Relaxed);
             if file.place.slot == crate::slots::WHOLE {
-                self.temp.whole_records.fetch_add(1, Ordering::Relaxed);
+                self.temp.slots.lock().add_whole();
             }
             let mut st = file.lock();
             if st.rec.nlink == 0 {
