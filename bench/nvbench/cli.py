@@ -47,6 +47,9 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
     p.add_argument("--memory", help="memory budget M per run, e.g. 256M (default: experiment's)")
     p.add_argument("--nvram", help="NVRAM region size for nvstack runs (default M/2, inside M)")
     p.add_argument("--scale", type=float, help="multiply the papers' counts (default: experiment's)")
+    p.add_argument("--disk", help="size of the disk image the file systems are made on, e.g. 8G "
+                   "(default: the experiment's; a larger --scale may need more, e.g. nbw at "
+                   "scale 1 lays out a 5 GiB file)")
     p.add_argument("--reps", type=int, help="repetitions per configuration")
     p.add_argument("--transactions", type=int, help="Postmark transactions per run, absolute "
                    "(not multiplied by --scale); default: the paper's count x scale")
@@ -201,6 +204,13 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
     if name not in EXPERIMENTS:
         raise BenchError(f"unknown experiment {name!r}; `bench/run list` shows them")
     exp = EXPERIMENTS[name]
+    if getattr(args, "disk", None):
+        import dataclasses
+        try:
+            parse_size(args.disk)   # a bad size fails here, before any run
+        except ValueError as e:
+            raise BenchError(f"--disk: {e}") from None
+        exp = dataclasses.replace(exp, disk=args.disk)
     if args.fs:
         import dataclasses
         wanted = [f.strip() for f in args.fs.split(",") if f.strip()]

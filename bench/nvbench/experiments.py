@@ -356,14 +356,18 @@ NVFAT_NOTES = [
 ]
 
 NBW_NOTES = [
-    "Memory: a cgroup budget of 512 MiB for every configuration, the 128 MiB NVRAM region "
-    "inside it for nvstack (charged: nvstack's page cache gets 384 MiB); the 1.25 GiB file "
-    "(5 GB x scale 0.25) is 2.5x the budget, laid out on the kernel FS before the mount "
-    "and the caches dropped, so every page starts cold (fio invalidate=1).",
+    "Memory (the experiment's defaults; --scale, --memory, --nvram and --disk change them, "
+    "and the line below names what this run used): a cgroup budget of 512 MiB for every "
+    "configuration, the 128 MiB NVRAM region inside it for nvstack (charged: nvstack's page "
+    "cache gets 384 MiB); the 1.25 GiB file (5 GB x scale 0.25) is 2.5x the budget, laid out "
+    "on the kernel FS before the mount and the caches dropped, so every page starts cold (fio "
+    "invalidate=1). The paper's own configuration is --scale 1 --memory 2G --nvram 512M "
+    "--disk 8G: a 5 GiB file, 60 s runs, a 64 MiB patch limit (its 64 MB).",
     "Durability is not the same: ext4's buffered writes are durable only after a later "
     "sync, nvstack's when the write returns (as in the paper, whose baseline is Linux's "
     "page cache); the rows compare the cost of a partial write to a cold page.",
-    "Run time: 60 s x scale 0.25 = 15 s per run, one repetition (time-based: ops/s).",
+    "Run time: 60 s x scale (15 s at the default 0.25) per run, one repetition by default "
+    "(time-based: ops/s).",
 ]
 
 

@@ -195,3 +195,27 @@ def test_variants_subset(tmp_path):
     assert runs and all(name == "files=2500" for name in runs)
     assert cli.main(["run", "writeback-policies", "--dry-run", "--variants", "files=3",
                      "--out", str(tmp_path / "x")]) == 2
+
+
+def test_disk_size_option_reaches_every_run(tmp_path, monkeypatch):
+    """--disk replaces the experiment's disk image size (nbw at the paper's scale 1 lays out a
+    5 GiB file that the default 4 GiB image cannot hold); a bad size fails before any run."""
+    from nvbench import cli
+    caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True,
+                                mount_flags={"tempfiles", "cache", "writeback", "consistency",
+                                             "passthrough", "nbw", "keep-dirty"},
+                                consistency_modes={"undo", "none"})
+    monkeypatch.setattr(nvstack, "_cache", caps)
+    out = tmp_path / "nbw"
+    rc = cli.main(["run", "nbw", "--dry-run", "--device", "hdd-7200", "--scale", "1",
+                   "--disk", "8G", "--variants", "iosize=128", "--workloads",
+                   "fio:nbw-random-write", "--fs", "ext4-ordered,nvstack-ext4-nbw-lazy",
+                   "--out", str(out), "--workdir", str(tmp_path / "w"), "--no-plot"])
+    assert rc == 0
+    specs = [json.loads(p.read_text()) for p in (out / "runs").rglob("spec.json")]
+    assert len(specs) == 2 and {s["disk_bytes"] for s in specs} == {8 << 30}
+    repro = next(p for p in (out / "runs").rglob("repro.sh") if "nbw-lazy" in str(p))
+    text = repro.read_text()
+    assert "--size 8G" in text and "--size=5368709120" in text and "--keep-dirty" in text
+    assert cli.main(["run", "nbw", "--dry-run", "--disk", "lots", "--out",
+                     str(tmp_path / "x")]) == 2
