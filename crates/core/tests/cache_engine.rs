@@ -368,6 +368,102 @@ fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
     assert_eq!(lower_content(&lower, "big"), data);
 }
 
+/// `--writeback-background`: a writer past the high watermark starts no round; the background
+/// writer's round takes the cache down to the low watermark (counted `background`); a full
+/// NVRAM still makes room in the writer's request; and with two writers beside a background
+/// writer that never stops, every byte is where the model says.
+#[test]
+fn background_write_back_takes_the_rounds_off_the_writers() {
+    let lower = MemLower::default();
+    let mut model = pattern(40 * PAGE, 9);
+    lower_file(&lower, "f", &model);
+    let cache = CacheConfig {
+        high_pages: 12,
+        low_pages: 4,
+        batch_pages: 4,
+        background: true,
+        ..CacheConfig::default()
+    };
+    let e = start(&lower, &region(32), cache);
+    let (_, fh) = open(&e, "f", libc::O_RDWR);
+    let put = |e: &Engine<MemLower>, page: usize, byte: u8, model: &mut Vec<u8>| {
+        e.write(fh, (page * PAGE) as u64, &[byte; PAGE], false).unwrap();
+        model[page * PAGE..(page + 1) * PAGE].fill(byte);
+    };
+    for page in 0..20 {
+        put(&e, page, 1, &mut model);
+    }
+    let st = e.stats();
+    assert_eq!((st.writeback.rounds["pressure"], st.writeback.pages_dirty), (0, 20));
+    // 20 pages and the record frame: 21 frames, down to 4 at least (the policy may take a
+    // little more: whole zones).
+    let written = e.writeback_in_background();
+    assert!((17..=20).contains(&written), "{written}");
+    assert_eq!(e.writeback_in_background(), 0, "below the high watermark: nothing due");
+    let st = e.stats();
+    assert_eq!((st.writeback.rounds["background"], st.writeback.pages_dirty), (1, 20 - written));
+    same(&read(&e, fh, 0, 1 << 22), &model, "after the background round");
+    // 40 pages more than the 32 frames hold: with no background round the writer makes room.
+    for page in 0..40 {
+        put(&e, page, 2, &mut model);
+    }
+    let st = e.stats();
+    assert!(st.writeback.rounds["nvram_full"] > 0, "{:?}", st.writeback);
+    assert_eq!(st.writeback.rounds["pressure"], 0);
+    same(&read(&e, fh, 0, 1 << 22), &model, "after NVRAM was full");
+    e.check_cache().unwrap();
+    e.release(fh).unwrap();
+
+    // Two writers of their own files beside a background writer looping.
+    let e = Arc::new(e);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let (e, stop) = (Arc::clone(&e), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut written = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                written += e.writeback_in_background();
+                std::thread::yield_now();
+            }
+            written
+        })
+    };
+    let writers: Vec<_> = (0..2u8)
+        .map(|t| {
+            let e = Arc::clone(&e);
+            let name = format!("w{t}");
+            lower_file(&lower, &name, &pattern(16 * PAGE, t));
+            std::thread::spawn(move || {
+                let (_, fh) = open(&e, &name, libc::O_RDWR);
+                let mut model = pattern(16 * PAGE, t);
+                let mut rng = ChaCha8Rng::seed_from_u64(40 + u64::from(t));
+                for _ in 0..600 {
+                    let off = rng.random_range(0..16 * PAGE);
+                    let len = rng.random_range(1..2 * PAGE).min(16 * PAGE - off);
+                    let byte = rng.random_range(1..=255u8);
+                    e.write(fh, off as u64, &vec![byte; len], false).unwrap();
+                    model[off..off + len].fill(byte);
+                }
+                same(&read(&e, fh, 0, 1 << 22), &model, &format!("writer {t}"));
+                e.release(fh).unwrap();
+                (name, model)
+            })
+        })
+        .collect();
+    let models: Vec<(String, Vec<u8>)> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = background.join().unwrap();
+    assert!(written > 0, "the background writer wrote back beside the writers");
+    let Ok(e) = Arc::try_unwrap(e) else { panic!("the threads are done") };
+    e.check_cache().unwrap();
+    assert_eq!(e.stats().writeback.rounds["pressure"], 0, "no writer ran a pressure round");
+    e.shutdown();
+    same(&lower_content(&lower, "f"), &model, "f after the unmount's write-back");
+    for (name, want) in &models {
+        same(&lower_content(&lower, name), want, &format!("{name} after the write-back"));
+    }
+}
+
 /// Runs a closure once when the engine reaches a failpoint: the test interleaves operations
 /// with a write-back at an exact step (the write-back holds no file lock between its steps).
 struct Hook {

@@ -155,6 +155,43 @@ fn a_truncate_clips_a_patch_and_a_restart_finds_it_again() {
 }
 
 #[test]
+fn the_asynchronous_fetcher_pauses_while_the_cache_is_above_its_high_watermark() {
+    // A fetch turns a patch (a few slots) into a whole dirty page: above the high watermark
+    // the fetcher starts none, keeps the queue, and goes on once write-back made room.
+    let lower = MemLower::default();
+    let mut model = pattern(4 * PAGE, 5);
+    lower_file(&lower, &model);
+    let config = CacheConfig { high_pages: 2, low_pages: 0, ..nbw(Nbw::AsyncBg) };
+    let e = start(&lower, &region(128), config);
+    let (_, fh) = open(&e);
+    for page in 0..3 {
+        write(&e, fh, page * PAGE + 7, &[page as u8 + 1; 20], &mut model);
+    }
+    let st = e.stats();
+    // One record frame and one patch frame: at the mark, not above it.
+    assert_eq!((st.nbw.patches, st.nbw.patch_frames, st.cache.record_frames), (3, 1, 1));
+    assert_eq!(e.fetches_queued(), 3);
+    // The first fetch adds a page frame (3 > 2): the fetcher stops there.
+    assert_eq!(e.fetch_patches(usize::MAX), 1);
+    let st = e.stats();
+    assert_eq!((st.nbw.fetches_async, st.nbw.fetches_paused, st.nbw.fetches_failed), (1, 1, 0));
+    assert_eq!((st.nbw.patches, st.cache.fetches), (2, 1), "no disk read above the mark");
+    assert_eq!(e.fetches_queued(), 2, "the paused fetches stay queued");
+    assert_eq!(e.fetch_patches(usize::MAX), 0);
+    assert_eq!(e.stats().nbw.fetches_paused, 2);
+    assert_eq!(read(&e, fh, 0, 1 << 20), model);
+    // Write-back empties the cache: the queued pages are fetched again (their patches went
+    // with the write-back, so nothing is left to merge) and the fetcher does not pause.
+    let (_, err) = e.flush_cache(Reason::Flush, &mut |_, _| {});
+    assert!(err.is_none());
+    assert_eq!(e.fetch_patches(usize::MAX), 0);
+    let st = e.stats();
+    assert_eq!((st.nbw.fetches_paused, e.fetches_queued()), (2, 0));
+    assert_eq!(lower_content(&lower), model);
+    e.check_cache().unwrap();
+}
+
+#[test]
 fn the_asynchronous_fetch_merges_a_patch_into_a_dirty_page() {
     let lower = MemLower::default();
     let mut model = pattern(4 * PAGE, 3);

@@ -142,6 +142,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     let aging = start_aging(args, &engine);
     let fetcher = start_fetcher(args, &engine);
     let transformer = start_transformer(args, &engine);
+    let writer = start_writer(args, &engine);
 
     eprintln!("nvstack: {note}; mounted {} on {}", lower_dir.display(), mountpoint.display());
     if args.daemon {
@@ -154,7 +155,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // engine) and the timer, then close the engine, which marks the region clean.
     let _ = super::control::request(&socket_path, "quit");
     control_thread.join().ok();
-    for (stop, thread) in aging.into_iter().chain(fetcher).chain(transformer) {
+    for (stop, thread) in aging.into_iter().chain(fetcher).chain(transformer).chain(writer) {
         stop.store(true, Ordering::Relaxed);
         thread.join().ok();
     }
@@ -311,6 +312,19 @@ fn start_transformer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Opti
     (args.tempfiles == super::mount::OnOff::On && args.tempfile_background != 0).then(|| {
         spawn_loop(engine, Duration::from_millis(50), |engine| engine.transform_in_background() > 0)
     })
+}
+
+/// `--writeback-background on`: the background writer - while the page cache holds more
+/// frames than `--dirty-high`, one pressure round after another (`Engine::writeback_in_background`);
+/// otherwise it looks again every 20 ms (a counter read). Writers then meet write-back only
+/// when NVRAM is full.
+fn start_writer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
+    (args.cache == super::mount::OnOff::On && args.writeback_background == super::mount::OnOff::On)
+        .then(|| {
+            spawn_loop(engine, Duration::from_millis(20), |engine| {
+                engine.writeback_in_background() > 0
+            })
+        })
 }
 
 /// The engine over the recovered region: rebuilds the temp-file overlay and finishes

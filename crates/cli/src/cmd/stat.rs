@@ -160,8 +160,9 @@ fn print_caches(value: &serde_json::Value) {
             if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
         println!(
             "nbw ({}): {} patches created, {} in NVRAM ({} B in {} of at most {} frames, {} \
-             moved); {} completed without a read; fetches: {} async, {} on read, {} on \
-             write-back; {} reads from patches; {} writes waited{}",
+             moved); {} completed without a read; fetches: {} async ({} paused at the high \
+             watermark, {} failed), {} on read, {} on write-back; {} reads from patches; {} \
+             writes waited{}",
             n["mode"].as_str().unwrap_or("?"),
             n["patches_created"],
             n["patches"],
@@ -171,6 +172,8 @@ fn print_caches(value: &serde_json::Value) {
             n["patches_moved"],
             n["pages_completed_without_fetch"],
             n["fetches_async"],
+            n["fetches_paused"],
+            n["fetches_failed"],
             n["fetches_on_read"],
             n["fetches_on_writeback"],
             n["reads_served_from_patches"],

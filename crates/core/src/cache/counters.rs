@@ -151,6 +151,8 @@ pub struct NbwCounters {
     pub patches_moved: AtomicU64,
     pub pages_completed_without_fetch: AtomicU64,
     pub fetches_async: AtomicU64,
+    pub fetches_paused: AtomicU64,
+    pub fetches_failed: AtomicU64,
     pub fetches_on_read: AtomicU64,
     pub fetches_on_writeback: AtomicU64,
     pub reads_served_from_patches: AtomicU64,
@@ -176,6 +178,11 @@ pub struct NbwStats {
     pub pages_completed_without_fetch: u64,
     /// Pages fetched and merged by the asynchronous modes (foreground or background).
     pub fetches_async: u64,
+    /// Calls of the asynchronous fetcher that started no fetch because the page cache held
+    /// more frames than its high watermark (a fetched page takes a frame; see `fetch_patches`).
+    pub fetches_paused: u64,
+    /// Asynchronous fetches that failed (the patch stays; the first error is on stderr).
+    pub fetches_failed: u64,
     /// Reads of a patched page not covered by its patch (they read the lower file).
     pub fetches_on_read: u64,
     /// Patched pages written back (only the patched bytes are written; the lower file system
@@ -203,6 +210,8 @@ impl NbwCounters {
             patches_moved: get(&self.patches_moved),
             pages_completed_without_fetch: get(&self.pages_completed_without_fetch),
             fetches_async: get(&self.fetches_async),
+            fetches_paused: get(&self.fetches_paused),
+            fetches_failed: get(&self.fetches_failed),
             fetches_on_read: get(&self.fetches_on_read),
             fetches_on_writeback: get(&self.fetches_on_writeback),
             reads_served_from_patches: get(&self.reads_served_from_patches),

@@ -57,6 +57,10 @@ pub struct CacheConfig {
     pub high_pages: u64,
     /// ... and stops at this many.
     pub low_pages: u64,
+    /// Pressure rounds run in a background thread (`--writeback-background`, the daemon's
+    /// writer calling `Engine::writeback_in_background`), not in the request of the writer that
+    /// passed the high watermark; a writer meets write-back only when NVRAM is full.
+    pub background: bool,
     /// NR_WB: pages per write-back batch (one durable sync and one transaction per batch).
     pub batch_pages: u64,
     /// Pages dirty for longer than this many seconds are written back (`--max-dirty-age`;
@@ -106,6 +110,7 @@ impl Default for CacheConfig {
             zone_blocks: 1024,
             high_pages: u64::MAX,
             low_pages: u64::MAX,
+            background: false,
             batch_pages: 256,
             max_dirty_age: 0,
             writeback_on_unmount: true,
@@ -131,15 +136,18 @@ pub enum Reason {
     /// An operation that works on the lower file directly (fallocate, O_DIRECT IO, a failed
     /// write-through) needed the file clean first.
     Coherence,
+    /// Above the high watermark, in the daemon's write-back thread (`--writeback-background`).
+    Background,
 }
 
-pub const REASONS: [Reason; 6] = [
+pub const REASONS: [Reason; 7] = [
     Reason::Pressure,
     Reason::NvramFull,
     Reason::Flush,
     Reason::Unmount,
     Reason::Age,
     Reason::Coherence,
+    Reason::Background,
 ];
 
 impl Reason {
@@ -151,6 +159,7 @@ impl Reason {
             Reason::Unmount => "unmount",
             Reason::Age => "age",
             Reason::Coherence => "coherence",
+            Reason::Background => "background",
         }
     }
 }
