@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import sys
 from pathlib import Path
@@ -205,14 +206,12 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
         raise BenchError(f"unknown experiment {name!r}; `bench/run list` shows them")
     exp = EXPERIMENTS[name]
     if getattr(args, "disk", None):
-        import dataclasses
         try:
             parse_size(args.disk)   # a bad size fails here, before any run
         except ValueError as e:
             raise BenchError(f"--disk: {e}") from None
         exp = dataclasses.replace(exp, disk=args.disk)
     if args.fs:
-        import dataclasses
         wanted = [f.strip() for f in args.fs.split(",") if f.strip()]
         unknown = [f for f in wanted if f not in exp.fs]
         if unknown:
@@ -220,7 +219,6 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
                              f"({', '.join(exp.fs)})")
         exp = dataclasses.replace(exp, fs=wanted)
     if args.workloads:
-        import dataclasses
         wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
         known = {f"{m}:{c}": (m, c) for m, c in exp.workloads}
         unknown = [w for w in wanted if w not in known]

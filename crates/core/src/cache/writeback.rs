@@ -91,27 +91,25 @@ impl<L: LowerFs> Engine<L> {
     /// daemon's thread runs the rounds and the writer goes on (it meets write-back only when
     /// NVRAM is full: `writeback_for_room`).
     pub(crate) fn after_cached_write(&self) {
-        if self.cache.config.background || self.cache_frames() <= self.cache.config.high_pages {
-            return;
-        }
-        let Some(mut history) = self.cache.round.try_lock() else { return };
-        let held = self.cache_frames();
-        if held > self.cache.config.high_pages {
-            let target = held - self.cache.config.low_pages.min(held);
-            if let Err(e) = self.pressure_round(&mut history, Reason::Pressure, target) {
-                eprintln!("nvstack: write-back failed: {e}");
-            }
+        if !self.cache.config.background {
+            self.round_above_high(Reason::Pressure);
         }
     }
 
-    /// `--writeback-background`: the daemon's write-back thread calls this in a loop. When the
-    /// cache holds more frames than the high watermark, one pressure round down to the low
-    /// one (counted `writeback.rounds.background`), with the protocol of every round; returns
-    /// the pages written (0: nothing due, or another round runs). Why: a round in a writer's
-    /// request made that one write wait for the whole round - measured on the ssd model,
-    /// 128-byte random writes at the nbw experiment's scale 1: one write of 11 s (`--nbw off`,
-    /// 25,237 pages) and one of 41 s (`async-bg`, 25,385 pages).
+    /// `--writeback-background`: the daemon's write-back thread calls this in a loop: the
+    /// writer's pressure round, run there instead (counted `writeback.rounds.background`);
+    /// returns the pages written. Why: a round in a writer's request made that one write wait
+    /// for the whole round - measured on the ssd model, 128-byte random writes at the nbw
+    /// experiment's scale 1: one write of 11 s (`--nbw off`, 25,237 pages) and one of 41 s
+    /// (`async-bg`, 25,385 pages).
     pub fn writeback_in_background(&self) -> u64 {
+        self.round_above_high(Reason::Background)
+    }
+
+    /// When the cache holds more frames than the high watermark, one pressure round down to
+    /// the low one, counted under `reason`; the pages written (0: nothing due, another round
+    /// runs, or the round failed - said on stderr; the next write or look tries again).
+    fn round_above_high(&self, reason: Reason) -> u64 {
         let high = self.cache.config.high_pages;
         if self.cache_frames() <= high {
             return 0;
@@ -122,13 +120,10 @@ impl<L: LowerFs> Engine<L> {
             return 0;
         }
         let target = held - self.cache.config.low_pages.min(held);
-        match self.pressure_round(&mut history, Reason::Background, target) {
-            Ok(written) => written,
-            Err(e) => {
-                eprintln!("nvstack: background write-back failed: {e}");
-                0
-            }
-        }
+        self.pressure_round(&mut history, reason, target).unwrap_or_else(|e| {
+            eprintln!("nvstack: {} write-back failed: {e}", reason.name());
+            0
+        })
     }
 
     /// Frames the page cache holds: dirty pages, the frames patches are packed in, and the
