@@ -23,8 +23,8 @@ At the end (every wait bounded), the checks (result.json `checks`, each with its
                    completed A-OK" and nothing of a mismatch (`checks.fsx`)
   errors           `nvstack stat` before the flush: errors <= requests for every operation,
                    no error on the data path (read, fsync, flush, release), and every
-                   aborted transaction is a WRITE retried after pressure relief (nvstack
-                   counts every attempt), a create sent to the lower directory or a journal
+                   aborted transaction is a WRITE attempt retried after pressure relief
+                   (`retries.write`), a create sent to the lower directory or a journal
                    record applied without one because NVRAM was full (`error_check`); fsx
                    verifies every byte it wrote
   pressure         temp files were transformed by NVRAM pressure (or the background
@@ -139,10 +139,11 @@ def memory_check(samples: list[dict], slack_bytes: int = 16 << 20,
 
 
 def error_check(stat: dict) -> dict:
-    """errors <= requests per operation; no error on the data path (read, fsync, flush,
-    release); WRITE errors only as internal retries: nvstack counts every attempt of an
-    operation, and a write that finds NVRAM full aborts its transaction, relieves the pressure
-    and tries again (ops/io.rs). The other transactions a full NVRAM aborts are answered
+    """errors <= requests per operation; no error on the data path (read, write, fsync,
+    flush, release). A write that finds NVRAM full aborts its transaction, relieves the
+    pressure and tries again (ops/io.rs): nvstack counts those attempts as `retries.write`
+    (before 2026-11-28 it counted them as write errors, and a stat without `retries` is read
+    that way). The other transactions a full NVRAM aborts are answered
     without an error either: a create that goes to the lower directory instead
     (`tempfiles.created_in_lower_nvram_full`) and a metadata-journal record that is applied
     without one (`journal.not_journaled`). So every aborted transaction is one of the three
@@ -151,8 +152,9 @@ def error_check(stat: dict) -> dict:
     req, err = stat.get("requests", {}), stat.get("errors", {})
     aborted = stat.get("nvram", {}).get("transactions_aborted", 0)
     over = {op: (n, req.get(op, 0)) for op, n in err.items() if n > req.get(op, 0)}
-    data = {op: err[op] for op in DATA_PATH_OPS if op != "write" and err.get(op)}
-    retries = err.get("write", 0)
+    legacy = "retries" not in stat         # write attempts were counted as write errors
+    data = {op: err[op] for op in DATA_PATH_OPS if err.get(op) and not (legacy and op == "write")}
+    retries = err.get("write", 0) if legacy else stat["retries"].get("write", 0)
     creates = stat.get("tempfiles", {}).get("created_in_lower_nvram_full", 0)
     unjournaled = stat.get("journal", {}).get("not_journaled", 0)
     return {"ok": not over and not data and retries + creates + unjournaled == aborted,

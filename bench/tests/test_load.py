@@ -50,6 +50,17 @@ def test_error_check_real_end_of_run(samples):
         "mkdir": (end["requests"]["mkdir"] + 1, end["requests"]["mkdir"])}
 
 
+def test_error_check_with_retries_counted_apart(samples):
+    # since 2026-11-28 the retried attempts are `retries.write` and a write error is an answer
+    end = stat(samples, "nvstack_stat_load_end.json")
+    end["retries"] = {"write": end["errors"].pop("write")}
+    e = load.error_check(end)
+    assert e["ok"] and e["write_retries"] == 1198 == e["transactions_aborted"]
+    end["errors"]["write"] = 1
+    assert load.error_check(end)["data_path_errors"] == {"write": 1}
+    assert not load.error_check(end)["ok"]
+
+
 def test_flush_tempfiles_and_pressure_checks(samples):
     end = stat(samples, "nvstack_stat_load_end.json")
     fl = stat(samples, "nvstack_stat_load_flushed.json")

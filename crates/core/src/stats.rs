@@ -119,6 +119,10 @@ impl Op {
 pub struct Counters {
     requests: [AtomicU64; OPS.len()],
     errors: [AtomicU64; OPS.len()],
+    /// Attempts of a write that found NVRAM full and aborted their transaction (ops/io.rs):
+    /// each is tried again once room is made - or, if none can be, the write fails and
+    /// `errors` counts its answer. Not requests, and not answers the kernel saw.
+    pub write_retries: AtomicU64,
     pub app_bytes_read: AtomicU64,
     pub app_bytes_written: AtomicU64,
     pub lower_bytes_read: AtomicU64,
@@ -130,6 +134,7 @@ impl Default for Counters {
         Counters {
             requests: std::array::from_fn(|_| AtomicU64::new(0)),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            write_retries: AtomicU64::new(0),
             app_bytes_read: AtomicU64::new(0),
             app_bytes_written: AtomicU64::new(0),
             lower_bytes_read: AtomicU64::new(0),
@@ -139,6 +144,7 @@ impl Default for Counters {
 }
 
 impl Counters {
+    /// One request the kernel sent, counted once with the answer it got (`ok`: no errno).
     pub fn request(&self, op: Op, ok: bool) {
         self.requests[op as usize].fetch_add(1, Ordering::Relaxed);
         if !ok {
@@ -155,7 +161,11 @@ impl Counters {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
     pub requests: BTreeMap<&'static str, u64>,
+    /// Requests answered with an error, by operation (each request counted once).
     pub errors: BTreeMap<&'static str, u64>,
+    /// Internal attempts that aborted and were tried again (not requests, not answers):
+    /// `write` = write attempts that found NVRAM full (`Counters::write_retries`).
+    pub retries: BTreeMap<&'static str, u64>,
     pub app: ByteCounts,
     pub lower: ByteCounts,
     pub inodes: u64,
@@ -204,6 +214,10 @@ impl Counters {
             if e > 0 {
                 stats.errors.insert(op.name(), e);
             }
+        }
+        let retries = self.write_retries.load(Ordering::Relaxed);
+        if retries > 0 {
+            stats.retries.insert(Op::Write.name(), retries);
         }
         stats.app = ByteCounts {
             bytes_read: self.app_bytes_read.load(Ordering::Relaxed),

@@ -203,8 +203,12 @@ fn every_aborted_transaction_is_a_write_retry_an_unjournaled_record_or_a_create_
     let t = &s.tempfiles;
     assert_eq!(t.created_in_lower_nvram_full, 1, "{t:?}");
     assert!(t.created_in_lower >= t.created_in_lower_nvram_full, "{t:?}");
-    let write_retries = s.errors.get("write").copied().unwrap_or(0);
-    assert!(write_retries > 0, "{:?}", s.errors);
+    // The retried attempts are not errors, nor requests: 29 writes (a, s0-s6, b0, f0-f19),
+    // every one answered with its byte count.
+    assert_eq!(s.requests["write"], 29, "{:?}", s.requests);
+    assert_eq!(s.errors.get("write"), None, "{:?}", s.errors);
+    let write_retries = s.retries.get("write").copied().unwrap_or(0);
+    assert!(write_retries > 0, "{:?}", s.retries);
     assert_eq!(
         s.nvram.transactions_aborted,
         write_retries + s.journal.not_journaled + t.created_in_lower_nvram_full,

@@ -99,11 +99,27 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
 }
 
 /// The daemon's life (see the module docs): returns when the kernel ended the session.
+/// Buffers of 128 KiB and more are mapped for themselves and unmapped when freed (glibc's
+/// starting threshold, made fixed). glibc otherwise raises the threshold to the size of each
+/// such buffer freed, after which the workers' and transforms' transient buffers (1 MiB
+/// chunks) are carved from per-thread arenas that keep the freed memory: measured with
+/// Postmark 512 B-2 MB over a 25.5 MiB region, the daemon held 34.7 MiB of anonymous memory,
+/// 7.8 MiB of it live (malloc_trim freed the rest) - enough for a 51 MiB memory budget to
+/// kill it. The cost is one mmap and munmap per large buffer.
+fn fix_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt has no preconditions; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // New objects get exactly the mode the kernel computed (it applied the caller's umask).
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     raise_open_file_limit();
+    fix_mmap_threshold();
     let (lower_dir, lower, pool, note) = open_lower_and_region(args, mountpoint)?;
     let (run_dir, socket_path, listener) = prepare_run_dir(mountpoint)?;
     let engine = match start_engine(args, lower, pool) {

@@ -244,4 +244,8 @@ fn print_requests(value: &serde_json::Value) {
         let list: Vec<String> = errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("errors returned: {}", list.join(", "));
     }
+    if let Some(retries) = value["retries"].as_object().filter(|r| !r.is_empty()) {
+        let list: Vec<String> = retries.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("attempts retried after NVRAM was full (not errors): {}", list.join(", "));
+    }
 }

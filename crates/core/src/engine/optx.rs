@@ -75,12 +75,20 @@ impl<L: LowerFs> Engine<L> {
         op: Op,
         f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>,
     ) -> FsResult<T> {
+        let result = self.attempt(f);
+        self.counters.request(op, result.is_ok());
+        result
+    }
+
+    /// One attempt of an operation, as `op` runs it but not counted: for a caller that may try
+    /// again (a write that found NVRAM full) and counts the request once, with the answer the
+    /// kernel gets.
+    pub(crate) fn attempt<T>(&self, f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>) -> FsResult<T> {
         // The transaction begins at the first change of NVRAM state: an operation that only
         // passes through to the lower file system holds no undo slot while it waits for it.
         let mut otx = OpTx::new(&self.pool);
         let result = f(&mut otx);
         let result = otx.end(result);
-        self.counters.request(op, result.is_ok());
         self.checkpoint_if_full();
         result
     }

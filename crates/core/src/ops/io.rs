@@ -80,13 +80,31 @@ impl<L: LowerFs> Engine<L> {
     /// written back by the policy); if that did not help, or the write needs more undo log
     /// than a slot holds, the file leaves NVRAM (a temp file is transformed, a cached file's
     /// write goes through to the lower file, which is written back first).
+    ///
+    /// The request is counted once, with its answer; the attempts that found NVRAM full and
+    /// aborted are counted apart (`retries.write`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
+        let result = self.write_retrying(fh, offset, data, kill_suidgid);
+        self.counters.request(Op::Write, result.is_ok());
+        result
+    }
+
+    fn write_retrying(
+        &self,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<usize> {
         let mut pressured = false;
         let mut write_through = false;
         loop {
-            let result = self.op(Op::Write, |otx| {
-                self.write_once(otx, fh, offset, data, kill_suidgid, write_through)
-            });
+            let result = self
+                .attempt(|otx| self.write_once(otx, fh, offset, data, kill_suidgid, write_through));
+            if matches!(result, Err(FsError::Nvram(_))) {
+                // An aborted attempt; the arms below make room and try again, or fail.
+                Counters::add(&self.counters.write_retries, 1);
+            }
             match result {
                 Ok((n, After::Temp(file))) => {
                     self.after_temp_write(&file);
