@@ -98,7 +98,6 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
     Ok((pool, note))
 }
 
-/// The daemon's life (see the module docs): returns when the kernel ended the session.
 /// Buffers of 128 KiB and more are mapped for themselves and unmapped when freed (glibc's
 /// starting threshold, made fixed). glibc otherwise raises the threshold to the size of each
 /// such buffer freed, after which the workers' and transforms' transient buffers (1 MiB
@@ -114,6 +113,7 @@ fn fix_mmap_threshold() {
     }
 }
 
+/// The daemon's life (see the module docs): returns when the kernel ended the session.
 pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     // New objects get exactly the mode the kernel computed (it applied the caller's umask).
     // SAFETY: umask has no preconditions.
