@@ -216,12 +216,13 @@ pub struct MountArgs {
     /// needed (a read the patch does not cover reads the lower file; write-back writes just
     /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
     /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `lazy` is the default: in 15-second runs on cold pages
-    /// (docs/benchmarks.md, "Non-blocking writes") it made 33x ext4's random 128-byte writes
-    /// on hdd-7200 (`async-bg` 35.5x), 2.5x `off` on ssd (`async-bg` 1.9x), and with a reader
-    /// of the same file 33x ext4 on hdd with the reader 46 % faster than beside `async-bg`,
-    /// whose fetcher reads from the same disk. `async-bg` drains patches in the background (in
-    /// elevator order): it keeps writers below the patch limit longer on a disk with seeks.
+    /// (the blocking baseline). `lazy` is the default: it makes no disk reads of its own, and
+    /// at the paper's scale (60 s of random writes to a cold 5 GiB file, docs/benchmarks.md
+    /// "Non-blocking writes") it made 58x ext4's 128-byte random writes on hdd-7200 (`async-bg`
+    /// 62x), with a random reader of the same disk faster beside it. On an SSD, once the patch
+    /// limit is reached, `async-bg` keeps writers going longer: 2.0x ext4 over the random
+    /// workloads against `lazy`'s 1.9x (up to 1.6x `lazy` at 2 KiB) - choose it there.
+    /// `async-bg` drains patches in the background, in elevator order.
     /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
     /// is served by the kernel.
     #[arg(long, value_enum, default_value = "lazy")]
