@@ -165,7 +165,8 @@ def cmd_list() -> int:
     caps = nvstack.probe()
     print("experiments:")
     for e in EXPERIMENTS.values():
-        print(f"  {e.name:20s} {e.description}\n  {'':20s} fs: {', '.join(e.fs)}\n"
+        optional = f" (with --fs also: {', '.join(e.optional_fs)})" if e.optional_fs else ""
+        print(f"  {e.name:20s} {e.description}\n  {'':20s} fs: {', '.join(e.fs)}{optional}\n"
               f"  {'':20s} M={e.memory} NVRAM={e.nvram or 'M/2'} scale={e.scale} reps={e.reps} "
               f"device={e.device}; {e.estimate}")
     print("\nfile-system configurations:")
@@ -213,10 +214,10 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
         exp = dataclasses.replace(exp, disk=args.disk)
     if args.fs:
         wanted = [f.strip() for f in args.fs.split(",") if f.strip()]
-        unknown = [f for f in wanted if f not in exp.fs]
+        unknown = [f for f in wanted if f not in exp.fs + exp.optional_fs]
         if unknown:
             raise BenchError(f"--fs: {', '.join(unknown)} not in experiment {name} "
-                             f"({', '.join(exp.fs)})")
+                             f"({', '.join(exp.fs + exp.optional_fs)})")
         exp = dataclasses.replace(exp, fs=wanted)
     if args.workloads:
         wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -323,6 +323,9 @@ class Experiment:
     # (background %, dirty %) of M: the kernel's write-back thresholds of the machine the budget
     # models, set for each run (runner.kernel_dirty_settings); None: the host's own
     kernel_dirty: tuple | None = None
+    # configurations the experiment also knows but runs only when `--fs` names them (a
+    # variant of a default configuration that answers one question, not the whole matrix)
+    optional_fs: list[str] = field(default_factory=list)
 
     def fs_for(self, workload: str, config: str) -> list[str]:
         """The configurations that run workload:config, in the order of fs."""
@@ -459,7 +462,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                memory="512M", nvram="128M", scale=0.25, device="hdd-7200,ssd", disk="4G",
                estimate="~35 s a run (1.25 GiB layout on the modeled disk + 15 s of fio): "
                "150 runs ~1.5 h; --device and --variants iosize=N run parts",
-               notes=NBW_NOTES),
+               notes=NBW_NOTES,
+               optional_fs=[f"nvstack-ext4-nbw-{m}-bgwb" for m in
+                            ("off", "async-fg", "async-bg", "lazy")]),
     Experiment("nvfat", "NVFAT paper (issue 15), Figures 4-8: Async- and Sync-PostMark (-o sync) "
                "on a 32 MiB FAT volume on the flash model (K9F1208 behind a log-block FTL with 64 "
                "log blocks): VFAT vs NVFAT with 1-128 KiB of NVRAM metadata write cache",

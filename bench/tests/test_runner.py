@@ -219,3 +219,29 @@ def test_disk_size_option_reaches_every_run(tmp_path, monkeypatch):
     assert "--size 8G" in text and "--size=5368709120" in text and "--keep-dirty" in text
     assert cli.main(["run", "nbw", "--dry-run", "--disk", "lots", "--out",
                      str(tmp_path / "x")]) == 2
+
+
+def test_nbw_bgwb_twins_add_only_the_background_writer(tmp_path, monkeypatch):
+    """Each nbw configuration has a -bgwb twin whose mount differs by exactly
+    `--writeback-background on`; a binary without that flag skips the twin, not the run."""
+    twins = [c for c in fs.CONFIGS if c.startswith("nvstack-ext4-nbw-") and c.endswith("-bgwb")]
+    assert sorted(twins) == sorted(f"nvstack-ext4-nbw-{m}-bgwb" for m, _ in fs.NBW_MODES)
+    for name in twins:
+        base = fs.CONFIGS[name.removesuffix("-bgwb")].nvstack["args"]
+        assert fs.CONFIGS[name].nvstack["args"] == [*base, "--writeback-background", "on"]
+    from nvbench import cli
+    flags = {"tempfiles", "cache", "writeback", "consistency", "passthrough", "nbw", "keep-dirty"}
+    for have, ran in ((flags | {"writeback-background"}, True), (flags, False)):
+        caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True, mount_flags=have,
+                                    consistency_modes={"undo", "none"})
+        monkeypatch.setattr(nvstack, "_cache", caps)
+        out = tmp_path / f"nbw-{ran}"
+        assert cli.main(["run", "nbw", "--dry-run", "--device", "ssd", "--variants",
+                         "iosize=4096", "--workloads", "fio:nbw-random-write", "--fs",
+                         "nvstack-ext4-nbw-lazy-bgwb", "--out", str(out), "--workdir",
+                         str(tmp_path / "w"), "--no-plot"]) == 0
+        results = [json.loads(p.read_text()) for p in (out / "runs").rglob("result.json")]
+        assert [r["status"] for r in results] == (["dry-run"] if ran else ["skipped"])
+        if ran:
+            repro = next((out / "runs").rglob("repro.sh")).read_text()
+            assert "--keep-dirty --writeback-background on --foreground" in repro
