@@ -14,6 +14,8 @@ OUT/runs/<exp>/<workload>-<config>/<variant>/<fs>/rep<N>/
                    device (--device none) holding the kernel FS / the lower FS
     nvstack_stat_before.json / nvstack_stat.json   nvstack request counters (parse: the delta)
     cgroup.json
+    progress.tsv   what the run's processes waited on, every 10 s of the timed command (watch.py;
+                   result.json's "watch": the longest span in which none of them used CPU)
     repro.sh       the same commands as a standalone script (cleanup on EXIT)
 """
 
@@ -34,6 +36,7 @@ from . import cgroup as cgroup_mod
 from . import floor as floor_mod
 from . import fs as fs_mod
 from . import nvstack, workloads
+from . import watch as watch_mod
 from .experiments import Experiment
 from .shell import Shell
 from .util import REPO_DIR, BenchError, dpkg_version, first_line, fmt_size, parse_size, slug, which
@@ -327,8 +330,16 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         (rundir / "cmd.txt").write_text(sh.render(timed) + "\n")
         sh.note("timed workload (wall clock measured outside the tool):")
         cpu0 = cpu_snapshot(target.fuse_pid())
-        res = sh.run(timed, check=False, stdout=rundir / "stdout.txt",
-                     stderr=rundir / "stderr.txt", timeout=6 * 3600, time_it=True)
+        watch = None
+        if not st.dry_run:
+            watch = watch_mod.Watch(rundir / "progress.tsv", [str(layout.workdir), str(rundir)])
+            watch.start()
+        try:
+            res = sh.run(timed, check=False, stdout=rundir / "stdout.txt",
+                         stderr=rundir / "stderr.txt", timeout=6 * 3600, time_it=True)
+        finally:
+            if watch is not None:
+                result["watch"] = watch.stop()
         if not st.dry_run:
             result["cpu"] = cpu_delta(cpu0, cpu_snapshot(target.fuse_pid()))
         result["wall_seconds"] = round(res.seconds, 4)
@@ -380,6 +391,10 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
         if target.interrupted:
             raise target.interrupted
     return result
+
+
+# a span this long in which none of a run's processes used CPU is named after its status
+STILL_NOTE_S = 120
 
 
 def cpu_snapshot(daemon_pid: int | None) -> dict:
@@ -492,6 +507,9 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
               f"{spec.variant} fs={spec.fs} rep={spec.rep} ...", end=" ", flush=True)
         r = execute(spec, st, notes)
         wall = f" {r['wall_seconds']:.2f}s" if r.get("wall_seconds") is not None else ""
+        still = (r.get("watch") or {}).get("longest_still_s", 0)
+        if still >= STILL_NOTE_S:   # said, not judged: a long sleep can be the workload's own
+            wall += f" [still {still:.0f}s: see progress.tsv]"
         print(f"{r['status']}{wall}" + (f" ({r['reason'][:120]})" if r["reason"] else ""),
               flush=True)
         results.append(r)
