@@ -412,7 +412,7 @@ UNITS = {"wall_seconds": ("s", False), "sync_seconds": ("s", False),
          "nv_fsync_waited_on_lower_per_op": ("", False),
          "nv_fsync.calls": ("", ""), "nv_fsync.waited_on_lower": ("", False),
          "nv_requests_per_op": ("", False), "host_cpu_busy_pct": ("%", ""),
-         "cpu_daemon_s": ("s", False), "cpu_app_s": ("s", False),
+         "cpu_daemon_s": ("s", False), "cpu_app_s": ("s", False), "still_seconds": ("s", ""),
          "cpu_daemon_us_per_op": ("us", False), "cpu_app_us_per_op": ("us", False)}
 
 
@@ -457,6 +457,9 @@ def parse_run(rundir: Path) -> list[dict]:
     for key in ("wall_seconds", "sync_seconds", "flush_seconds", "sync_point_seconds"):
         if result.get(key) is not None:
             metrics[key] = float(result[key])
+    watch = result.get("watch") or {}
+    if watch.get("longest_still_s") is not None:   # watch.py: no watched process used CPU
+        metrics["still_seconds"] = float(watch["longest_still_s"])
     cpu = result.get("cpu") or {}
     if cpu.get("host_total_s"):
         metrics["host_cpu_busy_pct"] = 100.0 * cpu.get("host_busy_s", 0.0) / cpu["host_total_s"]

@@ -133,3 +133,17 @@ def test_paired_ratio_table():
     assert pr[("a", "c", "default", "fuse")]["ratios"] == [0.5, 0.6]
     table = "\n".join(summary.ratio_table(rows, "ext4", ["ext4", "fuse"]))
     assert "| a c | iops" in table and "0.550 [0.500-0.600]" in table
+
+
+def test_watch_still_span_becomes_a_metric(tmp_path, samples):
+    """result.json's watch (watch.py) reaches the CSV as still_seconds; a run without it
+    (recorded before the sampler existed) has no such row."""
+    d = make_run(tmp_path, "ext2", 1, 3.0, samples / "postmark_verbose.txt")
+    res = json.loads((d / "result.json").read_text())
+    res["watch"] = {"samples": 9, "interval_s": 10.0, "longest_still_s": 840.0,
+                    "still_waits": {"balance_dirty_pages": 3}}
+    (d / "result.json").write_text(json.dumps(res))
+    make_run(tmp_path, "ext2", 2, 3.0, samples / "postmark_verbose.txt")
+    rows = parse.parse_run(d) + parse.parse_run(d.parent / "rep2")
+    still = [r for r in rows if r["metric"] == "still_seconds"]
+    assert [(r["rep"], r["value"], r["unit"]) for r in still] == [(1, "840.0", "s")]
