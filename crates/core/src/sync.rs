@@ -15,6 +15,7 @@
 //! |---|---|---|
 //! | `Checkpoint` | one metadata-journal checkpoint at a time | yes: its syncfs |
 //! | `Round` | one write-back round at a time, and its history | yes: it *is* the write-back |
+//! | `Room` | the count of write-back batches freed, which writers that found NVRAM full wait on | no |
 //! | `Stripe` | a stripe of lower files: no cached-file record starts while a file's data changes in the lower FS directly | yes (one file's) |
 //! | `Listing` | the merged listing of one open directory | yes (its readdir) |
 //! | `TempFile` | one temp file's state; several in serial order | yes (its shadowed name's unlink) |
@@ -45,6 +46,7 @@ use std::fmt;
 pub enum Rank {
     Checkpoint,
     Round,
+    Room,
     Stripe,
     Listing,
     TempFile,
@@ -255,6 +257,23 @@ impl Condvar {
         assert_may_block("waiting on a condition variable");
         let inner = self.0.wait(inner).unwrap_or_else(|_| panic!("{rank:?} lock poisoned"));
         // Re-registered without an order check: it is the lock the thread had.
+        MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
+    }
+
+    /// `wait`, for at most `timeout`.
+    pub fn wait_timeout<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, T> {
+        let MutexGuard { inner, _held: held } = guard;
+        let (rank, nth) = (held.rank, held.nth);
+        drop(held);
+        assert_may_block("waiting on a condition variable");
+        let (inner, _) = self
+            .0
+            .wait_timeout(inner, timeout)
+            .unwrap_or_else(|_| panic!("{rank:?} lock poisoned"));
         MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
     }
 

@@ -464,6 +464,124 @@ fn background_write_back_takes_the_rounds_off_the_writers() {
     }
 }
 
+/// Holds the background writer's round at its first two steps: after the first batch's
+/// lower writes (until the writer beside it stops making progress: NVRAM is full) and after
+/// the first batch was freed (until the writer writes again, at most 20 s), noting whether it
+/// did - while the round is still running.
+#[derive(Debug, Default)]
+struct RoomGate {
+    progress: std::sync::atomic::AtomicU64,
+    step: std::sync::atomic::AtomicU64,
+    wrote_during_round: std::sync::atomic::AtomicBool,
+}
+
+impl RoomGate {
+    /// Whether the round reached its first gate (the writer starts then).
+    fn round_started(&self) -> bool {
+        self.step.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+impl engine::Failpoints for RoomGate {
+    fn hit(&self, point: &'static str) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let progress = || self.progress.load(SeqCst);
+        let wanted = match (point, self.step.load(SeqCst)) {
+            ("writeback.written", 0) => 0,
+            ("writeback.freed", 1) => 1,
+            _ => return,
+        };
+        self.step.store(wanted + 1, SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        if wanted == 0 {
+            // until the writer has written and then been stuck for 300 ms (a limit on the
+            // wait: 20 s)
+            let mut last = (progress(), std::time::Instant::now());
+            while std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                if progress() != last.0 || last.0 == 0 {
+                    last = (progress(), std::time::Instant::now());
+                } else if last.1.elapsed() > std::time::Duration::from_millis(300) {
+                    return;
+                }
+            }
+        } else {
+            let before = progress();
+            while std::time::Instant::now() < deadline {
+                if progress() > before {
+                    self.wrote_during_round.store(true, SeqCst);
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// With `--writeback-background`, a writer that finds NVRAM full while the background round
+/// runs goes on as soon as that round frees one batch (`writeback.room_waits`), not when the
+/// round ends; every byte is where the model says.
+#[test]
+fn a_writer_that_finds_nvram_full_waits_for_one_batch_not_the_round() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let lower = MemLower::default();
+    let mut model = pattern(64 * PAGE, 3);
+    lower_file(&lower, "f", &model);
+    let gate = Arc::new(RoomGate::default());
+    let cache = CacheConfig {
+        high_pages: 12,
+        low_pages: 4,
+        batch_pages: 4,
+        background: true,
+        ..CacheConfig::default()
+    };
+    let pool = Pool::open(region(32), Consistency::Undo).unwrap().0;
+    let config = EngineConfig { failpoints: Some(gate.clone()), ..config(cache) };
+    let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
+    let (_, fh) = open(&e, "f", libc::O_RDWR);
+    for page in 0..16 {
+        e.write(fh, (page * PAGE) as u64, &[1; PAGE], false).unwrap();
+        model[page * PAGE..(page + 1) * PAGE].fill(1);
+    }
+    // The background writer's round (16 pages and a record frame: past the high watermark).
+    let background = {
+        let e = Arc::clone(&e);
+        std::thread::spawn(move || e.writeback_in_background())
+    };
+    // The writer, once the round runs: the other 48 pages, whole, more than the free frames
+    // hold.
+    let writer = {
+        let (e, gate) = (Arc::clone(&e), Arc::clone(&gate));
+        std::thread::spawn(move || {
+            while !gate.round_started() {
+                std::thread::yield_now();
+            }
+            for page in 16..64u64 {
+                e.write(fh, page * PAGE as u64, &[2; PAGE], false).unwrap();
+                gate.progress.fetch_add(1, SeqCst);
+            }
+        })
+    };
+    let written = background.join().unwrap();
+    writer.join().unwrap();
+    model[16 * PAGE..].fill(2);
+    assert!(written > 0, "the background round wrote back");
+    assert_eq!(gate.step.load(SeqCst), 2, "the round passed both gates");
+    assert!(
+        gate.wrote_during_round.load(SeqCst),
+        "the writer wrote again after the round's first batch, while the round ran"
+    );
+    let st = e.stats();
+    assert!(st.writeback.room_waits >= 1, "{:?}", st.writeback);
+    assert_eq!(st.writeback.rounds["pressure"], 0, "no writer ran a pressure round");
+    same(&read(&e, fh, 0, 1 << 22), &model, "after the writes");
+    e.check_cache().unwrap();
+    e.release(fh).unwrap();
+    let Ok(e) = Arc::try_unwrap(e) else { panic!("the writer is done") };
+    e.shutdown();
+    same(&lower_content(&lower, "f"), &model, "the lower file after the unmount's write-back");
+}
+
 /// Runs a closure once when the engine reaches a failpoint: the test interleaves operations
 /// with a write-back at an exact step (the write-back holds no file lock between its steps).
 struct Hook {

@@ -136,14 +136,15 @@ fn print_caches(value: &serde_json::Value) {
         );
         println!(
             "writeback ({}): {} pages in {} batches, {} requests, {} repeated, inter-request \
-             distance {} blocks, {} syncs",
+             distance {} blocks, {} syncs, {} writes waited for room",
             wb["policy"].as_str().unwrap_or("?"),
             wb["pages_written"],
             wb["batches"],
             wb["requests"],
             wb["repeated_pages"],
             wb["inter_request_distance_blocks"],
-            wb["syncs"]
+            wb["syncs"],
+            wb["room_waits"]
         );
         let n = &value["nbw"];
         // The reasons a write still read its page first, those that occurred.

@@ -23,6 +23,7 @@ pub struct CacheCounters {
     pub repeated_pages: AtomicU64,
     pub inter_request_distance_blocks: AtomicU64,
     pub syncs: AtomicU64,
+    pub room_waits: AtomicU64,
     pub rounds: [AtomicU64; REASONS.len()],
 }
 
@@ -70,6 +71,9 @@ pub struct WritebackStats {
     /// Durability points: one fsync (a call that wrote one file) or syncfs (several) per
     /// write-back call.
     pub syncs: u64,
+    /// Writes that found NVRAM full while a round ran (the background writer's or another
+    /// writer's) and waited for it to free one batch, not for its end.
+    pub room_waits: u64,
     pub pages_dirty: u64,
     pub pages_inactive_dirty: u64,
     pub high_pages: u64,
@@ -99,6 +103,7 @@ impl CacheCounters {
                 repeated_pages: get(&self.repeated_pages),
                 inter_request_distance_blocks: get(&self.inter_request_distance_blocks),
                 syncs: get(&self.syncs),
+                room_waits: get(&self.room_waits),
                 pages_dirty: get(&self.pages_dirty),
                 pages_inactive_dirty: get(&self.pages_inactive_dirty),
                 high_pages: config.high_pages,

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::RecordSlots;
-use crate::sync::{Mutex, MutexGuard, Rank};
+use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
 pub use record::Record;
@@ -201,6 +201,11 @@ pub struct PageCache<N, F> {
     stripes: [Mutex<()>; STRIPES],
     /// One write-back round at a time (rank `Round`).
     round: Mutex<History>,
+    /// Write-back batches freed so far (rank `Room`), and `room_freed`, notified after each:
+    /// a writer that found NVRAM full while a round runs waits for one batch, not the round
+    /// (`Engine::writeback_for_room`).
+    room: Mutex<u64>,
+    room_freed: Condvar,
     /// The cache clock: page versions and recency ticks.
     clock: AtomicU64,
     /// Patched pages waiting for an asynchronous fetch, as (file id, page), in elevator
@@ -230,6 +235,8 @@ impl<N, F> PageCache<N, F> {
             next_serial: AtomicU64::new(1),
             stripes: std::array::from_fn(|_| Mutex::new(Rank::Stripe, ())),
             round: Mutex::new(Rank::Round, History::default()),
+            room: Mutex::new(Rank::Room, 0),
+            room_freed: Condvar::new(),
             clock: AtomicU64::new(1),
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
             slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
