@@ -48,7 +48,9 @@ def _process(pid: str) -> tuple[str, int, Counter] | None:
         waits: Counter = Counter()
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                waits[(task / "wchan").read_text().strip() or "running"] += 1
+                # "0" (or nothing): not sleeping in the kernel - running or runnable
+                wchan = (task / "wchan").read_text().strip()
+                waits["running" if wchan in ("", "0") else wchan] += 1
             except OSError:
                 continue
         return comm, ticks, waits
