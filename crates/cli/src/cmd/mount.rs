@@ -192,7 +192,8 @@ pub struct MountArgs {
     pub keep_dirty: bool,
     /// `on`: write-back above --dirty-high runs in a background thread of the daemon, so no
     /// writer waits for a whole round in its own request (a writer waits for write-back only
-    /// when NVRAM is full). `off` (the default until measured beyond the nbw runs): the writer
+    /// when NVRAM is full, and then for the round's next freed batch, not the round). `off`
+    /// (the default until measured beyond the nbw runs): the writer
     /// that passes --dirty-high writes back down to --dirty-low before its write returns (on
     /// the modeled ssd one write waited 11-41 s for a round of ~25,000 pages).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
