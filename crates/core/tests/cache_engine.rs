@@ -368,6 +368,18 @@ fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
     assert_eq!(lower_content(&lower, "big"), data);
 }
 
+/// A 32-frame region's cache with the background writer on: rounds from 12 pages down to 4,
+/// in batches of 4.
+fn background_cache() -> CacheConfig {
+    CacheConfig {
+        high_pages: 12,
+        low_pages: 4,
+        batch_pages: 4,
+        background: true,
+        ..CacheConfig::default()
+    }
+}
+
 /// `--writeback-background`: a writer past the high watermark starts no round; the background
 /// writer's round takes the cache down to the low watermark (counted `background`); a full
 /// NVRAM still makes room in the writer's request; and with two writers beside a background
@@ -377,13 +389,7 @@ fn background_write_back_takes_the_rounds_off_the_writers() {
     let lower = MemLower::default();
     let mut model = pattern(40 * PAGE, 9);
     lower_file(&lower, "f", &model);
-    let cache = CacheConfig {
-        high_pages: 12,
-        low_pages: 4,
-        batch_pages: 4,
-        background: true,
-        ..CacheConfig::default()
-    };
+    let cache = background_cache();
     let e = start(&lower, &region(32), cache);
     let (_, fh) = open(&e, "f", libc::O_RDWR);
     let put = |e: &Engine<MemLower>, page: usize, byte: u8, model: &mut Vec<u8>| {
@@ -528,13 +534,7 @@ fn a_writer_that_finds_nvram_full_waits_for_one_batch_not_the_round() {
     let mut model = pattern(64 * PAGE, 3);
     lower_file(&lower, "f", &model);
     let gate = Arc::new(RoomGate::default());
-    let cache = CacheConfig {
-        high_pages: 12,
-        low_pages: 4,
-        batch_pages: 4,
-        background: true,
-        ..CacheConfig::default()
-    };
+    let cache = background_cache();
     let pool = Pool::open(region(32), Consistency::Undo).unwrap().0;
     let config = EngineConfig { failpoints: Some(gate.clone()), ..config(cache) };
     let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
