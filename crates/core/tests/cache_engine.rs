@@ -470,12 +470,14 @@ fn background_write_back_takes_the_rounds_off_the_writers() {
     }
 }
 
-/// Holds the background writer's round at its first two steps: after the first batch's
-/// lower writes (until the writer beside it stops making progress: NVRAM is full) and after
-/// the first batch was freed (until the writer writes again, at most 20 s), noting whether it
-/// did - while the round is still running.
+/// Gates in the background writer's round: after its first batch's lower writes it waits
+/// until the writer beside it found NVRAM full (`retries.write`, at most 20 s); after each
+/// freed batch (up to 8) it waits up to 2 s for the writer to write again, and notes whether
+/// it did while the round was still running. (Each freed batch gets its own chance: a writer
+/// that began to wait just after a batch was freed goes on after the next one.)
 #[derive(Debug, Default)]
 struct RoomGate {
+    engine: std::sync::OnceLock<std::sync::Weak<Engine<MemLower>>>,
     progress: std::sync::atomic::AtomicU64,
     step: std::sync::atomic::AtomicU64,
     wrote_during_round: std::sync::atomic::AtomicBool,
@@ -486,39 +488,38 @@ impl RoomGate {
     fn round_started(&self) -> bool {
         self.step.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
+
+    fn writer_found_nvram_full(&self) -> bool {
+        let e = self.engine.get().and_then(std::sync::Weak::upgrade);
+        e.is_some_and(|e| e.stats().retries.get("write").copied().unwrap_or(0) > 0)
+    }
 }
 
 impl engine::Failpoints for RoomGate {
     fn hit(&self, point: &'static str) {
         use std::sync::atomic::Ordering::SeqCst;
-        let progress = || self.progress.load(SeqCst);
-        let wanted = match (point, self.step.load(SeqCst)) {
-            ("writeback.written", 0) => 0,
-            ("writeback.freed", 1) => 1,
-            _ => return,
-        };
-        self.step.store(wanted + 1, SeqCst);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        if wanted == 0 {
-            // until the writer has written and then been stuck for 300 ms (a limit on the
-            // wait: 20 s)
-            let mut last = (progress(), std::time::Instant::now());
-            while std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                if progress() != last.0 || last.0 == 0 {
-                    last = (progress(), std::time::Instant::now());
-                } else if last.1.elapsed() > std::time::Duration::from_millis(300) {
-                    return;
-                }
+        use std::time::{Duration, Instant};
+        let step = self.step.load(SeqCst);
+        if point == "writeback.written" && step == 0 {
+            self.step.store(1, SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !self.writer_found_nvram_full() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
             }
-        } else {
-            let before = progress();
-            while std::time::Instant::now() < deadline {
-                if progress() > before {
+            std::thread::sleep(Duration::from_millis(50)); // on its way to the wait
+        } else if point == "writeback.freed"
+            && (1..=8).contains(&step)
+            && !self.wrote_during_round.load(SeqCst)
+        {
+            self.step.store(step + 1, SeqCst);
+            let before = self.progress.load(SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if self.progress.load(SeqCst) > before {
                     self.wrote_during_round.store(true, SeqCst);
                     return;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }
@@ -538,6 +539,7 @@ fn a_writer_that_finds_nvram_full_waits_for_one_batch_not_the_round() {
     let pool = Pool::open(region(32), Consistency::Undo).unwrap().0;
     let config = EngineConfig { failpoints: Some(gate.clone()), ..config(cache) };
     let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
+    gate.engine.set(Arc::downgrade(&e)).unwrap();
     let (_, fh) = open(&e, "f", libc::O_RDWR);
     for page in 0..16 {
         e.write(fh, (page * PAGE) as u64, &[1; PAGE], false).unwrap();
@@ -566,10 +568,10 @@ fn a_writer_that_finds_nvram_full_waits_for_one_batch_not_the_round() {
     writer.join().unwrap();
     model[16 * PAGE..].fill(2);
     assert!(written > 0, "the background round wrote back");
-    assert_eq!(gate.step.load(SeqCst), 2, "the round passed both gates");
+    assert!(gate.step.load(SeqCst) >= 2, "the round passed its gates");
     assert!(
         gate.wrote_during_round.load(SeqCst),
-        "the writer wrote again after the round's first batch, while the round ran"
+        "the writer wrote again after one of the round's freed batches, while the round ran"
     );
     let st = e.stats();
     assert!(st.writeback.room_waits >= 1, "{:?}", st.writeback);
