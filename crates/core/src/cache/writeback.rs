@@ -36,14 +36,14 @@ use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
-
-/// How long a writer waiting for room sleeps before it looks again whether a round still
-/// runs (a limit on a missed wake-up, not a pace: a freed batch wakes it at once).
-const ROOM_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 use crate::engine::Engine;
 use crate::error::{FsError, FsResult};
 use crate::slots;
 use crate::stats::Counters;
+
+/// How long a writer waiting for room sleeps before it looks again whether a round still
+/// runs (a limit on a missed wake-up, not a pace: a freed batch wakes it at once).
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A page-aligned 4 KiB block (O_DIRECT buffers must be aligned).
 #[derive(Clone, Copy)]
