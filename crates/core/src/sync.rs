@@ -251,13 +251,7 @@ impl Condvar {
 
     /// Waits (releasing the lock meanwhile); a thread holding a short lock must not wait.
     pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-        let MutexGuard { inner, _held: held } = guard;
-        let (rank, nth) = (held.rank, held.nth);
-        drop(held);
-        assert_may_block("waiting on a condition variable");
-        let inner = self.0.wait(inner).unwrap_or_else(|_| panic!("{rank:?} lock poisoned"));
-        // Re-registered without an order check: it is the lock the thread had.
-        MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
+        Self::park(guard, |inner| self.0.wait(inner).map_err(|_| ()))
     }
 
     /// `wait`, for at most `timeout`.
@@ -266,14 +260,23 @@ impl Condvar {
         guard: MutexGuard<'a, T>,
         timeout: std::time::Duration,
     ) -> MutexGuard<'a, T> {
+        Self::park(guard, |inner| {
+            self.0.wait_timeout(inner, timeout).map(|(g, _)| g).map_err(|_| ())
+        })
+    }
+
+    /// Releases `guard`'s registration, waits with `wait` (which gives the lock back), and
+    /// registers the lock again.
+    fn park<'a, T>(
+        guard: MutexGuard<'a, T>,
+        wait: impl FnOnce(std::sync::MutexGuard<'a, T>) -> Result<std::sync::MutexGuard<'a, T>, ()>,
+    ) -> MutexGuard<'a, T> {
         let MutexGuard { inner, _held: held } = guard;
         let (rank, nth) = (held.rank, held.nth);
         drop(held);
         assert_may_block("waiting on a condition variable");
-        let (inner, _) = self
-            .0
-            .wait_timeout(inner, timeout)
-            .unwrap_or_else(|_| panic!("{rank:?} lock poisoned"));
+        let inner = wait(inner).unwrap_or_else(|()| panic!("{rank:?} lock poisoned"));
+        // Re-registered without an order check: it is the lock the thread had.
         MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
     }
 
