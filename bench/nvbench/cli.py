@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import shlex
 import sys
 from pathlib import Path
 
@@ -71,6 +72,11 @@ def _common(p: argparse.ArgumentParser, default_out: str | None) -> None:
                    "configurations (default: all of them)")
     p.add_argument("--workloads", help="comma-separated subset of the experiment's workloads "
                    "as module:config, e.g. fio:wb-zipf-rewrite (default: all of them)")
+    p.add_argument("--nvstack-args", default="", metavar="'ARGS'",
+                   help="mount options appended to every nvstack mount of the run, e.g. "
+                   "--nvstack-args='--writeback-background on' (write it with `=`: the value "
+                   "starts with --); an option a configuration sets itself is refused; "
+                   "recorded in experiment.json and every run's env.json")
     p.add_argument("--variants", help="comma-separated subset of the workloads' variants by "
                    "name, e.g. files=2500 for one Postmark file count (names as in the run "
                    "directories; default: all of them)")
@@ -237,7 +243,8 @@ def cmd_run(name: str, args, out: Path | None = None) -> int:
                                                       ("seconds", args.seconds)) if v},
                          variants=[v.strip() for v in args.variants.split(",") if v.strip()]
                          if args.variants else None,
-                         floor=not getattr(args, "no_floor", False))
+                         floor=not getattr(args, "no_floor", False),
+                         nvstack_args=shlex.split(getattr(args, "nvstack_args", "")))
     if archive.unpack(st.out):
         print(f"unpacked {st.out / archive.ARCHIVE} (earlier runs; the new ones join them)")
     results = runner.run_experiment(exp, st, args.device)

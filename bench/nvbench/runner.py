@@ -97,6 +97,9 @@ class Settings:
                                                     # ["files=2500"]); None: all
     floor: bool = True                              # measure the FUSE round trip before and
                                                     # after the runs (nvbench/floor.py)
+    nvstack_args: list[str] = field(default_factory=list)  # appended to every nvstack mount of
+                                                    # the run (an A/B of one mount option across
+                                                    # a whole experiment); recorded per run
 
 
 def _variants(mod, config: str, scale: float, memory: int):
@@ -259,6 +262,19 @@ def set_vm(sh: Shell, values: dict) -> dict:
     return before
 
 
+def with_nvstack_args(cfg: fs_mod.FsConfig, args: list[str]) -> fs_mod.FsConfig:
+    """`cfg` with `args` after its own nvstack mount arguments. An option the configuration
+    sets itself is refused: the run would no longer be the configuration it is named after."""
+    own = {a.split("=", 1)[0] for a in cfg.nvstack.get("args", []) if a.startswith("--")}
+    own |= {f"--{k}" for k in fs_mod.nvstack_flags(cfg.nvstack)} | {"--consistency"}
+    twice = sorted(own & {a.split("=", 1)[0] for a in args if a.startswith("--")})
+    if twice:
+        raise BenchError(f"--nvstack-args: {', '.join(twice)} is set by configuration "
+                         f"{cfg.name} itself")
+    return fs_mod.FsConfig(**{**asdict(cfg), "nvstack": {
+        **cfg.nvstack, "args": [*cfg.nvstack.get("args", []), *args]}})
+
+
 def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     """Run one spec; always returns result dict and leaves the run directory complete."""
     rundir = st.out / spec.reldir()
@@ -271,6 +287,8 @@ def execute(spec: RunSpec, st: Settings, notes: list[str]) -> dict:
     layout = fs_mod.Layout(st.workdir / spec.run_id(), spec.run_id())
     target_path = layout.mnt
     inv = _invocation(mod, spec, target_path, rundir, st)
+    if st.nvstack_args and cfg.nvstack:
+        cfg = with_nvstack_args(cfg, st.nvstack_args)
     extra = getattr(mod, "mount_option", lambda p: None)(spec.params)
     if extra and not cfg.stacked:
         opts = ",".join(o for o in (cfg.mount_options, extra) if o)
@@ -482,6 +500,12 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
     if not st.dry_run and os.geteuid() != 0:
         raise BenchError("running benchmarks needs root (mounts, loop devices, cgroups); "
                          "use --dry-run to see the matrix")
+    for name in exp.fs:                 # refused before the first run, not in the middle
+        if st.nvstack_args and fs_mod.CONFIGS[name].nvstack:
+            with_nvstack_args(fs_mod.CONFIGS[name], st.nvstack_args)
+    if st.nvstack_args:
+        notes.append(f"every nvstack mount of this experiment adds `{' '.join(st.nvstack_args)}` "
+                     f"(bench/run --nvstack-args)")
     _build_fuse_daemons(exp, st, notes)
     specs = matrix(exp, st)
     st.out.mkdir(parents=True, exist_ok=True)
@@ -491,7 +515,7 @@ def run_experiment(exp: Experiment, st: Settings, requested_device: str | None) 
             "memory_bytes": specs[0].memory_bytes if specs else None,
             "nvram_bytes": specs[0].nvram_bytes if specs and any(
                 fs_mod.CONFIGS[f].nvstack for f in exp.fs) else None,
-            "overrides": st.overrides,
+            "overrides": st.overrides, "nvstack_args": st.nvstack_args,
             "scale": specs[0].scale if specs else None, "reps": st.reps or exp.reps,
             "runs": len(specs), "notes": notes, "dry_run": st.dry_run,
             "command": " ".join(sys.argv),

@@ -245,3 +245,34 @@ def test_nbw_bgwb_twins_add_only_the_background_writer(tmp_path, monkeypatch):
         if ran:
             repro = next((out / "runs").rglob("repro.sh")).read_text()
             assert "--keep-dirty --writeback-background on --foreground" in repro
+
+
+def test_nvstack_args_reach_every_nvstack_mount_and_are_recorded(tmp_path, monkeypatch, capsys):
+    """`--nvstack-args` appends to each nvstack configuration's mount (a kernel file system is
+    untouched), is written to experiment.json and env.json, and an option a configuration sets
+    itself is refused before any run."""
+    from nvbench import cli
+    flags = {"tempfiles", "cache", "writeback", "consistency", "writeback-background"}
+    caps = nvstack.Capabilities("/opt/nvstack", device=True, mount=True, mount_flags=flags,
+                                consistency_modes={"undo", "none"})
+    monkeypatch.setattr(nvstack, "_cache", caps)
+    out = tmp_path / "pm"
+    assert cli.main(["run", "showcase-postmark", "--dry-run",
+                     "--nvstack-args=--writeback-background on", "--out", str(out), "--workdir", str(tmp_path / "w"), "--no-plot"]) == 0
+    meta = json.loads((out / "experiment.json").read_text())
+    assert meta["nvstack_args"] == ["--writeback-background", "on"]
+    rundirs = [p.parent for p in (out / "runs").rglob("repro.sh")]
+    assert len(rundirs) == 2
+    for rundir in rundirs:
+        text = (rundir / "repro.sh").read_text()
+        nv = json.loads((rundir / "env.json").read_text())["run"]["fs"]["nvstack"]
+        if nv:
+            assert "--writeback-background on --foreground" in text
+            assert nv["args"][-2:] == ["--writeback-background", "on"]
+        else:
+            assert "--writeback-background" not in text
+    assert cli.main(["run", "showcase-postmark", "--dry-run", "--nvstack-args=--tempfiles off",
+                     "--out", str(tmp_path / "x"), "--workdir", str(tmp_path / "w"),
+                     "--no-plot"]) == 2
+    assert "--tempfiles is set by configuration" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "runs").exists()
