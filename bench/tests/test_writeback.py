@@ -25,7 +25,7 @@ NEW_FLAGS = {"nvram", "size", "undo-slots", "undo-slot-size", "consistency", "fo
              "threads", "attr-timeout", "entry-timeout", "max-write", "tempfiles",
              "tempfile-max-size", "tempfile-share", "tempfile-writeback-batch", "xattrs",
              "keep-tempfiles", "cache", "writeback", "zone-blocks", "dirty-high", "dirty-low",
-             "writeback-batch", "max-dirty-age", "keep-dirty"}
+             "writeback-batch", "max-dirty-age", "keep-dirty", "passthrough"}
 OLD_FLAGS = {"nvram", "size", "consistency", "foreground", "threads", "attr-timeout",
              "entry-timeout", "max-write"}
 
@@ -56,24 +56,24 @@ def test_flags_per_configuration_and_binary(tmp_path):
     new, old = caps(NEW_FLAGS), caps(OLD_FLAGS)
     for policy in ("file", "recency", "location", "relo"):
         assert mount_line(tmp_path / "n", f"nvstack-ext2-wb-{policy}", new) == (
-            f" --consistency undo --tempfiles off --cache on --writeback {policy} "
+            f" --consistency undo --tempfiles off --cache on --passthrough off --writeback {policy} "
             f"--max-dirty-age 0 --foreground")
     # without WB: the NVRAM page cache off (Linux's write-back of ext2), if the binary has it
     assert mount_line(tmp_path / "n", OFF, new) == \
-        " --consistency undo --tempfiles off --cache off --foreground"
+        " --consistency undo --tempfiles off --cache off --passthrough off --foreground"
     assert mount_line(tmp_path / "o", OFF, old) == " --consistency undo --foreground"
     assert mount_line(tmp_path / "n", "nvstack-ext2", new) == \
-        " --consistency none --tempfiles off --cache off --foreground"
+        " --consistency none --tempfiles off --cache off --passthrough off --foreground"
     # Table 4.2's WB: the cache on with relo; TempFFS alone: cache off
     assert mount_line(tmp_path / "n", "nvstack-ext2-wb-trans", new) == \
-        " --consistency undo --tempfiles off --cache on --writeback relo --foreground"
+        " --consistency undo --tempfiles off --cache on --passthrough off --writeback relo --foreground"
     assert mount_line(tmp_path / "n", "nvstack-ext4-tempffs", new) == \
-        " --consistency none --tempfiles on --cache off --foreground"
+        " --consistency none --tempfiles on --cache off --passthrough off --foreground"
     # fuse-tax: a pass-through (both mechanisms off), knobs after the flags
     assert mount_line(tmp_path / "n", "nvstack-none", new) == \
-        " --consistency none --tempfiles off --cache off --foreground"
+        " --consistency none --tempfiles off --cache off --passthrough off --foreground"
     assert mount_line(tmp_path / "n", "nvstack-none-t1", new) == \
-        " --consistency none --tempfiles off --cache off --threads 1 --foreground"
+        " --consistency none --tempfiles off --cache off --passthrough off --threads 1 --foreground"
     assert mount_line(tmp_path / "o", "nvstack-none-t1", old) == \
         " --consistency none --threads 1 --foreground"
     assert "pass-through" in fs.CONFIGS["nvstack-none"].description
@@ -197,7 +197,7 @@ def test_dry_run_repro(tmp_path, monkeypatch):
     assert attach < prefill < mount < text.index("drop_caches") < text.index("time -p")
     assert "--model hdd-7200 --timing sleep --size 2G --mkfs ext2" in text
     assert "/lower/data/nvbench-fio --filename=wb.dat" in text[prefill:mount]
-    assert "--size 32M --consistency undo --tempfiles off --cache on --writeback relo " \
+    assert "--size 32M --consistency undo --tempfiles off --cache on --passthrough off --writeback relo " \
            "--max-dirty-age 0 --foreground" in text
     assert "echo 67108864 > " in text                              # M = 64 MiB
     job = (d / "job.fio").read_text()
@@ -210,7 +210,7 @@ def test_dry_run_repro(tmp_path, monkeypatch):
     assert "/mnt/nvbench-fio --filename=wb.dat" in e and "/opt/nvstack mount" not in e
     # the same stack without the NVRAM page cache
     o = (runs / "fio-wb-zipf-rewrite" / "default" / OFF / "rep1" / "repro.sh").read_text()
-    assert "--consistency undo --tempfiles off --cache off --foreground" in o
+    assert "--consistency undo --tempfiles off --cache off --passthrough off --foreground" in o
     # Postmark
     pd = runs / "postmark-writeback" / "files=7500" / "nvstack-ext2-wb-file" / "rep1"
     cfg = (pd / "postmark.cfg").read_text().splitlines()
