@@ -280,7 +280,9 @@ def _nvstack() -> list[FsConfig]:
     # (3 min after 60 s of 128-byte random writes at scale 1: a read-modify-write per page).
     # The -bgwb twins add --writeback-background on: the cache's pressure rounds run in a
     # daemon thread instead of inside the write that crossed the high watermark (at scale 1 a
-    # 25,000-page round inside one write decided several rows; docs/benchmarks.md).
+    # 25,000-page round inside one write decided several rows; docs/benchmarks.md). Since
+    # 2026-11-28 that is nvstack's default, so on a newer binary a twin runs what its plain
+    # configuration runs (kept: results before then name the twins).
     for mode, what in NBW_MODES:
         for suffix, extra, how in (("", [], ""),
                                    ("-bgwb", ["--writeback-background", "on"],

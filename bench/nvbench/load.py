@@ -190,10 +190,14 @@ def pressure_check(before: dict, after: dict) -> dict:
     wr = get(after, "writeback", "rounds", "pressure") - get(before, "writeback", "rounds", "pressure")
     wf = get(after, "writeback", "rounds", "nvram_full") - \
         get(before, "writeback", "rounds", "nvram_full")
+    # (watermark rounds run in the daemon's background writer by default since 2026-11-28,
+    # in the writer's request with --writeback-background off)
+    wb = get(after, "writeback", "rounds", "background") - \
+        get(before, "writeback", "rounds", "background")
     pw = get(after, "writeback", "pages_written") - get(before, "writeback", "pages_written")
-    return {"ok": pt + nf + bg > 0 and wr + wf > 0, "pressure_transforms": pt,
+    return {"ok": pt + nf + bg > 0 and wr + wf + wb > 0, "pressure_transforms": pt,
             "nvram_full_transforms": nf, "background_transforms": bg,
-            "writeback_pressure_rounds": wr,
+            "writeback_pressure_rounds": wr, "writeback_background_rounds": wb,
             "writeback_nvram_full_rounds": wf, "pages_written_back": pw}
 
 

@@ -78,6 +78,19 @@ def test_flush_tempfiles_and_pressure_checks(samples):
     before["writeback"]["rounds"]["pressure"] -= 1
     q = load.pressure_check(before, bg)
     assert q["ok"] and q["pressure_transforms"] == 0 and q["background_transforms"] == 5
+    # the watermark's rounds in the daemon's background writer (the default) count as well;
+    # none of either kind fails the check
+    rounds = copy.deepcopy(end)
+    rounds["writeback"]["rounds"].update(pressure=0, nvram_full=0, background=4)
+    zero = copy.deepcopy(rounds)
+    zero["writeback"]["rounds"]["background"] = 0
+    r = load.pressure_check(zero, rounds)
+    assert not r["ok"]                                    # no transform in between
+    zero["tempfiles"]["transformed"]["pressure"] -= 1
+    r = load.pressure_check(zero, rounds)
+    assert r["ok"] and r["writeback_background_rounds"] == 4
+    assert r["writeback_pressure_rounds"] == 0
+    assert not load.pressure_check(rounds, rounds)["ok"]
     fl["writeback"]["pages_dirty"] = 3
     assert not load.flush_check(fl)["ok"]
     fl["tempfiles"]["created"] += 1                       # a temp file nobody accounts for

@@ -791,11 +791,10 @@ fn run_cache_seed(seed: u64, rounds: usize) -> (usize, usize, u64) {
     let nbw = ["lazy", "async-bg", "async-fg"][(seed % 3) as usize];
     let mut args = CACHE_MOUNT.to_vec();
     args.extend(["--nbw", nbw]);
-    // Odd seeds: rounds above the mark run in the daemon's background writer
-    // (`--writeback-background`), so kills at write-back steps land in its thread as well.
-    if seed % 2 == 1 {
-        args.extend(["--writeback-background", "on"]);
-    }
+    // Odd seeds: rounds above the mark run in the daemon's background writer (the default),
+    // so kills at write-back steps land in its thread; even seeds: in the request of the
+    // writer that passed the mark (`--writeback-background off`).
+    args.extend(["--writeback-background", if seed % 2 == 1 { "on" } else { "off" }]);
     let steps: &[&str] =
         if nbw == "lazy" { &WB_STEPS } else { &[WB_STEPS[0], "nbw.merged", WB_STEPS[1]] };
     for round in 0..rounds {

@@ -190,13 +190,14 @@ pub struct MountArgs {
     /// directory alone then lacks those writes until the next mount).
     #[arg(long)]
     pub keep_dirty: bool,
-    /// `on`: write-back above --dirty-high runs in a background thread of the daemon, so no
-    /// writer waits for a whole round in its own request (a writer waits for write-back only
-    /// when NVRAM is full, and then for the round's next freed batch, not the round). `off`
-    /// (the default until measured beyond the nbw runs): the writer
-    /// that passes --dirty-high writes back down to --dirty-low before its write returns (on
-    /// the modeled ssd one write waited 11-41 s for a round of ~25,000 pages).
-    #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
+    /// `on` (the default): write-back above --dirty-high runs in a background thread of the
+    /// daemon, so no writer waits for a whole round in its own request (a writer waits for
+    /// write-back only when NVRAM is full, and then for the round's next freed batch, not the
+    /// round). `off`: the writer that passes --dirty-high writes back down to --dirty-low
+    /// before its write returns (on the modeled ssd one write waited 11-41 s for a round of
+    /// ~25,000 pages; on hdd-7200 Postmark ran 4x and Zipf rewrites 1.3x longer than with
+    /// `on`: docs/benchmarks.md "The background writer by default").
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
     pub writeback_background: OnOff,
     /// The metadata journal: namespace and attribute changes of lower files and directories
     /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
