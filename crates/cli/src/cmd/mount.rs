@@ -378,6 +378,9 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             writeback_on_unmount: !args.keep_dirty,
             nbw: args.nbw.mode(),
             patch_limit: args.nbw_patch_limit.map_or(u64::MAX, |b| (b / 4096).max(1)),
+            // Two descriptors a file: a quarter of the open-file limit (the lower nodes take
+            // half by default; the rest is for open files, the region and FUSE).
+            held_files: (lower::posix::default_node_fds() / 4).max(16),
         },
         temp: engine::TempConfig {
             enabled: args.tempfiles == OnOff::On,

@@ -32,9 +32,9 @@ mod writeback;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::slots::RecordSlots;
+use crate::slots::{Place, RecordSlots};
 use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
@@ -73,6 +73,13 @@ pub struct CacheConfig {
     /// Frames that may hold patches (`--nbw-patch-limit`, in frames; a frame holds several
     /// patches of one file); beyond it a partial write fetches its page, as with `--nbw off`.
     pub patch_limit: u64,
+    /// Cached files that may keep their lower file open between calls (two descriptors each:
+    /// buffered and O_DIRECT); the others open it for each fetch and write-back call. Why a
+    /// limit: one descriptor pair per file with pages in NVRAM, beside the lower nodes' half
+    /// of the open-file limit, took the daemon past that limit - creating the 9,991st file of
+    /// Postmark with `--passthrough off` failed with EMFILE (the daemon gives them a quarter
+    /// of the limit's descriptors).
+    pub held_files: usize,
 }
 
 /// Non-blocking writes (the FAST'15 paper; design.md section 11.8): a partial write to a page
@@ -116,6 +123,7 @@ impl Default for CacheConfig {
             writeback_on_unmount: true,
             nbw: Nbw::Lazy,
             patch_limit: u64::MAX,
+            held_files: 256,
         }
     }
 }
@@ -213,6 +221,8 @@ pub struct PageCache<N, F> {
     fetches: Mutex<fetchqueue::FetchQueue>,
     /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::slots`).
     slots: Mutex<RecordSlots>,
+    /// Cached files keeping their lower file open now (at most `config.held_files`).
+    held: Arc<AtomicUsize>,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -240,7 +250,24 @@ impl<N, F> PageCache<N, F> {
             clock: AtomicU64::new(1),
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
             slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
+            held: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Cached files keeping their lower file open now.
+    pub fn held_files(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// A new cached file's entry, sharing the count of files that keep descriptors.
+    pub(crate) fn new_file(
+        &self,
+        key: (u64, u64),
+        record: Place,
+        node: Arc<N>,
+        rec: Record,
+    ) -> CachedFile<N, F> {
+        CachedFile::new(key, record, node, rec, Arc::clone(&self.held), self.config.held_files)
     }
 
     pub fn config(&self) -> &CacheConfig {

@@ -185,7 +185,7 @@ impl<L: LowerFs> Engine<L> {
         if base < valid {
             let want = (valid - base).min(PAGE) as usize;
             let io = self.cache_io(cf)?;
-            self.lower.read_full(io, base, &mut bytes[..want])?;
+            self.lower.read_full(&io, base, &mut bytes[..want])?;
             inc(&self.cache.counters.fetches);
         }
         Ok(bytes)

@@ -34,6 +34,23 @@ use crate::stats::Counters;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
+/// A cached file's lower file for one call: kept open by the entry, or opened for the call
+/// (past `CacheConfig::held_files`).
+pub(crate) enum Io<'c, F> {
+    Held(&'c F),
+    Own(F),
+}
+
+impl<F> std::ops::Deref for Io<'_, F> {
+    type Target = F;
+    fn deref(&self) -> &F {
+        match self {
+            Io::Held(f) => f,
+            Io::Own(f) => f,
+        }
+    }
+}
+
 /// Attempts of a cached read to read the lower file without the file's lock; the last one
 /// holds it (a limit: a file written back over and over cannot starve its readers).
 const READ_ATTEMPTS: u32 = 4;
@@ -93,19 +110,22 @@ impl<L: LowerFs> Engine<L> {
         let ended = otx.end(made.map_err(FsError::from));
         self.cache.slots.lock().settle_new(reserved, ended.as_ref().ok().copied());
         let place = ended?;
-        let cf = Arc::new(CachedFile::new(key, place, Arc::clone(node), rec));
+        let cf = Arc::new(self.cache.new_file(key, place, Arc::clone(node), rec));
         self.cache.insert(&cf);
         Ok(Some(cf))
     }
 
     /// The lower file opened read-write for fetches and buffered write-back.
-    pub(crate) fn cache_io<'c>(&self, cf: &'c Cached<L>) -> FsResult<&'c L::File> {
+    pub(crate) fn cache_io<'c>(&self, cf: &'c Cached<L>) -> FsResult<Io<'c, L::File>> {
         if let Some(f) = cf.io.get() {
-            return Ok(f);
+            return Ok(Io::Held(f));
         }
         let f = self.lower.open(&cf.node, libc::O_RDWR)?;
-        let _ = cf.io.set(f);
-        Ok(cf.io.get().expect("set above"))
+        if !cf.may_hold() {
+            return Ok(Io::Own(f)); // closed after this call (the held files' limit)
+        }
+        let _ = cf.io.set(f); // (another thread's won: ours is closed)
+        Ok(Io::Held(cf.io.get().expect("set above")))
     }
 
     /// FIEMAP of the lower file, cached in the state until a write-back changes it.
@@ -117,7 +137,7 @@ impl<L: LowerFs> Engine<L> {
         if st.extents.is_none() {
             // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
             // (file, page): location-aware policies then work on logical runs.
-            let found = self.cache_io(cf).ok().and_then(|f| self.lower.fiemap(f).ok());
+            let found = self.cache_io(cf).ok().and_then(|f| self.lower.fiemap(&f).ok());
             st.extents = Some(found.unwrap_or_default());
         }
         st.extents.as_deref().unwrap_or_default()

@@ -14,7 +14,7 @@ use super::patch::{self, KIND_PATCH_V1, KIND_PATCHES, Patch};
 use super::patchframe::{PatchFrames, Place};
 use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
-use super::state::{self, CachedFile, PageMeta};
+use super::state::{self, PageMeta};
 use crate::engine::Engine;
 use crate::engine::start::StartError;
 use crate::slots;
@@ -174,7 +174,7 @@ impl<L: LowerFs> Engine<L> {
                 }
             };
             let key = self.lower.key(&node);
-            let cf = Arc::new(CachedFile::new(key, record, Arc::new(node), rec));
+            let cf = Arc::new(self.cache.new_file(key, record, Arc::new(node), rec));
             if self.cache.get(key).is_some() {
                 return Err(
                     slots::damaged(record, "two cached-file records for one lower file").into()
@@ -182,8 +182,11 @@ impl<L: LowerFs> Engine<L> {
             }
             self.cache.insert(&cf);
             let mut st = cf.lock();
-            let extents =
-                self.cache_io(&cf).ok().and_then(|f| self.lower.fiemap(f).ok()).unwrap_or_default();
+            let extents = self
+                .cache_io(&cf)
+                .ok()
+                .and_then(|f| self.lower.fiemap(&f).ok())
+                .unwrap_or_default();
             let mut t = self.cache.tables();
             let mut reserved = 0;
             for (index, frame) in frames {

@@ -3,6 +3,7 @@
 //! (thesis Figure 3.7 (a) and (b): `add_to_zone` / `remove_from_zone`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use lower::Extent;
@@ -76,15 +77,29 @@ pub struct CachedFile<N, F> {
     pub record: Place,
     pub node: Arc<N>,
     state: Mutex<CacheState>,
-    /// The lower file opened read-write (buffered) for fetches and the fallback write-back.
+    /// The lower file opened read-write (buffered) for fetches and the fallback write-back;
+    /// set only if `may_hold` (otherwise each call opens it).
     pub io: OnceLock<F>,
     /// The lower file opened with O_DIRECT for write-back, or `None` when the lower file
-    /// system refuses O_DIRECT (tmpfs).
+    /// system refuses O_DIRECT (tmpfs); set only if `may_hold`.
     pub direct: OnceLock<Option<F>>,
+    /// Whether this file keeps `io` and `direct` open: decided at its first lower call, true
+    /// while fewer than `limit` files hold (`held` counts them; this entry's drop gives its
+    /// place back). H1: `held` = the live entries whose `holds` is true <= `limit`.
+    holds: OnceLock<bool>,
+    held: Arc<AtomicUsize>,
+    limit: usize,
 }
 
 impl<N, F> CachedFile<N, F> {
-    pub fn new(key: (u64, u64), record: Place, node: Arc<N>, rec: Record) -> Self {
+    pub fn new(
+        key: (u64, u64),
+        record: Place,
+        node: Arc<N>,
+        rec: Record,
+        held: Arc<AtomicUsize>,
+        limit: usize,
+    ) -> Self {
         let size = rec.size;
         CachedFile {
             key,
@@ -107,7 +122,21 @@ impl<N, F> CachedFile<N, F> {
             ),
             io: OnceLock::new(),
             direct: OnceLock::new(),
+            holds: OnceLock::new(),
+            held,
+            limit,
         }
+    }
+
+    /// Whether the file may keep its lower file open (see `holds`).
+    pub fn may_hold(&self) -> bool {
+        *self.holds.get_or_init(|| {
+            self.held
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < self.limit).then_some(n + 1)
+                })
+                .is_ok()
+        })
     }
 
     /// Several files are locked in the order of their ids (a write-back batch).
@@ -120,6 +149,14 @@ impl<N, F> CachedFile<N, F> {
     /// record written before records were packed).
     pub fn id(&self) -> u64 {
         self.record.owner()
+    }
+}
+
+impl<N, F> Drop for CachedFile<N, F> {
+    fn drop(&mut self) {
+        if self.holds.get() == Some(&true) {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

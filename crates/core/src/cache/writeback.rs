@@ -426,7 +426,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let Some(first) = written.first().and_then(|jobs| jobs.first()) else { return Ok(0) };
         if written.iter().flatten().all(|job| Arc::ptr_eq(&job.cf, &first.cf)) {
-            self.lower.fsync(self.cache_io(&first.cf)?, false)?;
+            self.lower.fsync(&*self.cache_io(&first.cf)?, false)?;
         } else {
             self.syncfs_lower()?;
         }
@@ -500,7 +500,7 @@ impl<L: LowerFs> Engine<L> {
             let lower_size = self.lower.getattr(&job.cf.node)?.size;
             if lower_size > job.valid {
                 let set = SetAttr { size: Some(job.valid), ..SetAttr::default() };
-                self.lower.setattr(&job.cf.node, Some(io), &set)?;
+                self.lower.setattr(&job.cf.node, Some(&io), &set)?;
             }
         }
         // Every whole page of the batch in ascending location order; runs become one request.
@@ -550,7 +550,7 @@ impl<L: LowerFs> Engine<L> {
                 mtime: Some(TimeSet::At(job.mtime.0, job.mtime.1)),
                 ..SetAttr::default()
             };
-            self.lower.setattr(&job.cf.node, Some(io), &set)?;
+            self.lower.setattr(&job.cf.node, Some(&io), &set)?;
         }
         Ok(())
     }
@@ -567,15 +567,21 @@ impl<L: LowerFs> Engine<L> {
         let cf = &job.cf;
         let offset = job.pages[p].0 * PAGE;
         let data = bytes(&job.data[p..p + run]);
-        let direct =
-            cf.direct.get_or_init(|| self.lower.open_direct(&cf.node, true).ok().flatten());
+        // (A file past the held files' limit opens it for this request.)
+        let own;
+        let direct = if cf.may_hold() {
+            cf.direct.get_or_init(|| self.lower.open_direct(&cf.node, true).ok().flatten())
+        } else {
+            own = self.lower.open_direct(&cf.node, true).ok().flatten();
+            &own
+        };
         let mut done = 0usize;
         let mut use_direct = direct.is_some();
         while done < data.len() {
             let at = offset + done as u64;
             let result = match direct {
                 Some(d) if use_direct => self.lower.write(d, at, &data[done..]),
-                _ => self.lower.write(self.cache_io(cf)?, at, &data[done..]),
+                _ => self.lower.write(&*self.cache_io(cf)?, at, &data[done..]),
             };
             match result {
                 Ok(0) => return Err(Errno(libc::EIO).into()),
@@ -621,7 +627,7 @@ impl<L: LowerFs> Engine<L> {
             let mut done = 0;
             while done < n {
                 let at = index * PAGE + (o + done) as u64;
-                match self.lower.write(io, at, &piece[done..])? {
+                match self.lower.write(&io, at, &piece[done..])? {
                     0 => return Err(Errno(libc::EIO).into()),
                     k => done += k,
                 }
