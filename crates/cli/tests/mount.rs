@@ -55,30 +55,28 @@ impl Fixture {
         self.mount_sized("32M", extra)
     }
     fn mount_sized(&self, size: &str, extra: &[&str]) -> Output {
-        let (lower, mnt, nvram) = (self.lower(), self.mnt(), self.nvram());
-        let mut args = vec![
-            "mount",
-            lower.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--nvram",
-            nvram.to_str().unwrap(),
-            "--size",
-            size,
-        ];
-        args.extend_from_slice(extra);
-        nvstack(&args)
+        Command::new(BIN).args(self.mount_args(size, extra)).output().expect("run nvstack")
     }
-    /// `mount_with` under an open-file limit of `nofile` (soft and hard: the daemon cannot
+    /// `mount_sized` under an open-file limit of `nofile` (soft and hard: the daemon cannot
     /// raise it).
-    fn mount_limited(&self, nofile: u32, extra: &[&str]) -> Output {
-        let (lower, mnt, nvram) = (self.lower(), self.mnt(), self.nvram());
+    fn mount_limited(&self, nofile: u32, size: &str, extra: &[&str]) -> Output {
         Command::new("prlimit")
             .arg(format!("--nofile={nofile}:{nofile}"))
-            .args([BIN, "mount", lower.to_str().unwrap(), mnt.to_str().unwrap(), "--nvram"])
-            .args([nvram.to_str().unwrap(), "--size", "64M"])
-            .args(extra)
+            .arg(BIN)
+            .args(self.mount_args(size, extra))
             .output()
             .expect("run prlimit nvstack mount")
+    }
+    /// `nvstack mount` of this fixture's directories with a region of `size`, then `extra`.
+    fn mount_args(&self, size: &str, extra: &[&str]) -> Vec<String> {
+        let (lower, mnt, nvram) = (self.lower(), self.mnt(), self.nvram());
+        let mut args: Vec<String> = ["mount", lower.to_str().unwrap(), mnt.to_str().unwrap()]
+            .into_iter()
+            .chain(["--nvram", nvram.to_str().unwrap(), "--size", size])
+            .map(String::from)
+            .collect();
+        args.extend(extra.iter().map(|&a| String::from(a)));
+        args
     }
     fn mount(&self) {
         let out = self.mount_with(&[]);
@@ -1019,7 +1017,7 @@ fn more_cached_files_than_the_open_file_limit_allows_descriptors_for() {
         return;
     }
     let f = Fixture::new();
-    let out = f.mount_limited(600, &["--passthrough", "off", "--tempfiles", "off"]);
+    let out = f.mount_limited(600, "64M", &["--passthrough", "off", "--tempfiles", "off"]);
     assert!(out.status.success(), "mount: {}", text(&out));
     let (mnt, n) = (f.mnt(), 2000);
     let body = |i: usize| format!("file {i} ").repeat(100).into_bytes();

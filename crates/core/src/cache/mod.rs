@@ -254,11 +254,6 @@ impl<N, F> PageCache<N, F> {
         }
     }
 
-    /// Cached files keeping their lower file open now.
-    pub fn held_files(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
-    }
-
     /// A new cached file's entry, sharing the count of files that keep descriptors.
     pub(crate) fn new_file(
         &self,
