@@ -145,10 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "DIR it draws from DIR (an experiment's result directory; its CSV is "
                        "parsed first when missing) and runs nothing. Without --from it runs the "
                        "figure's experiment, restricted to the figure's configurations, into "
-                       "OUT/<experiment>/ with the run options below, then draws.")
+                       "OUT/<experiment>/ with the run options below, then draws. With --from, "
+                       "--fs names the configurations drawn (e.g. to leave out rows measured "
+                       "under conditions since found wrong); the others still pair ratios.")
     p.add_argument("number", help="figure number, e.g. 4.18 (`bench/run figure list` lists "
                    "them with their experiments)")
-    p.add_argument("--from", dest="source", type=Path, help="result directory to draw from")
+    p.add_argument("--from", dest="source", type=Path, action="append",
+                   help="result directory to draw from; the matrix figures (4.15, 4.18) take "
+                   "several (--from A --from B): each configuration from the last directory "
+                   "that has it, its ratios paired with that directory's baselines")
     _common(p, "docs/figures")
     p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv (unpacks "
                        "OUT/raw.tar.xz first when OUT/runs/ is missing)")
@@ -277,8 +282,8 @@ def cmd_figure(args) -> int:
     require_plotting()
     fig = tf.FIGURES[args.number]
     out = (args.out or BENCH_DIR.parent / "docs" / "figures").resolve()
-    source = args.source
-    if source is None:
+    sources = args.source
+    if sources is None:
         source = out / fig.experiment
         if fig.fs and not args.fs:
             args.fs = ",".join(fig.fs)
@@ -286,7 +291,9 @@ def cmd_figure(args) -> int:
         rc = cmd_run(fig.experiment, args, out=source)
         if rc or args.dry_run:
             return rc
-    path = tf.draw(args.number, source.resolve(), out)
+        sources = [source]
+    only = args.fs.split(",") if args.fs and args.source is not None else None
+    path = tf.draw(args.number, [s.resolve() for s in sources], out, only)
     print(path)
     return 0
 

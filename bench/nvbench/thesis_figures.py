@@ -4,10 +4,16 @@
     bench/run figure 4.18 --out /tmp/fig418          # runs its experiment first (see FIGURES)
 
 A figure is data: the experiment that measures it, the configurations it draws and how. With
-`--from DIR` the command only draws (parsing DIR's raw runs when its CSV is missing); without
-it, it runs the experiment restricted to the figure's configurations into OUT/<experiment>/
-and draws from that. Figures 4.3-4.6 and 4.11-4.12 are single panels of the experiments' own
+`--from DIR` the command only draws (unpacking and parsing DIR's raw runs when its CSV is
+missing); without it, it runs the experiment restricted to the figure's configurations into
+OUT/<experiment>/ and draws from that. Figures 4.3-4.6 and 4.11-4.12 are single panels of the experiments' own
 four-panel figures (plot.tempffs_figure, plot.writeback_figure).
+
+The matrix figures (4.15, 4.18) may draw from several result directories of one experiment
+(`--from A --from B`): a configuration is drawn from the last directory that has it, and its
+ratios are paired with the baselines (ext2, ext4 data=journal) of that same directory - a
+ratio is only ever measured side by side, never across runs of different days. The figure
+names each directory and what it supplied.
 """
 
 from __future__ import annotations
@@ -90,13 +96,40 @@ FIGURES = {f.number: f for f in [
 
 
 def _paired_ratios(rows: list[dict], base: str, fs: str) -> list[float]:
-    """wall(base) / wall(fs) for each repetition both have: throughput relative to base."""
+    """wall(base) / wall(fs) for each repetition both have in the same result directory
+    (the rows' `source`, "" for one directory): throughput relative to base."""
     wall = {}
     for r in rows:
         if r["status"] == "ok" and r["metric"] == "wall_seconds" and r["value"]:
-            wall[(r["fs"], r["rep"])] = float(r["value"])
-    return [wall[(base, rep)] / wall[(fs, rep)] for (f, rep) in wall
-            if f == fs and (base, rep) in wall and wall[(fs, rep)] > 0]
+            wall[(r["fs"], r.get("source", ""), r["rep"])] = float(r["value"])
+    return [wall[(base, src, rep)] / wall[(fs, src, rep)] for (f, src, rep) in wall
+            if f == fs and (base, src, rep) in wall and wall[(fs, src, rep)] > 0]
+
+
+def merge_sources(sources: list[tuple[str, list[dict]]]) -> list[dict]:
+    """Rows of several result directories of one experiment, (name, rows) in order, as one
+    list: each configuration keeps the rows of the last directory that has it, and each
+    directory's baselines stay (tagged, not drawn) so that its configurations' ratios pair
+    with them. Every row gets `source` (the directory's name) and `drawn` (whether it is the
+    configuration's chosen directory). Directories measured on different devices, scales or
+    budgets are refused: their bars would not compare."""
+    keys = {}
+    for name, rows in sources:
+        for r in rows:
+            if r["status"] == "ok":
+                keys.setdefault((r["device"], r["scale"], r["memory_bytes"]), set()).add(name)
+    if len(keys) > 1:
+        raise BenchError("result directories of different runs' shapes cannot share a "
+                         "figure: " + "; ".join(f"{', '.join(sorted(v))}: device {k[0]}, "
+                                                f"scale {k[1]}, memory {k[2]} B"
+                                                for k, v in keys.items()))
+    chosen = {}
+    for name, rows in sources:
+        for r in rows:
+            if r["status"] == "ok":
+                chosen[r["fs"]] = name
+    return [dict(r, source=name, drawn=chosen.get(r["fs"]) == name)
+            for name, rows in sources for r in rows]
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float] | None:
@@ -109,15 +142,21 @@ def matrix_table(rows: list[dict], names: list[str] | None = None) -> list[dict]
     """One row per Table 4.2 configuration and accounting present in `rows`: throughput
     (transactions per wall second) mean/std, and the paired ratios to ext2 and to ext4
     data=journal (mean/std over repetitions)."""
-    present = {r["fs"] for r in rows if r["status"] == "ok"}
+    # rows of merge_sources: only a configuration's chosen directory is drawn and paired
+    drawn = [r for r in rows if r.get("drawn", True)]
+    present = {r["fs"] for r in drawn if r["status"] == "ok"}
+    source = {r["fs"]: r.get("source", "") for r in drawn}
     tx = {}
-    for r in rows:
+    for r in drawn:
         if r["status"] == "ok" and r["metric"] == "pm_tx_per_wall_second":
             tx.setdefault(r["fs"], []).append(float(r["value"]))
     wall = {}
-    for r in rows:
+    for r in drawn:
         if r["status"] == "ok" and r["metric"] == "wall_seconds":
             wall.setdefault(r["fs"], []).append(float(r["value"]))
+    # the baselines' rows of the directory each configuration is drawn from
+    def pairing(fs: str) -> list[dict]:
+        return [r for r in rows if r.get("source", "") == source[fs]]
     out = []
     for base_name, label, group in MATRIX_ROWS:
         variants = ([(base_name, "")] if not base_name.startswith("nvstack")
@@ -128,8 +167,10 @@ def matrix_table(rows: list[dict], names: list[str] | None = None) -> list[dict]
             out.append({"fs": fs, "label": label, "group": group, "accounting": acct,
                         "tx": _mean_std(tx.get(fs, [])), "wall": _mean_std(wall.get(fs, [])),
                         "n": len(wall.get(fs, [])),
-                        "vs_ext2": _mean_std(_paired_ratios(rows, "ext2", fs)),
-                        "vs_ext4_journal": _mean_std(_paired_ratios(rows, "ext4-journal", fs))})
+                        "source": source[fs],
+                        "vs_ext2": _mean_std(_paired_ratios(pairing(fs), "ext2", fs)),
+                        "vs_ext4_journal": _mean_std(_paired_ratios(pairing(fs),
+                                                                    "ext4-journal", fs))})
     return out
 
 
@@ -172,7 +213,16 @@ def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | N
                  f"right group to ext4 data=journal (paired by repetition)\n"
                  f"device {first['device']}, scale {first['scale']}, "
                  f"M {int(first['memory_bytes']) >> 20} MiB", fontsize=7)
-    fig.tight_layout()
+    sources = list(dict.fromkeys(t["source"] for t in table))
+    if len(sources) > 1:
+        # which run each bar comes from: bars of different runs compare only roughly (the
+        # machine's speed moves between days); each ratio is paired within its own run
+        lines = [f"{s}: " + ", ".join(t["label"] + (f" {t['accounting']}" if t["accounting"]
+                                                    else "")
+                                      for t in table if t["source"] == s) for s in sources]
+        fig.text(0.01, 0.005, "bars from several runs, each ratio paired within its run - "
+                 + " | ".join(lines), fontsize=4.5, wrap=True)
+    fig.tight_layout(rect=(0, 0.04 if len(sources) > 1 else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -215,31 +265,52 @@ def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = Non
                              imp, series[0])
 
 
-def draw(number: str, result_dir: Path, out_dir: Path) -> Path:
-    """Draws figure `number` from `result_dir` (an experiment's result directory) into
-    out_dir/thesis-fig-<number>.png."""
-    from . import parse, plot
+def _rows_of(result_dir: Path, fig: Figure, number: str) -> list[dict]:
+    from . import archive, parse
     from .summary import read_csv
-    fig = FIGURES[number]
     csv = result_dir / f"{fig.experiment}.csv"
     if not csv.exists():
+        archive.unpack(result_dir)      # raw runs as git keeps them (no-op when unpacked)
         parse.parse_tree(result_dir)
     if not csv.exists():
         raise BenchError(f"{result_dir} has no results of experiment {fig.experiment} "
                          f"(figure {number} is drawn from it)")
-    rows = read_csv(csv)
-    if fig.fs:
-        rows = [r for r in rows if r["fs"] in fig.fs]
+    return read_csv(csv)
+
+
+def draw(number: str, result_dirs: Path | list[Path], out_dir: Path,
+         only: list[str] | None = None) -> Path:
+    """Draws figure `number` from `result_dirs` (one experiment's result directory, or for the
+    matrix figures several, merged by merge_sources) into out_dir/thesis-fig-<number>.png;
+    `only`: the configurations drawn (of the figure's), the others' rows still pair ratios."""
+    from . import plot
+    fig = FIGURES[number]
+    dirs = [result_dirs] if isinstance(result_dirs, Path) else list(result_dirs)
+    if len(dirs) > 1 and fig.kind != "matrix":
+        raise BenchError(f"figure {number} draws from one result directory (only the matrix "
+                         f"figures 4.15 and 4.18 merge several)")
+    if len(dirs) == 1:
+        rows = _rows_of(dirs[0], fig, number)
+    else:
+        names = [d.name for d in dirs]
+        if len(set(names)) < len(names):
+            names = [str(d) for d in dirs]
+        rows = merge_sources([(n, _rows_of(d, fig, number)) for n, d in zip(names, dirs)])
+    names = list(fig.fs) if fig.fs else None
+    if only is not None:
+        names = [f for f in only if names is None or f in names]
+    if fig.kind != "matrix" and names is not None:
+        rows = [r for r in rows if r["fs"] in names]
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"thesis-fig-{number}.png"
     title = f"Thesis Fig {number}:\n{fig.title}"
     if fig.kind == "matrix":
-        return matrix_figure(rows, target, title, list(fig.fs) if fig.fs else None)
+        return matrix_figure(rows, target, title, names)
     if fig.kind == "bars":
         return bars_figure(rows, target, title, fig.base)
     made = {"tempffs": lambda: plot.tempffs_figure(rows, out_dir, number, target),
             "writeback": lambda: plot.writeback_figure(rows, out_dir, None, number, target)
             }[fig.kind]()
     if not made:
-        raise BenchError(f"figure {number}: nothing to draw from {csv}")
+        raise BenchError(f"figure {number}: nothing to draw from {dirs[0]}")
     return made

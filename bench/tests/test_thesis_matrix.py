@@ -109,13 +109,13 @@ def test_set_vm_never_writes_a_zero_and_returns_what_was_there(monkeypatch):
     assert all(isinstance(v, int) for v in before.values())
 
 
-def _run(root, fs, rep, wall, tx=20000):
+def _run(root, fs, rep, wall, tx=20000, scale=0.1):
     d = (root / "runs" / "thesis-matrix" / "postmark-thesis-matrix" / "files=2500" / fs /
          f"rep{rep}")
     d.mkdir(parents=True)
     spec = {"experiment": "thesis-matrix", "workload": "postmark", "config": "thesis-matrix",
             "variant": "files=2500", "fs": fs, "rep": rep, "device": "hdd-7200",
-            "memory_bytes": 102 << 20, "nvram_bytes": 51 << 20, "scale": 0.1,
+            "memory_bytes": 102 << 20, "nvram_bytes": 51 << 20, "scale": scale,
             "params": {"transactions": tx, "files": 2500}}
     (d / "spec.json").write_text(json.dumps(spec))
     (d / "result.json").write_text(json.dumps({"status": "ok", "wall_seconds": wall,
@@ -158,6 +158,51 @@ def test_the_matrix_table_pairs_ratios_by_repetition_and_the_figure_is_drawn(tmp
     # Fig 4.15 draws the transaction mechanism against Ext3 and Mext3 only
     rows415 = [r for r in rows if r["fs"] in tf.FIGURES["4.15"].fs]
     assert {r["fs"] for r in rows415} == {"ext4-journal"}
+
+
+def test_several_runs_merge_each_configuration_from_its_last_run_paired_within_it(tmp_path):
+    from nvbench.util import BenchError
+    old, new = tmp_path / "old", tmp_path / "new"
+    # the old run: every configuration; the new one measures ext2, Ext3 and Ext2_Trans again
+    for fs, ws in {"ext2": (6.0, 6.0), "ext4-journal": (48.0, 48.0),
+                   "nvstack-ext2-tempffs-charged": (12.0, 12.0),
+                   "nvstack-ext2-trans-charged": (80.0, 80.0)}.items():
+        for rep, w in enumerate(ws, 1):
+            _run(old, fs, rep, w)
+    for fs, ws in {"ext2": (4.0, 5.0), "ext4-journal": (40.0, 50.0),
+                   "nvstack-ext2-trans-charged": (20.0, 25.0)}.items():
+        for rep, w in enumerate(ws, 1):
+            _run(new, fs, rep, w)
+    from nvbench.summary import read_csv
+    for d in (old, new):
+        parse.parse_tree(d)
+    rows = tf.merge_sources([(d.name, read_csv(d / "thesis-matrix.csv")) for d in (old, new)])
+    table = {t["fs"]: t for t in tf.matrix_table(rows)}
+    assert {fs: t["source"] for fs, t in table.items()} == {
+        "ext2": "new", "ext4-journal": "new", "nvstack-ext2-tempffs-charged": "old",
+        "nvstack-ext2-trans-charged": "new"}
+    # TempFFS pairs with the old run's ext2 (6/12), Ext2_Trans with the new run's (4/20, 5/25)
+    assert table["nvstack-ext2-tempffs-charged"]["vs_ext2"][0] == pytest.approx(0.5)
+    assert table["nvstack-ext2-trans-charged"]["vs_ext2"][0] == pytest.approx(0.2)
+    assert table["nvstack-ext2-trans-charged"]["vs_ext4_journal"][0] == pytest.approx(2.0)
+    # the bars: each configuration's own run only (ext2's from the new run)
+    assert table["ext2"]["wall"][0] == pytest.approx(4.5) and table["ext2"]["n"] == 2
+    out = tmp_path / "figs"
+    for number in ("4.15", "4.18"):
+        assert tf.draw(number, [old, new], out).read_bytes()[:8] == PNG_MAGIC
+    # --fs with --from: only the named configurations are drawn, still paired with ext2
+    only = tf.matrix_table(rows, ["nvstack-ext2-tempffs-charged"])
+    assert [t["fs"] for t in only] == ["nvstack-ext2-tempffs-charged"]
+    assert only[0]["vs_ext2"][0] == pytest.approx(0.5)
+    assert tf.draw("4.18", [old, new], out, ["ext2", "nvstack-ext2-trans-charged"]).exists()
+    with pytest.raises(BenchError, match="only the matrix figures"):
+        tf.draw("4.17", [old, new], out)
+    # runs of another scale do not share a figure
+    other = tmp_path / "scale-1"
+    _run(other, "ext2", 1, 30.0, scale=1)
+    parse.parse_tree(other)
+    with pytest.raises(BenchError, match="cannot share a figure"):
+        tf.draw("4.18", [old, other], out)
 
 
 def test_a_figure_without_its_experiment_results_is_a_clear_error(tmp_path):
