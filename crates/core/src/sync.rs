@@ -285,6 +285,47 @@ impl Condvar {
     }
 }
 
+/// Wakes the one daemon thread that waits for a kind of work (the background writer: the
+/// page cache passed its high watermark; the fetcher: a patch was queued), so that thread
+/// can sleep while there is none instead of looking every few milliseconds. No lock: a ring
+/// is a counter increment and an unpark of the attached thread, safe under any lock.
+///
+/// Protocol (no lost wakeup): the waiter reads [`Bell::rung`] *before* it looks for work,
+/// and parks only if the count is unchanged after finding none; a ring between the two
+/// either changed the count or left the thread's unpark token set, so the park returns at
+/// once. Parks end spuriously too, and the waiter bounds each park (it looks again anyway),
+/// so a missed ring costs at most that bound. The engine only rings; the daemon's thread
+/// attaches itself and parks (time and threads stay outside the engine).
+#[derive(Debug, Default)]
+pub struct Bell {
+    rung: std::sync::atomic::AtomicU64,
+    waiter: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Bell {
+    pub fn new() -> Self {
+        Bell::default()
+    }
+
+    /// Work arrived: wakes the attached thread (if any; a no-op when it is awake).
+    pub fn ring(&self) {
+        self.rung.fetch_add(1, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.waiter.get() {
+            thread.unpark();
+        }
+    }
+
+    /// Rings so far: the waiter's snapshot before it looks for work.
+    pub fn rung(&self) -> u64 {
+        self.rung.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Makes `thread` the one that rings wake; false if another already is.
+    pub fn attach(&self, thread: std::thread::Thread) -> bool {
+        self.waiter.set(thread).is_ok()
+    }
+}
+
 /// A reader-writer lock with a rank.
 pub struct RwLock<T> {
     rank: Rank,
@@ -429,5 +470,43 @@ mod tests {
         let msg = panics(std::panic::AssertUnwindSafe(|| assert_may_block("lower read")));
         assert!(msg.contains("Overlay"), "{msg}");
         drop(g);
+    }
+
+    #[test]
+    fn a_ring_wakes_the_attached_thread_and_one_before_its_park_is_not_lost() {
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        // A park bounded by a minute: a lost ring shows as the waiter timing out.
+        const BOUND: Duration = Duration::from_secs(60);
+        let bell = Arc::new(Bell::new());
+        let (b, ready) = (Arc::clone(&bell), Arc::new(std::sync::Barrier::new(2)));
+        let r = Arc::clone(&ready);
+        let waiter = std::thread::spawn(move || {
+            let fresh = Bell::new();
+            assert!(fresh.attach(std::thread::current()));
+            assert!(!fresh.attach(std::thread::current()), "one waiter per bell");
+            // Rung between the snapshot and the park: the park returns at once.
+            let seen = fresh.rung();
+            fresh.ring();
+            let start = Instant::now();
+            while fresh.rung() == seen && start.elapsed() < BOUND {
+                std::thread::park_timeout(BOUND);
+            }
+            let early = fresh.rung() != seen && start.elapsed() < BOUND;
+            // Parked first (usually), rung later by another thread.
+            assert!(b.attach(std::thread::current()));
+            let seen = b.rung();
+            r.wait();
+            let start = Instant::now();
+            while b.rung() == seen && start.elapsed() < BOUND {
+                std::thread::park_timeout(BOUND);
+            }
+            (early, b.rung() != seen && start.elapsed() < BOUND)
+        });
+        ready.wait();
+        bell.ring();
+        let (early, woken) = waiter.join().unwrap();
+        assert!(early, "a ring before the park was lost");
+        assert!(woken, "the ring did not wake the parked thread");
     }
 }

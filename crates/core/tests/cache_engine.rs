@@ -396,9 +396,16 @@ fn background_write_back_takes_the_rounds_off_the_writers() {
         e.write(fh, (page * PAGE) as u64, &[byte; PAGE], false).unwrap();
         model[page * PAGE..(page + 1) * PAGE].fill(byte);
     };
-    for page in 0..20 {
+    // The writer's bell (the daemon's writer sleeps on it) rings for every write that leaves
+    // the cache above the mark (12 frames: the record frame and 11 pages), and only then.
+    for page in 0..11 {
         put(&e, page, 1, &mut model);
     }
+    assert_eq!(e.writer_bell().rung(), 0, "at the mark, not above it");
+    for page in 11..20 {
+        put(&e, page, 1, &mut model);
+    }
+    assert_eq!(e.writer_bell().rung(), 9);
     let st = e.stats();
     assert_eq!((st.writeback.rounds["pressure"], st.writeback.pages_dirty), (0, 20));
     // 20 pages and the record frame: 21 frames, down to 4 at least (the policy may take a

@@ -198,8 +198,14 @@ fn the_asynchronous_fetch_merges_a_patch_into_a_dirty_page() {
     lower_file(&lower, &model);
     let e = start(&lower, &region(128), nbw(Nbw::AsyncBg));
     let (_, fh) = open(&e);
+    // The fetcher's bell (the daemon's fetcher sleeps on it) rings when a page is queued,
+    // not for a page already waiting.
     write(&e, fh, 100, &[9; 10], &mut model);
+    assert_eq!(e.fetcher_bell().rung(), 1);
+    write(&e, fh, 300, &[7; 10], &mut model);
+    assert_eq!(e.fetcher_bell().rung(), 1, "page 0 is queued already");
     write(&e, fh, PAGE + 100, &[8; 10], &mut model);
+    assert_eq!(e.fetcher_bell().rung(), 2);
     assert_eq!(e.fetches_queued(), 2);
     assert_eq!(e.fetch_patches(usize::MAX), 2);
     let st = e.stats();

@@ -173,6 +173,7 @@ pub fn serve(args: &MountArgs, mountpoint: &Path) -> CliResult {
     control_thread.join().ok();
     for (stop, thread) in aging.into_iter().chain(fetcher).chain(transformer).chain(writer) {
         stop.store(true, Ordering::Relaxed);
+        thread.thread().unpark();
         thread.join().ok();
     }
     let engine = Arc::try_unwrap(engine).ok();
@@ -273,24 +274,35 @@ fn prepare_run_dir(
     Ok((run_dir, socket_path, listener))
 }
 
-/// A daemon thread and the flag that stops it.
+/// A daemon thread and the flag that stops it (set the flag, then unpark the thread).
 type Worker = (Arc<AtomicBool>, std::thread::JoinHandle<()>);
 
+/// What wakes a daemon thread that found no work: `idle` passing, or - with a bell - the
+/// engine ringing it (then `idle` only bounds a park, in case a ring was missed).
+type BellOf = fn(&Engine<PosixLower>) -> &engine::sync::Bell;
+
 /// A daemon thread around one engine call: `work` runs again at once while it did some (it
-/// returned true), otherwise after `idle`. Stopped by setting the flag; a call in progress
-/// finishes first. (The engine is deterministic and starts no thread; time enters here.)
+/// returned true), otherwise the thread parks until `idle` passed or its bell rang. Stopped
+/// by setting the flag and unparking it; a call in progress finishes first. (The engine is
+/// deterministic and starts no thread; time enters here.)
 fn spawn_loop(
     engine: &Arc<Engine<PosixLower>>,
     idle: Duration,
+    bell: Option<BellOf>,
     work: impl Fn(&Engine<PosixLower>) -> bool + Send + 'static,
 ) -> Worker {
     let engine = Arc::clone(engine);
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
     let thread = std::thread::spawn(move || {
+        if let Some(bell) = bell {
+            bell(&engine).attach(std::thread::current());
+        }
         while !flag.load(Ordering::Relaxed) {
-            if !work(&engine) {
-                std::thread::sleep(idle);
+            // The snapshot comes before the look for work (`Bell`: no lost wakeup).
+            let rung = bell.map(|b| b(&engine).rung());
+            if !work(&engine) && bell.map(|b| b(&engine).rung()) == rung {
+                std::thread::park_timeout(idle);
             }
         }
     });
@@ -305,7 +317,7 @@ fn start_aging(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Wor
     if args.max_dirty_age == 0 && args.checkpoint_interval == 0 && !groups {
         return None;
     }
-    Some(spawn_loop(engine, Duration::from_millis(500), |engine| {
+    Some(spawn_loop(engine, Duration::from_millis(500), None, |engine| {
         if let Err(e) = engine.tick() {
             eprintln!("nvstack: timed checkpoint or write-back failed: {e}");
         }
@@ -313,11 +325,26 @@ fn start_aging(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Wor
     }))
 }
 
+/// How long the `async-bg` fetcher waits while fetches are paused (the cache above its high
+/// watermark, `nbw.fetches_paused`): write-back, not a ring, ends a pause.
+const FETCH_PAUSE: Duration = Duration::from_millis(2);
+
 /// `--nbw async-bg`: the background fetcher - patched pages are read from the lower file and
-/// merged, 64 at a time, polling every 2 ms while there are none.
+/// merged, 64 at a time; with none queued it sleeps until a patch is queued (its bell; at
+/// most a second), and while fetches are paused it looks again every 2 ms.
 fn start_fetcher(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     (args.nbw == super::mount::NbwArg::AsyncBg).then(|| {
-        spawn_loop(engine, Duration::from_millis(2), |engine| engine.fetch_patches(64) > 0)
+        spawn_loop(engine, Duration::from_secs(1), Some(Engine::fetcher_bell), |engine| {
+            if engine.fetch_patches(64) > 0 {
+                return true;
+            }
+            // None merged with pages queued: paused (or failing; both wait for write-back).
+            if engine.fetches_queued() > 0 {
+                std::thread::sleep(FETCH_PAUSE);
+                return true;
+            }
+            false
+        })
     })
 }
 
@@ -326,18 +353,21 @@ fn start_fetcher(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<W
 /// every 50 ms (at most 20 wakeups a second on an idle mount: a counter read).
 fn start_transformer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     (args.tempfiles == super::mount::OnOff::On && args.tempfile_background != 0).then(|| {
-        spawn_loop(engine, Duration::from_millis(50), |engine| engine.transform_in_background() > 0)
+        spawn_loop(engine, Duration::from_millis(50), None, |engine| {
+            engine.transform_in_background() > 0
+        })
     })
 }
 
 /// `--writeback-background on`: the background writer - while the page cache holds more
 /// frames than `--dirty-high`, one pressure round after another (`Engine::writeback_in_background`);
-/// otherwise it looks again every 20 ms (a counter read). Writers then meet write-back only
-/// when NVRAM is full.
+/// otherwise it sleeps until a write leaves the cache above the mark (its bell; at most
+/// 250 ms, for frames that arrive by other ways than a write). Writers then meet write-back
+/// only when NVRAM is full.
 fn start_writer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     (args.cache == super::mount::OnOff::On && args.writeback_background == super::mount::OnOff::On)
         .then(|| {
-            spawn_loop(engine, Duration::from_millis(20), |engine| {
+            spawn_loop(engine, Duration::from_millis(250), Some(Engine::writer_bell), |engine| {
                 engine.writeback_in_background() > 0
             })
         })

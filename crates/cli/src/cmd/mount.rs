@@ -218,16 +218,18 @@ pub struct MountArgs {
     /// needed (a read the patch does not cover reads the lower file; write-back writes just
     /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
     /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `lazy` is the default: it makes no disk reads of its own, and
-    /// at the paper's scale (60 s of random writes to a cold 5 GiB file, docs/benchmarks.md
-    /// "Non-blocking writes") it made 58x ext4's 128-byte random writes on hdd-7200 (`async-bg`
-    /// 62x), with a random reader of the same disk faster beside it. On an SSD, once the patch
-    /// limit is reached, `async-bg` keeps writers going longer: 2.0x ext4 over the random
-    /// workloads against `lazy`'s 1.9x (up to 1.6x `lazy` at 2 KiB) - choose it there.
-    /// `async-bg` drains patches in the background, in elevator order.
+    /// (the blocking baseline). `async-bg` is the default: at the paper's scale (60 s of
+    /// random writes to a cold 5 GiB file, docs/benchmarks.md "Non-blocking writes") it made
+    /// the most operations in every random row on both disk models - 62x ext4's 128-byte
+    /// random writes on hdd-7200 (`lazy` 58x); on ssd 5.4x (`lazy` 4.7x) and 2.45x ext4 on
+    /// average over 128 B-2 KiB (`lazy` 2.22x) - because its fetcher frees patch memory past
+    /// the limit, where `lazy` makes each writer read its page. `lazy` makes no disk reads of
+    /// its own: a random reader of the same ssd ran 1.15-1.64x faster beside it - choose it
+    /// when readers share the disk with sub-page writers. The fetcher drains patches in
+    /// elevator order and sleeps while none are queued.
     /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
     /// is served by the kernel.
-    #[arg(long, value_enum, default_value = "lazy")]
+    #[arg(long, value_enum, default_value = "async-bg")]
     pub nbw: NbwArg,
     /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
     /// bytes, 7 share a frame); beyond, a partial write reads its page first, as with --nbw

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::slots::{Place, RecordSlots};
-use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
+use crate::sync::{Bell, Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
 pub use record::Record;
@@ -223,6 +223,11 @@ pub struct PageCache<N, F> {
     slots: Mutex<RecordSlots>,
     /// Cached files keeping their lower file open now (at most `config.held_files`).
     held: Arc<AtomicUsize>,
+    /// Rung when a cached write leaves the cache above its high watermark with
+    /// `--writeback-background` (the daemon's writer sleeps on it), and when a patch is queued
+    /// for the `async-bg` fetcher: an idle mount's threads sleep instead of polling.
+    writer_bell: Bell,
+    fetcher_bell: Bell,
 }
 
 impl<N, F> PageCache<N, F> {
@@ -251,6 +256,8 @@ impl<N, F> PageCache<N, F> {
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
             slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
             held: Arc::new(AtomicUsize::new(0)),
+            writer_bell: Bell::new(),
+            fetcher_bell: Bell::new(),
         }
     }
 

@@ -198,9 +198,20 @@ impl<L: LowerFs> Engine<L> {
             return;
         }
         let mut q = self.cache.fetches.lock();
+        let before = q.len();
         for page in pages {
             q.push(object, page);
         }
+        if q.len() > before {
+            drop(q);
+            self.cache.fetcher_bell.ring();
+        }
+    }
+
+    /// Rung when a patched page is queued for a fetch: the `async-bg` fetcher sleeps on it
+    /// while the queue is empty (`sync::Bell`).
+    pub fn fetcher_bell(&self) -> &crate::sync::Bell {
+        &self.cache.fetcher_bell
     }
 
     /// `async-fg`: called by the thread that served a write, after it answered: the patches

@@ -97,7 +97,15 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn after_cached_write(&self) {
         if !self.cache.config.background {
             self.round_above_high(Reason::Pressure);
+        } else if self.cache_frames() > self.cache.config.high_pages {
+            self.cache.writer_bell.ring();
         }
+    }
+
+    /// Rung when a write leaves the cache above its high watermark (background mode): the
+    /// daemon's writer sleeps on it between rounds (`sync::Bell`).
+    pub fn writer_bell(&self) -> &crate::sync::Bell {
+        &self.cache.writer_bell
     }
 
     /// `--writeback-background`: the daemon's write-back thread calls this in a loop: the
