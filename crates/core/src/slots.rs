@@ -28,9 +28,12 @@
 //! one.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
+
+use crate::sync::{Mutex, MutexGuard, Rank};
 
 /// Slots a record frame holds.
 pub const SLOTS: usize = 8;
@@ -190,6 +193,66 @@ pub struct RecordSlots {
     whole: u64,
 }
 
+/// A user's [`RecordSlots`] behind its lock (rank `RecordSlots`), with the number of frames it
+/// lists published for readers that must not take the lock: the page cache's watermark test
+/// after every cached write, and the counters.
+///
+/// Invariant: whenever the lock is free, [`SlotList::frames`] equals the list's
+/// [`RecordSlots::frames`] (every guard stores the count when it drops). A reader racing a
+/// change sees the count before or after it; the watermarks are a heuristic, one record frame
+/// of difference is harmless.
+#[derive(Debug)]
+pub struct SlotList {
+    list: Mutex<RecordSlots>,
+    frames: AtomicU64,
+}
+
+/// A held [`SlotList`]: the list itself; publishes its frame count when dropped.
+#[derive(Debug)]
+pub struct SlotGuard<'a> {
+    list: MutexGuard<'a, RecordSlots>,
+    frames: &'a AtomicU64,
+}
+
+impl Default for SlotList {
+    fn default() -> Self {
+        SlotList {
+            list: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
+            frames: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SlotList {
+    pub fn lock(&self) -> SlotGuard<'_> {
+        SlotGuard { list: self.list.lock(), frames: &self.frames }
+    }
+
+    /// The frames the list held when its lock was last released (no lock taken).
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = RecordSlots;
+    fn deref(&self) -> &RecordSlots {
+        &self.list
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut RecordSlots {
+        &mut self.list
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.frames.store(self.list.frames(), Ordering::Relaxed);
+    }
+}
+
 /// What [`RecordSlots::release`] asks of the caller.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Released {
@@ -340,6 +403,24 @@ mod tests {
             Some(Place { frame: FrameId(10), slot: 4 }),
             "a dropped reservation"
         );
+    }
+
+    #[test]
+    fn the_published_frame_count_follows_every_change_once_the_lock_is_released() {
+        let list = SlotList::default();
+        {
+            let mut l = list.lock();
+            l.add_frame(FrameId(1), 1);
+            l.add_frame(FrameId(2), 0);
+            l.add_whole();
+            assert_eq!(list.frames(), 0, "published when the guard drops, not before");
+        }
+        assert_eq!(list.frames(), 3);
+        let taken = list.lock().take_empty(0);
+        assert_eq!(taken, vec![FrameId(2)]);
+        assert_eq!(list.frames(), 2);
+        *list.lock() = RecordSlots::default();
+        assert_eq!(list.frames(), 0, "a list replaced whole (recovery) is published too");
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! | `Fetches` | patched pages waiting for an asynchronous fetch | no |
 //! | `UndoSlot` | an undo slot held by a running transaction (a token, not a lock) | no |
 //! | `Journal` | the committed records of the metadata journal and the frames they are packed in; a record is written and committed under it (the transaction begun before) | no |
-//! | `RecordSlots` | which slots of the record frames are taken (`slots.rs`; the temp files' list and the page cache's, never held together); held only to reserve or release one | no |
+//! | `RecordSlots` | which slots of the record frames are taken (`slots.rs`; the temp files' list and the page cache's, never held together); held only to reserve or release one; its frame count is read without it (`slots::SlotList`) | no |
 //! | `ZoneTables` | the zone information tables | no |
 //! | `Inodes` | the inode table | no |
 //! | `Inode` | one inode's node and key | no |

@@ -34,7 +34,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::slots::{Place, RecordSlots};
+use crate::slots::{Place, SlotList};
 use crate::sync::{Bell, Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
@@ -220,7 +220,7 @@ pub struct PageCache<N, F> {
     /// order (rank `Fetches`; bounded: `nbw::MAX_QUEUED`).
     fetches: Mutex<fetchqueue::FetchQueue>,
     /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::slots`).
-    slots: Mutex<RecordSlots>,
+    slots: SlotList,
     /// Cached files keeping their lower file open now (at most `config.held_files`).
     held: Arc<AtomicUsize>,
     /// Rung when a cached write leaves the cache above its high watermark with
@@ -254,7 +254,7 @@ impl<N, F> PageCache<N, F> {
             room_freed: Condvar::new(),
             clock: AtomicU64::new(1),
             fetches: Mutex::new(Rank::Fetches, fetchqueue::FetchQueue::new(nbw::MAX_QUEUED)),
-            slots: Mutex::new(Rank::RecordSlots, RecordSlots::default()),
+            slots: SlotList::default(),
             held: Arc::new(AtomicUsize::new(0)),
             writer_bell: Bell::new(),
             fetcher_bell: Bell::new(),
@@ -289,7 +289,7 @@ impl<N, F> PageCache<N, F> {
     /// `nvstack stat`: the `cache` and `writeback` objects.
     pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
         let (mut cache, wb) = self.counters.snapshot(&self.config, self.policy.name());
-        cache.record_frames = self.slots.lock().frames();
+        cache.record_frames = self.slots.frames();
         (cache, wb)
     }
 

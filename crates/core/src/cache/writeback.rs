@@ -140,12 +140,12 @@ impl<L: LowerFs> Engine<L> {
 
     /// Frames the page cache holds: dirty pages, the frames patches are packed in, and the
     /// frames the records are packed in (the watermarks are about NVRAM). `pages_dirty` counts
-    /// patched pages too, which share frames.
+    /// patched pages too, which share frames. No lock: called after every cached write.
     pub(super) fn cache_frames(&self) -> u64 {
         let (c, n) = (&self.cache.counters, &self.cache.nbw);
         let pages = c.pages_dirty.load(Ordering::Relaxed);
         let patched = n.patches.load(Ordering::Relaxed).min(pages);
-        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.slots.lock().frames()
+        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.slots.frames()
     }
 
     /// A write found no free frame: a round down to the low watermark, at least one batch.

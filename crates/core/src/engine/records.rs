@@ -6,14 +6,13 @@ use lower::LowerFs;
 
 use super::Engine;
 use crate::error::FsResult;
-use crate::slots::{Place, RecordSlots, Released};
-use crate::sync::Mutex;
+use crate::slots::{Place, Released, SlotList};
 
 impl<L: LowerFs> Engine<L> {
     /// After the removal of the record at `place` committed (`slots::remove`): its slot is
     /// free again (T6); a second empty record frame is freed in a transaction of its own (off
     /// the list first, so nobody reserves in it meanwhile). Returns the frames freed (0 or 1).
-    pub(crate) fn release_slot(&self, list: &Mutex<RecordSlots>, place: Place) -> u64 {
+    pub(crate) fn release_slot(&self, list: &SlotList, place: Place) -> u64 {
         let released = list.lock().release(place);
         let Released::FreeFrame(frame) = released else { return 0 };
         match self.atomically(|tx| tx.free_frame(frame)) {
@@ -29,7 +28,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Frees the record frames of `list` that hold no record, all but `keep` (off the list
     /// first); returns how many.
-    pub(crate) fn free_empty_slots(&self, list: &Mutex<RecordSlots>, keep: usize) -> FsResult<u64> {
+    pub(crate) fn free_empty_slots(&self, list: &SlotList, keep: usize) -> FsResult<u64> {
         let empty = list.lock().take_empty(keep);
         if empty.is_empty() {
             return Ok(0);

@@ -245,7 +245,7 @@ pub struct TempStore {
     /// One pressure relief or background round at a time.
     pub relieving: AtomicBool,
     /// The record frames and their taken slots (T6).
-    pub slots: Mutex<slots::RecordSlots>,
+    pub slots: slots::SlotList,
 }
 
 impl TempStore {
@@ -255,7 +255,7 @@ impl TempStore {
             counters: TempCounters::default(),
             lru: Clock::default(),
             relieving: AtomicBool::new(false),
-            slots: Mutex::new(Rank::RecordSlots, slots::RecordSlots::default()),
+            slots: slots::SlotList::default(),
         }
     }
 
@@ -272,7 +272,7 @@ impl TempStore {
     /// `nvstack stat --json`: `tempfiles`.
     pub fn stats(&self) -> TempStats {
         let mut s = self.counters.snapshot(&self.config);
-        s.record_frames = self.slots.lock().frames();
+        s.record_frames = self.slots.frames();
         s
     }
 }

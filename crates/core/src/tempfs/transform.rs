@@ -488,7 +488,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Frames temp files hold: their pages and the record frames (eight records a frame).
     pub(crate) fn temp_frames(&self) -> u64 {
-        self.temp.pages_resident() + self.temp.slots.lock().frames()
+        self.temp.pages_resident() + self.temp.slots.frames()
     }
 
     /// The least recently used named, resident temp files, oldest first, until their frames
