@@ -151,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("number", help="figure number, e.g. 4.18 (`bench/run figure list` lists "
                    "them with their experiments)")
     p.add_argument("--from", dest="source", type=Path, action="append",
-                   help="result directory to draw from; the matrix figures (4.15, 4.18) take "
-                   "several (--from A --from B): each configuration from the last directory "
-                   "that has it, its ratios paired with that directory's baselines")
+                   help="result directory to draw from; the matrix figures (4.15, 4.18) and "
+                   "the bar figures (Bonnie++, untar, Postmark 512 B-2 MB) take several "
+                   "(--from A --from B): each configuration from the last directory that has "
+                   "it, its ratios paired with that directory's baselines")
     _common(p, "docs/figures")
     p = sub.add_parser("parse", help="raw run directories -> OUT/<experiment>.csv (unpacks "
                        "OUT/raw.tar.xz first when OUT/runs/ is missing)")

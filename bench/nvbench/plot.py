@@ -26,8 +26,10 @@ from .util import slug  # noqa: E402
 
 def grouped_bars(path: Path, title: str, groups: list[str], series: list[str],
                  labels: dict[str, str], mean: dict, std: dict, ylabel: str,
-                 improvements: dict | None = None, baseline: str | None = None) -> Path:
-    """mean[(series, group)] -> bar height; improvements[(series, group)] -> percent."""
+                 improvements: dict | None = None, baseline: str | None = None,
+                 note: str | None = None) -> Path:
+    """mean[(series, group)] -> bar height; improvements[(series, group)] -> percent; `note`
+    is printed small under the axes (where the bars come from)."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.5 * len(groups) * len(series)), 4.2))
     width = 0.8 / max(1, len(series))
     # a color per configuration: tab10 repeats after ten, so the thesis' 11-12 take tab20
@@ -60,6 +62,9 @@ def grouped_bars(path: Path, title: str, groups: list[str], series: list[str],
         ax2.axhline(0, color="grey", linewidth=0.5, linestyle=":")
         ax2.set_ylabel(f"improvement over {labels.get(baseline, baseline)} (%)")
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.2, 1.0))
+    if note:
+        ax.annotate(note, (0, 0), xycoords="figure fraction", xytext=(4, -14),
+                    textcoords="offset points", fontsize=5, va="top", wrap=True)
     fig.tight_layout()
     # the legend sits outside the axes: the saved area grows to hold it and the title
     fig.savefig(path, dpi=120, bbox_inches="tight")

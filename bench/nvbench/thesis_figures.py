@@ -231,14 +231,23 @@ def matrix_figure(rows: list[dict], path: Path, title: str, names: list[str] | N
 def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = None) -> Path:
     """The primary metric of every workload variant (Bonnie++: the thesis' three tests, char
     write, block write and rewrite), one bar per configuration (mean, std), the improvement
-    over `base` (default: the first configuration) printed on each bar."""
+    over `base` (default: the first configuration) printed on each bar. Rows of several runs
+    (merge_sources): each configuration's bar is its chosen run's, and its improvement is over
+    `base` in that same run (none when that run has no `base`)."""
     from . import plot
     from .summary import aggregate, improvement, shown
-    agg = aggregate(rows)
+    sources = list(dict.fromkeys(r.get("source", "") for r in rows))
+    per_source = {s: aggregate([r for r in rows if r.get("source", "") == s]) for s in sources}
+    chosen = {r["fs"]: r.get("source", "") for r in rows if r.get("drawn", True)}
+    agg = {k: a for s in sources for k, a in per_source[s].items() if chosen.get(k[3]) == s}
     drawn = [(k, a) for k, a in agg.items() if shown(k[0], k[4], a)]
     if not drawn:
         raise BenchError(f"no measured runs for {path.name}")
     series = list(dict.fromkeys(k[3] for k, _a in drawn))
+    if base is None and len(sources) > 1:
+        # the first configuration of the newest run (its baseline), not of whichever run
+        # happens to come first
+        base = next(r["fs"] for r in rows if r.get("source", "") == sources[-1])
     if base in series:
         series.remove(base)
         series.insert(0, base)
@@ -257,12 +266,21 @@ def bars_figure(rows: list[dict], path: Path, title: str, base: str | None = Non
     for (w, c, v, f, m), a in drawn:
         g = group(w, v, m)
         mean[(f, g)], std[(f, g)] = a["mean"], a["std"]
-        ref = agg.get((w, c, v, series[0], m))
+        ref = per_source[chosen[f]].get((w, c, v, series[0], m))
         imp[(f, g)] = (improvement(a["mean"], ref["mean"], str(a["hib"]) == "1")
                        if ref else None)
     labels = {f: next(a["label"] for k, a in drawn if k[3] == f) for f in series}
+    extra = {}
+    used = list(dict.fromkeys(chosen[f] for f in series))
+    if len(used) > 1:
+        # which run each bar comes from: bars of different runs compare only roughly (the
+        # machine's speed moves between days); each improvement is within its own run
+        extra["note"] = ("bars from several runs, each improvement over "
+                         f"{labels.get(series[0], series[0])} of its own run - " + " | ".join(
+                             f"{s}: " + ", ".join(labels[f] for f in series if chosen[f] == s)
+                             for s in used))
     return plot.grouped_bars(path, title, groups, series, labels, mean, std, ylabel,
-                             imp, series[0])
+                             imp, series[0], **extra)
 
 
 def _rows_of(result_dir: Path, fig: Figure, number: str) -> list[dict]:
@@ -281,14 +299,14 @@ def _rows_of(result_dir: Path, fig: Figure, number: str) -> list[dict]:
 def draw(number: str, result_dirs: Path | list[Path], out_dir: Path,
          only: list[str] | None = None) -> Path:
     """Draws figure `number` from `result_dirs` (one experiment's result directory, or for the
-    matrix figures several, merged by merge_sources) into out_dir/thesis-fig-<number>.png;
+    matrix and bar figures several, merged by merge_sources) into out_dir/thesis-fig-<number>.png;
     `only`: the configurations drawn (of the figure's), the others' rows still pair ratios."""
     from . import plot
     fig = FIGURES[number]
     dirs = [result_dirs] if isinstance(result_dirs, Path) else list(result_dirs)
-    if len(dirs) > 1 and fig.kind != "matrix":
+    if len(dirs) > 1 and fig.kind not in ("matrix", "bars"):
         raise BenchError(f"figure {number} draws from one result directory (only the matrix "
-                         f"figures 4.15 and 4.18 merge several)")
+                         f"and bar figures merge several)")
     if len(dirs) == 1:
         rows = _rows_of(dirs[0], fig, number)
     else:

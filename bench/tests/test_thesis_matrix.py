@@ -195,8 +195,8 @@ def test_several_runs_merge_each_configuration_from_its_last_run_paired_within_i
     assert [t["fs"] for t in only] == ["nvstack-ext2-tempffs-charged"]
     assert only[0]["vs_ext2"][0] == pytest.approx(0.5)
     assert tf.draw("4.18", [old, new], out, ["ext2", "nvstack-ext2-trans-charged"]).exists()
-    with pytest.raises(BenchError, match="only the matrix figures"):
-        tf.draw("4.17", [old, new], out)
+    with pytest.raises(BenchError, match="only the matrix and bar figures"):
+        tf.draw("4.4", [old, new], out)
     # runs of another scale do not share a figure
     other = tmp_path / "scale-1"
     _run(other, "ext2", 1, 30.0, scale=1)
@@ -239,8 +239,8 @@ def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_p
     seen = {}
     monkeypatch.setattr(plot, "grouped_bars",
                         lambda path, title, groups, series, labels, mean, std, ylabel, imp,
-                        base: seen.update(groups=groups, series=series, imp=imp,
-                                          ylabel=ylabel) or path)
+                        base, note=None: seen.update(groups=groups, series=series, imp=imp,
+                                                     ylabel=ylabel, note=note) or path)
 
     def row(fs, metric, value, primary=False):
         return {"status": "ok", "workload": "bonnie", "config": "thesis",
@@ -257,3 +257,37 @@ def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_p
     assert seen["imp"][("nvstack-ext2-tempffs", "rewrite")] == pytest.approx(100.0)
     assert seen["imp"][("ext2", "char write")] == pytest.approx(0.0)
     assert seen["ylabel"] == "the test's result (KiB/s; mean, std)"
+
+
+def test_bar_figures_merge_runs_each_bar_from_its_last_run_improved_over_that_runs_base(
+        monkeypatch, tmp_path):
+    """Bonnie++ re-run for some configurations only (Fig 4.16 from two runs): every bar is its
+    configuration's newest run, its improvement over ext2 of that same run."""
+    from nvbench import plot
+    seen = {}
+    monkeypatch.setattr(plot, "grouped_bars",
+                        lambda path, title, groups, series, labels, mean, std, ylabel, imp,
+                        base, note=None: seen.update(series=series, mean=mean, imp=imp,
+                                                     note=note) or path)
+
+    def row(fs, value, rep):
+        return {"status": "ok", "workload": "bonnie", "config": "thesis", "rep": str(rep),
+                "variant": "file=256M", "fs": fs, "metric": "put_char_kBps",
+                "value": str(value), "unit": "KiB/s", "fs_label": fs, "higher_is_better": "1",
+                "primary": "1", "device": "hdd-7200", "scale": "1.0",
+                "memory_bytes": "134217728"}
+    old = [row("ext2", 100, 1), row("nvstack-ext2-tempffs", 50, 1), row("nvstack-ext2", 80, 1)]
+    new = [row("ext2", 200, 1), row("nvstack-ext2", 100, 1)]
+    rows = tf.merge_sources([("old", old), ("new", new)])
+    tf.bars_figure(rows, tmp_path / "b.png", "t")
+    assert seen["series"][0] == "ext2", "the newest run's baseline, not the first run's"
+    assert seen["mean"][("ext2", "char write")] == pytest.approx(200)
+    assert seen["mean"][("nvstack-ext2", "char write")] == pytest.approx(100)
+    # improvements within each bar's own run: FUSE-Ext2 100 vs the new ext2's 200,
+    # TempFFS 50 vs the old ext2's 100 - both -50 %, not 50 vs 200
+    assert seen["imp"][("nvstack-ext2", "char write")] == pytest.approx(-50.0)
+    assert seen["imp"][("nvstack-ext2-tempffs", "char write")] == pytest.approx(-50.0)
+    assert "old: nvstack-ext2-tempffs" in seen["note"] and "new: ext2, nvstack-ext2" in seen["note"]
+    # one run: no note
+    tf.bars_figure(new, tmp_path / "c.png", "t")
+    assert seen["note"] is None
