@@ -62,10 +62,10 @@ def grouped_bars(path: Path, title: str, groups: list[str], series: list[str],
         ax2.axhline(0, color="grey", linewidth=0.5, linestyle=":")
         ax2.set_ylabel(f"improvement over {labels.get(baseline, baseline)} (%)")
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.2, 1.0))
-    if note:
-        ax.annotate(note, (0, 0), xycoords="figure fraction", xytext=(4, -14),
-                    textcoords="offset points", fontsize=5, va="top", wrap=True)
     fig.tight_layout()
+    if note:
+        # under the axes (the tight bounding box below takes it in)
+        fig.text(0.01, -0.01, note, fontsize=6, va="top", wrap=True)
     # the legend sits outside the axes: the saved area grows to hold it and the title
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
