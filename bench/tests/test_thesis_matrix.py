@@ -232,15 +232,21 @@ def test_one_panel_alone_and_bars_relative_to_the_named_base(tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC
 
 
-def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_path):
-    """Figs 4.1/4.7/4.13/4.16: char write, block write and rewrite (not only the primary
-    metric), one group per test, improvements relative to the figure's first configuration."""
+def _capture_bars(monkeypatch) -> dict:
+    """What bars_figure hands to plot.grouped_bars, instead of a PNG."""
     from nvbench import plot
     seen = {}
     monkeypatch.setattr(plot, "grouped_bars",
                         lambda path, title, groups, series, labels, mean, std, ylabel, imp,
-                        base, note=None: seen.update(groups=groups, series=series, imp=imp,
-                                                     ylabel=ylabel, note=note) or path)
+                        base, note=None: seen.update(groups=groups, series=series, mean=mean,
+                                                     imp=imp, ylabel=ylabel, note=note) or path)
+    return seen
+
+
+def test_bonnie_bars_draw_the_thesis_three_tests_against_ext2(monkeypatch, tmp_path):
+    """Figs 4.1/4.7/4.13/4.16: char write, block write and rewrite (not only the primary
+    metric), one group per test, improvements relative to the figure's first configuration."""
+    seen = _capture_bars(monkeypatch)
 
     def row(fs, metric, value, primary=False):
         return {"status": "ok", "workload": "bonnie", "config": "thesis",
@@ -263,12 +269,7 @@ def test_bar_figures_merge_runs_each_bar_from_its_last_run_improved_over_that_ru
         monkeypatch, tmp_path):
     """Bonnie++ re-run for some configurations only (Fig 4.16 from two runs): every bar is its
     configuration's newest run, its improvement over ext2 of that same run."""
-    from nvbench import plot
-    seen = {}
-    monkeypatch.setattr(plot, "grouped_bars",
-                        lambda path, title, groups, series, labels, mean, std, ylabel, imp,
-                        base, note=None: seen.update(series=series, mean=mean, imp=imp,
-                                                     note=note) or path)
+    seen = _capture_bars(monkeypatch)
 
     def row(fs, value, rep):
         return {"status": "ok", "workload": "bonnie", "config": "thesis", "rep": str(rep),
