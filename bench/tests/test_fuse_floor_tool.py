@@ -1,0 +1,34 @@
+"""bench/tools/fuse-floor's application loops (`--workload`) without a mount: each workload
+runs durable.py in a plain directory and comes back as microseconds per operation and a count
+that agree with each other (the mounts themselves need root and are not in the suite)."""
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuse-floor"
+
+
+def load_tool():
+    loader = importlib.machinery.SourceFileLoader("fuse_floor", str(TOOL))
+    spec = importlib.util.spec_from_loader("fuse_floor", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("workload", ["maildir", "applog", "sqlite-wal", "sqlite-delete"])
+def test_a_workload_loop_reports_its_time_per_operation_after_its_untimed_init(tmp_path,
+                                                                               workload):
+    tool = load_tool()
+    marks = []
+    us, n = tool.app_loop(tmp_path / "w", workload, 0.3, lambda: marks.append(1))
+    assert marks == [1], "the mark comes once, between --init and the timed loop"
+    assert n > 0 and us > 0
+    # The loop ran about 0.3 s: n operations at `us` each cannot exceed it by much.
+    assert n * us / 1e6 == pytest.approx(0.3, rel=0.5)
+    if workload == "maildir":
+        assert len(list((tmp_path / "w" / "new").iterdir())) == n
+
