@@ -19,7 +19,7 @@ def load_tool():
     return module
 
 
-@pytest.mark.parametrize("workload", ["maildir", "applog", "sqlite-wal", "sqlite-delete"])
+@pytest.mark.parametrize("workload", ["maildir", "applog", "sqlite-wal", "sqlite-delete", "files"])
 def test_a_workload_loop_reports_its_time_per_operation_after_its_untimed_init(tmp_path,
                                                                                workload):
     tool = load_tool()
@@ -31,4 +31,6 @@ def test_a_workload_loop_reports_its_time_per_operation_after_its_untimed_init(t
     assert n * us / 1e6 == pytest.approx(0.3, rel=0.5)
     if workload == "maildir":
         assert len(list((tmp_path / "w" / "new").iterdir())) == n
+    if workload == "files":
+        assert len(list((tmp_path / "w" / "files").iterdir())) == n
 
