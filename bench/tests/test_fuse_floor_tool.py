@@ -30,7 +30,7 @@ def test_a_workload_loop_reports_its_time_per_operation_after_its_untimed_init(t
     # The loop ran about 0.3 s: n operations at `us` each cannot exceed it by much.
     assert n * us / 1e6 == pytest.approx(0.3, rel=0.5)
     if workload == "maildir":
-        assert len(list((tmp_path / "w" / "new").iterdir())) == n
+        assert len(list((tmp_path / "w" / "nvbench-maildir" / "new").iterdir())) == n
     if workload == "files":
-        assert len(list((tmp_path / "w" / "files").iterdir())) == n
+        assert len(list((tmp_path / "w" / "nvbench-files" / "files").iterdir())) == n
 
