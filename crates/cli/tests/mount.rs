@@ -744,6 +744,55 @@ fn a_request_held_in_the_daemon_does_not_hold_up_the_others() {
     }
 }
 
+/// The spinning reader learns its window from the gaps between a reply and the next request
+/// (docs/design.md 14.8): requests sent back to back get a window of at most the configured
+/// one, chosen again every 128 windows, and most of them are taken while spinning;
+/// `--spin-us 0` never spins and learns nothing.
+#[test]
+fn the_spinning_reader_learns_its_window_from_the_requests() {
+    if skip() {
+        return;
+    }
+    for spin in [100u64, 0] {
+        let f = Fixture::new();
+        std::fs::write(f.lower().join("f"), b"x").unwrap();
+        let out = f.mount_with(&["--spin-us", &spin.to_string()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let file = std::fs::File::open(f.mnt().join("f")).unwrap();
+        let before = stat_json(&f.mnt())["fuse"].clone();
+        // One STATFS request each, back to back.
+        for _ in 0..2000 {
+            let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: a live descriptor and a statvfs buffer of our own.
+            let rc =
+                unsafe { libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&file), &raw mut buf) };
+            assert_eq!(rc, 0);
+        }
+        drop(file);
+        let fuse = stat_json(&f.mnt())["fuse"].clone();
+        f.umount();
+        let n =
+            |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+        assert_eq!(n(&fuse, "spin_us"), spin, "{fuse}");
+        if spin == 0 {
+            assert_eq!(n(&fuse, "spin_window_us"), 0, "{fuse}");
+            assert_eq!(n(&fuse, "spin_windows_learned"), 0, "{fuse}");
+            assert_eq!(n(&fuse, "spin_hits"), 0, "{fuse}");
+            continue;
+        }
+        // 2,000 requests (and the stat calls): at least one choice per 128 windows.
+        let learned = n(&fuse, "spin_windows_learned") - n(&before, "spin_windows_learned");
+        assert!(learned >= 2000 / 128 - 1, "{learned} choices of the window: {fuse}");
+        assert!(n(&fuse, "spin_window_us") <= spin, "{fuse}");
+        let hits = n(&fuse, "spin_hits") - n(&before, "spin_hits");
+        let expired = n(&fuse, "spin_expired") - n(&before, "spin_expired");
+        // Back to back, the next request comes within microseconds: a learned window takes
+        // most of them (99 % on an idle machine; tests share two CPUs, which may deschedule
+        // the loop now and then, so only a majority is asserted).
+        assert!(hits > expired, "{hits} hits, {expired} expired: {fuse}");
+    }
+}
+
 #[test]
 fn stat_says_why_writes_waited_at_the_patch_limit() {
     if skip() {

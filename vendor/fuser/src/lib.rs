@@ -57,7 +57,7 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
-pub use crate::spin::SpinReader;
+pub use crate::spin::{BUCKET_US, LEARN_EVERY, SpinReader, choose_window};
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;

@@ -556,12 +556,14 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     /// nvstack (PATCHES.md): the next request and the channel it was read from (the one to
-    /// answer on). Spins on the non-blocking clone for up to the window if no other worker
-    /// does, then blocks on the worker's own channel.
+    /// answer on). Spins on the non-blocking clone for up to the learned window if no other
+    /// worker does, then blocks on the worker's own channel; the window's gap (when the next
+    /// request came) is recorded either way.
     fn receive(&self, buf: &mut [u8]) -> nix::Result<(usize, &Channel)> {
         if let Some((spin_ch, spin)) = &self.spinning {
             if spin.claim() {
-                let deadline = std::time::Instant::now() + spin.spin();
+                let opened = std::time::Instant::now();
+                let deadline = opened + spin.window();
                 let got = loop {
                     match spin_ch.receive(buf) {
                         Ok(size) => break Ok(Some(size)),
@@ -578,8 +580,14 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 };
                 spin.release(matches!(got, Ok(Some(_))));
                 if let Some(size) = got? {
+                    spin.record_gap(opened.elapsed());
                     return Ok((size, spin_ch));
                 }
+                let got = self.ch.receive_retrying(buf);
+                if got.is_ok() {
+                    spin.record_gap(opened.elapsed());
+                }
+                return got.map(|size| (size, &self.ch));
             }
         }
         self.ch.receive_retrying(buf).map(|size| (size, &self.ch))

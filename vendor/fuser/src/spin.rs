@@ -10,6 +10,16 @@
 //! arriving within the window is taken without the wakeup, and an idle session costs at most
 //! one window of CPU.
 //!
+//! The window is learned (ski rental with a known distribution): the spinning worker records
+//! the *gap* of every window it opens - how long after its reply the next request came, read
+//! while spinning or, after the window expired, by the blocking read - in `BUCKET_US` buckets,
+//! and every `LEARN_EVERY` gaps sets the window to the one that would have cost those gaps
+//! least ([`choose_window`]): a gap within the window costs the gap (spun), a gap beyond it the
+//! window plus a sleep and wakeup, valued at `spin` (the most the window may be), then halves
+//! the counts so that old gaps fade. An application whose next request follows each reply
+//! after 45 us gets a 45-50 us window; one whose requests come 1 ms apart gets none, however
+//! large `spin` is.
+//!
 //! A worker blocked in `read(2)` is woken for every request the kernel queues, even one the
 //! spinning worker takes (the kernel wakes one sleeping reader per request): with four workers
 //! that spurious wakeup cost a fifth of the gain. So the workers form a crew: one *reader*
@@ -27,8 +37,8 @@
 //!   watcher's wakeup) for an added reader, up to the number of workers (upstream's bound).
 //! - A request read from the spinning clone is answered on that clone (the kernel keeps a
 //!   request on the processing list of the device it was read from).
-//! - A window ends after `spin` at the latest, so a worker never spins while its session is
-//!   idle; `spin == 0` is the unpatched behaviour.
+//! - A window ends after `spin` at the latest (the learned window is at most `spin`), so a
+//!   worker never spins while its session is idle; `spin == 0` is the unpatched behaviour.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -46,11 +56,65 @@ const IDLE_NAP: Duration = Duration::from_millis(200);
 /// would make the next fast request behind them wait for the watcher again.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// Width of a gap bucket (and the step of the learned window).
+pub const BUCKET_US: u64 = 5;
+
+/// Gaps recorded between two choices of the window; the counts are halved after each, so a
+/// gap weighs half as much 128 windows later.
+pub const LEARN_EVERY: u32 = 128;
+
+/// The window that would have cost the recorded gaps least, in microseconds (a multiple of
+/// `BUCKET_US`, or `cap_us`). `counts[i]` holds the gaps in `(i, i + 1] x BUCKET_US`
+/// microseconds, for `i < counts.len() - 1`; the last bucket holds every gap beyond `cap_us`.
+/// A gap `g` costs a window `w` the spin `g` when `g <= w`, and `w + cap_us` when it is longer
+/// (the spin in vain, then the sleep and wakeup, which the configured most a window may be is
+/// taken to be worth: the deterministic ski-rental rule spins exactly that long when nothing is
+/// known). Ties go to the shorter window. With no gaps recorded: `cap_us`.
+pub fn choose_window(counts: &[u32], cap_us: u64) -> u64 {
+    let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+    if total == 0 || counts.len() < 2 {
+        return cap_us;
+    }
+    let within = counts.len() - 1;
+    let bound = |i: usize| ((i as u64 + 1) * BUCKET_US).min(cap_us);
+    let mut best = (u64::MAX, cap_us);
+    // Candidate windows: none, then each bucket's upper bound.
+    for k in 0..=within {
+        let window = if k == 0 { 0 } else { bound(k - 1) };
+        let mut cost = 0u64;
+        for (i, &c) in counts.iter().enumerate() {
+            let c = u64::from(c);
+            cost += if i < within && bound(i) <= window {
+                c * bound(i)
+            } else {
+                c * (window + cap_us)
+            };
+        }
+        if cost < best.0 {
+            best = (cost, window);
+        }
+    }
+    best.1
+}
+
+/// The gaps recorded since the last choice (see `choose_window`).
+#[derive(Debug)]
+struct Gaps {
+    counts: Vec<u32>,
+    recorded: u32,
+}
+
 /// Configuration and counters of the spinning reader, shared by a session's workers and the
 /// file system that wants to report them.
 #[derive(Debug)]
 pub struct SpinReader {
+    /// The most a window may be (`--spin-us`), and the value of a sleep and wakeup.
     spin: Duration,
+    /// The learned window, in microseconds (at most `spin`).
+    window_us: AtomicU64,
+    /// Windows whose gap was recorded, and the choices of the window made from them.
+    gaps: Mutex<Gaps>,
+    learned: AtomicU64,
     /// The clock's origin (`last_added_us` counts from it).
     base: Instant,
     /// When the watcher last added a reader, in microseconds since `base`.
@@ -80,8 +144,13 @@ impl SpinReader {
     /// A reader that spins for up to `spin` after each request (zero: never, and every worker
     /// reads, as upstream).
     pub fn new(spin: Duration) -> Self {
+        let cap_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
+        let buckets = usize::try_from(cap_us.div_ceil(BUCKET_US)).unwrap_or(0) + 1;
         Self {
             spin,
+            window_us: AtomicU64::new(cap_us),
+            gaps: Mutex::new(Gaps { counts: vec![0; buckets], recorded: 0 }),
+            learned: AtomicU64::new(0),
             base: Instant::now(),
             last_added_us: AtomicU64::new(0),
             spinner: AtomicBool::new(false),
@@ -104,9 +173,48 @@ impl SpinReader {
         u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The window.
+    /// The most a window may be (`--spin-us`).
     pub fn spin(&self) -> Duration {
         self.spin
+    }
+
+    /// The window the next spinning worker uses (learned from the gaps, at most `spin`).
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.window_us.load(Ordering::Relaxed))
+    }
+
+    /// Times the window was chosen again from the recorded gaps.
+    pub fn windows_learned(&self) -> u64 {
+        self.learned.load(Ordering::Relaxed)
+    }
+
+    /// Records the gap of a window: how long after it opened the next request was read
+    /// (spinning or, after it expired, blocking). Every `LEARN_EVERY` gaps the window is chosen
+    /// again and the counts halved.
+    pub fn record_gap(&self, gap: Duration) {
+        let cap_us = u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX);
+        if cap_us == 0 {
+            return;
+        }
+        let gap_us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
+        let mut g = self.gaps.lock().unwrap_or_else(|e| e.into_inner());
+        let last = g.counts.len() - 1;
+        let i = if gap_us > cap_us {
+            last
+        } else {
+            usize::try_from(gap_us.saturating_sub(1) / BUCKET_US).unwrap_or(last).min(last - 1)
+        };
+        g.counts[i] = g.counts[i].saturating_add(1);
+        g.recorded += 1;
+        if g.recorded >= LEARN_EVERY {
+            let window = choose_window(&g.counts, cap_us);
+            self.window_us.store(window, Ordering::Relaxed);
+            self.learned.fetch_add(1, Ordering::Relaxed);
+            for c in &mut g.counts {
+                *c /= 2;
+            }
+            g.recorded = 0;
+        }
     }
 
     /// Requests taken while spinning (each one spared the worker a sleep and a wakeup).

@@ -417,6 +417,8 @@ fn control(
             // The FUSE transport's own counters (the engine does not see it).
             value["fuse"] = serde_json::json!({
                 "spin_us": spin.spin().as_micros(),
+                "spin_window_us": spin.window().as_micros(),
+                "spin_windows_learned": spin.windows_learned(),
                 "spin_hits": spin.hits(),
                 "spin_expired": spin.expired(),
                 "readers_added": spin.readers_added(),

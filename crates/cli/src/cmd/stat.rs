@@ -234,9 +234,14 @@ fn print_requests(value: &serde_json::Value) {
     let f = &value["fuse"];
     if f["spin_us"].as_u64().unwrap_or(0) > 0 {
         println!(
-            "spinning reader ({} us): {} requests taken while spinning, {} windows expired, {} \
-             readers added while every reader was busy",
-            f["spin_us"], f["spin_hits"], f["spin_expired"], f["readers_added"]
+            "spinning reader (window {} us learned from the gaps between requests, at most {}): \
+             {} requests taken while spinning, {} windows expired, {} readers added while every \
+             reader was busy",
+            f["spin_window_us"],
+            f["spin_us"],
+            f["spin_hits"],
+            f["spin_expired"],
+            f["readers_added"]
         );
     } else if f.is_object() {
         println!("spinning reader: off (--spin-us 0)");
