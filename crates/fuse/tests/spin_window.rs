@@ -1,12 +1,13 @@
 //! The spinning reader's learned window (vendor/fuser/src/spin.rs, docs/design.md 14.8): the
-//! window chosen from recorded gaps is the one that would have cost them least, never more than
-//! `--spin-us`, and it follows the application when its gaps change.
+//! window chosen from recorded gaps is the one that would have cost them least, valuing a miss
+//! at `--spin-us`, never more than twice that, and it follows the application when its gaps
+//! change.
 
 use std::time::Duration;
 
-use fuser::{BUCKET_US, LEARN_EVERY, SpinReader, choose_window};
+use fuser::{BUCKET_US, LEARN_EVERY, SAMPLE_EVERY, SpinReader, WINDOW_MAX_FACTOR, choose_window};
 
-/// Counts for `cap_us` with `gaps` (microseconds, each once per `times`).
+/// Counts for a window of at most `cap_us` with `gaps` (microseconds, each `n` times).
 fn counts(cap_us: u64, gaps: &[(u64, u32)]) -> Vec<u32> {
     let mut c = vec![0u32; (cap_us.div_ceil(BUCKET_US) + 1) as usize];
     let last = c.len() - 1;
@@ -17,55 +18,61 @@ fn counts(cap_us: u64, gaps: &[(u64, u32)]) -> Vec<u32> {
     c
 }
 
-/// The cost of window `w` for the gaps, as the rule defines it (brute force, per gap).
-fn cost(cap_us: u64, gaps: &[(u64, u32)], w: u64) -> u64 {
+/// The cost of window `w` for the gaps, as the rule defines it (brute force, per gap, in half
+/// microseconds): a gap the window reaches costs its bucket's midpoint (a gap beyond the cap is
+/// never reached), any other the window spun in vain plus the miss.
+fn cost(miss_us: u64, cap_us: u64, gaps: &[(u64, u32)], w: u64) -> u64 {
     gaps.iter()
         .map(|&(g, n)| {
-            // A gap costs its bucket's upper bound when the window reaches it (a gap beyond
-            // the cap never does).
-            let spun = (g.div_ceil(BUCKET_US) * BUCKET_US).min(cap_us);
-            u64::from(n) * if g <= cap_us && spun <= w { spun } else { w + cap_us }
+            let bucket = g.saturating_sub(1) / BUCKET_US;
+            let upper = ((bucket + 1) * BUCKET_US).min(cap_us);
+            let mid2 = (2 * bucket * BUCKET_US + BUCKET_US).min(2 * cap_us);
+            u64::from(n) * if g <= cap_us && upper <= w { mid2 } else { 2 * (w + miss_us) }
         })
         .sum()
 }
 
-/// A case: the cap, the gaps as (us, count), the window expected.
+/// A case: the value of a miss, the gaps as (us, count), the window expected.
 type Case = (u64, &'static [(u64, u32)], u64);
 
 #[test]
-fn the_window_is_the_cheapest_for_the_gaps_and_never_above_the_cap() {
+fn the_window_is_the_cheapest_for_the_gaps_and_never_above_twice_a_miss() {
     let table: &[Case] = &[
-        // Nothing recorded: the classic rule, spin as long as a sleep and wakeup is worth.
-        (100, &[], 100),
-        // sqlite WAL on a 2-core VM: replies followed 40-60 us later.
-        (100, &[(42, 30), (48, 50), (55, 40), (58, 8)], 60),
+        // Nothing recorded: the classic rule, spin as long as a miss costs.
+        (50, &[], 50),
+        // sqlite WAL on a 2-core VM: replies followed 40-60 us later; the ones past 50 us are
+        // still cheaper to catch than to miss once the window is at 45.
+        (50, &[(42, 30), (48, 50), (55, 40), (58, 8)], 60),
         // Back-to-back requests (a write-back burst): a few microseconds.
-        (100, &[(2, 90), (4, 10)], 5),
+        (50, &[(2, 90), (4, 10)], 5),
+        // Requests 80 us apart: a miss is worth less than the spin.
+        (50, &[(80, 128)], 0),
         // Requests 1 ms apart: spinning never pays.
-        (100, &[(1000, 128)], 0),
+        (50, &[(1000, 128)], 0),
         // Half back to back, half far apart: catch the short ones only.
-        (100, &[(3, 64), (5000, 64)], 5),
-        // Gaps just beyond the cap: none.
-        (20, &[(45, 128)], 0),
-        // A cap that is not a multiple of the bucket: the last bucket ends at the cap, where a
-        // gap costs what a sleep is worth - a tie, which goes to not spinning.
+        (50, &[(3, 64), (5000, 64)], 5),
+        // Mostly 30 us and a tail at 70 us: catching the tail (70) is cheaper than missing it
+        // (30 + 50) when nothing lies beyond it ...
+        (50, &[(30, 120), (70, 8)], 70),
+        // ... but not when enough gaps never come within the most a window may be.
+        (50, &[(30, 80), (70, 16), (5000, 32)], 30),
+        // A value that is not a multiple of the bucket; a gap past the miss's worth is caught
+        // when the window would be open anyway for most of it ...
         (23, &[(12, 100)], 15),
-        (23, &[(22, 100)], 0),
-        // A gap within the cap is always worth catching for itself (it costs less than a
-        // sleep); what a longer window costs is the spin in vain on gaps beyond it: a tail at
-        // 90 us is caught unless enough gaps never come within the cap.
-        (100, &[(30, 120), (90, 8)], 90),
-        (100, &[(30, 64), (90, 16), (5000, 48)], 30),
+        (23, &[(30, 100), (3, 100)], 30),
+        // ... and not when it is nearly twice that.
+        (23, &[(44, 100), (3, 100)], 5),
     ];
-    for &(cap, gaps, want) in table {
-        let got = choose_window(&counts(cap, gaps), cap);
-        assert_eq!(got, want, "cap {cap}, gaps {gaps:?}");
+    for &(miss, gaps, want) in table {
+        let cap = miss * WINDOW_MAX_FACTOR;
+        let got = choose_window(&counts(cap, gaps), miss, cap);
+        assert_eq!(got, want, "miss {miss}, gaps {gaps:?}");
         assert!(got <= cap);
         if !gaps.is_empty() {
             // No window (0 or any bucket bound up to the cap) is cheaper.
-            let best = cost(cap, gaps, got);
+            let best = cost(miss, cap, gaps, got);
             for w in (0..=cap).step_by(BUCKET_US as usize).chain([cap]) {
-                assert!(cost(cap, gaps, w) >= best, "cap {cap}, {gaps:?}: {w} beats {got}");
+                assert!(cost(miss, cap, gaps, w) >= best, "{miss}, {gaps:?}: {w} beats {got}");
             }
         }
     }
@@ -73,8 +80,9 @@ fn the_window_is_the_cheapest_for_the_gaps_and_never_above_the_cap() {
 
 #[test]
 fn the_reader_learns_the_window_from_its_gaps_and_follows_them() {
-    let spin = SpinReader::new(Duration::from_micros(100));
-    assert_eq!(spin.window(), Duration::from_micros(100), "the cap until it has learned");
+    let spin = SpinReader::new(Duration::from_micros(50));
+    assert_eq!(spin.window(), Duration::from_micros(50), "a miss's worth until it has learned");
+    assert_eq!(spin.window_max_us(), 100);
     for _ in 0..LEARN_EVERY {
         spin.record_gap(Duration::from_micros(47));
     }
@@ -97,4 +105,53 @@ fn the_reader_learns_the_window_from_its_gaps_and_follows_them() {
     off.record_gap(Duration::from_micros(5));
     assert_eq!(off.window(), Duration::ZERO);
     assert_eq!(off.windows_learned(), 0);
+}
+
+/// Only sample windows are recorded, so a short window never learns from gaps the blocking read
+/// inflated: every window is a sample until the first choice, then one in `SAMPLE_EVERY`; a
+/// sample spins for the most a window may be.
+#[test]
+fn sample_windows_spin_for_the_most_and_come_one_in_sixty_four() {
+    let spin = SpinReader::new(Duration::from_micros(50));
+    let max = Duration::from_micros(100);
+    for _ in 0..3 * SAMPLE_EVERY {
+        assert_eq!(spin.open_window(), (max, true), "before the first choice");
+    }
+    for _ in 0..LEARN_EVERY {
+        spin.record_gap(Duration::from_micros(8));
+    }
+    assert_eq!(spin.window(), Duration::from_micros(10));
+    let windows: Vec<(Duration, bool)> =
+        (0..4 * SAMPLE_EVERY).map(|_| spin.open_window()).collect();
+    let samples = windows.iter().filter(|w| w.1).count() as u64;
+    assert_eq!(samples, 4, "{windows:?}");
+    for &(w, sample) in &windows {
+        assert_eq!(w, if sample { max } else { Duration::from_micros(10) });
+    }
+}
+
+/// A slow application gets its window chosen by time too: a window learned in a burst of
+/// requests that came 35 us after each reply is dropped within seconds once the requests come
+/// 1 ms apart - the choice is made each second with at least 8 samples, and each halves the
+/// burst's counts - not after 128 samples each (8 s of samples at that rate).
+#[test]
+fn a_window_learned_in_a_burst_is_dropped_within_seconds_when_requests_slow_down() {
+    let spin = SpinReader::new(Duration::from_micros(100));
+    let mut now = 10u64; // microseconds since the reader was made
+    for _ in 0..LEARN_EVERY {
+        spin.record_gap_at(Duration::from_micros(35), now);
+        now += 40;
+    }
+    assert_eq!((spin.windows_learned(), spin.window()), (1, Duration::from_micros(35)));
+    let mut choices = vec![];
+    // One sample every 64 ms (one request a millisecond, one window in 64 a sample).
+    for _ in 0..LEARN_EVERY {
+        now += 64_000;
+        spin.record_gap_at(Duration::from_millis(1), now);
+        choices.push(spin.window().as_micros());
+    }
+    let first_zero = choices.iter().position(|&w| w == 0).expect("never dropped");
+    assert!(first_zero < 64, "dropped after {first_zero} samples: {choices:?}");
+    assert!(choices[first_zero..].iter().all(|&w| w == 0), "{choices:?}");
+    assert!(spin.windows_learned() >= 3, "chosen by time: {choices:?}");
 }

@@ -57,7 +57,9 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
-pub use crate::spin::{BUCKET_US, LEARN_EVERY, SpinReader, choose_window};
+pub use crate::spin::{
+    BUCKET_US, LEARN_EVERY, SAMPLE_EVERY, SpinReader, WINDOW_MAX_FACTOR, choose_window,
+};
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;

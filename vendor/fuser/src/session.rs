@@ -557,13 +557,14 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 impl<FS: Filesystem> SessionEventLoop<FS> {
     /// nvstack (PATCHES.md): the next request and the channel it was read from (the one to
     /// answer on). Spins on the non-blocking clone for up to the learned window if no other
-    /// worker does, then blocks on the worker's own channel; the window's gap (when the next
-    /// request came) is recorded either way.
+    /// worker does, then blocks on the worker's own channel; a sample window's gap (when the
+    /// next request came, or that it came after the window) is recorded.
     fn receive(&self, buf: &mut [u8]) -> nix::Result<(usize, &Channel)> {
         if let Some((spin_ch, spin)) = &self.spinning {
             if spin.claim() {
                 let opened = std::time::Instant::now();
-                let deadline = opened + spin.window();
+                let (window, sample) = spin.open_window();
+                let deadline = opened + window;
                 let got = loop {
                     match spin_ch.receive(buf) {
                         Ok(size) => break Ok(Some(size)),
@@ -579,15 +580,16 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     }
                 };
                 spin.release(matches!(got, Ok(Some(_))));
-                if let Some(size) = got? {
-                    spin.record_gap(opened.elapsed());
+                let got = got?;
+                if sample {
+                    // A miss records the window itself: the gap was longer, and the blocking
+                    // read would only add the wakeup to it.
+                    let miss = window + std::time::Duration::from_micros(1);
+                    spin.record_gap(got.map_or(miss, |_| opened.elapsed()));
+                }
+                if let Some(size) = got {
                     return Ok((size, spin_ch));
                 }
-                let got = self.ch.receive_retrying(buf);
-                if got.is_ok() {
-                    spin.record_gap(opened.elapsed());
-                }
-                return got.map(|size| (size, &self.ch));
             }
         }
         self.ch.receive_retrying(buf).map(|size| (size, &self.ch))

@@ -11,14 +11,19 @@
 //! one window of CPU.
 //!
 //! The window is learned (ski rental with a known distribution): the spinning worker records
-//! the *gap* of every window it opens - how long after its reply the next request came, read
-//! while spinning or, after the window expired, by the blocking read - in `BUCKET_US` buckets,
-//! and every `LEARN_EVERY` gaps sets the window to the one that would have cost those gaps
-//! least ([`choose_window`]): a gap within the window costs the gap (spun), a gap beyond it the
-//! window plus a sleep and wakeup, valued at `spin` (the most the window may be), then halves
-//! the counts so that old gaps fade. An application whose next request follows each reply
-//! after 45 us gets a 45-50 us window; one whose requests come 1 ms apart gets none, however
-//! large `spin` is.
+//! the *gap* of sample windows - how long after its reply the next request came - in
+//! `BUCKET_US` buckets, and every `LEARN_EVERY` gaps (or a second after the last choice, with
+//! at least `LEARN_MIN` of them) sets the window to the one that would have
+//! cost those gaps least ([`choose_window`]): a gap within the window costs the gap (spun), a
+//! gap beyond it the window plus a sleep and wakeup, valued at `spin`; the window is at most
+//! twice `spin`. Then the counts are halved so that old gaps fade. A *sample* window spins for
+//! that most, whatever the window is: every window until the first choice, then one in
+//! `SAMPLE_EVERY` (and every one while the window is at its most). Only samples are recorded,
+//! because a shorter window sees a longer gap only through the blocking read, which adds the
+//! wakeup (20-60 us on a VM) to it: a window learned from those would shrink and then see only
+//! inflated gaps. An application whose next request follows each reply after 45 us gets a
+//! 45-50 us window; one whose requests come 1 ms apart gets none, and spins only in its samples
+//! (at most twice `spin` in `SAMPLE_EVERY` = 64 requests).
 //!
 //! A worker blocked in `read(2)` is woken for every request the kernel queues, even one the
 //! spinning worker takes (the kernel wakes one sleeping reader per request): with four workers
@@ -37,7 +42,7 @@
 //!   watcher's wakeup) for an added reader, up to the number of workers (upstream's bound).
 //! - A request read from the spinning clone is answered on that clone (the kernel keeps a
 //!   request on the processing list of the device it was read from).
-//! - A window ends after `spin` at the latest (the learned window is at most `spin`), so a
+//! - A window ends after twice `spin` at the latest (the learned window is at most that), so a
 //!   worker never spins while its session is idle; `spin == 0` is the unpatched behaviour.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -63,33 +68,51 @@ pub const BUCKET_US: u64 = 5;
 /// gap weighs half as much 128 windows later.
 pub const LEARN_EVERY: u32 = 128;
 
+/// A choice is also made this long after the last one once `LEARN_MIN` samples came in: at one
+/// request a millisecond, 128 samples take 8 s, and a window learned in a burst would spin
+/// through all of them.
+pub const LEARN_AFTER: Duration = Duration::from_secs(1);
+pub const LEARN_MIN: u32 = 8;
+
+/// One window in this many is a sample (spins for the most a window may be, and is recorded)
+/// once the window has been chosen: where spinning does not pay, the samples cost at most
+/// `2 x spin / 64` a request (2 us at nvstack's default of 60 us); where it does, a sample
+/// costs the gap it catches. 128 samples: a choice every 8,192 requests (or every second).
+pub const SAMPLE_EVERY: u64 = 64;
+
+/// How many times the value of a miss the learned window may be: a gap longer than the miss
+/// is still worth catching when most gaps are shorter (it would cost the window spun in vain
+/// plus the miss), but not beyond twice it.
+pub const WINDOW_MAX_FACTOR: u64 = 2;
+
 /// The window that would have cost the recorded gaps least, in microseconds (a multiple of
-/// `BUCKET_US`, or `cap_us`). `counts[i]` holds the gaps in `(i, i + 1] x BUCKET_US`
+/// `BUCKET_US` or `cap_us`, at most `cap_us`). `miss_us` is what a sleep and wakeup is worth
+/// in microseconds of spinning. `counts[i]` holds the gaps in `(i, i + 1] x BUCKET_US`
 /// microseconds, for `i < counts.len() - 1`; the last bucket holds every gap beyond `cap_us`.
-/// A gap `g` costs a window `w` the spin `g` when `g <= w`, and `w + cap_us` when it is longer
-/// (the spin in vain, then the sleep and wakeup, which the configured most a window may be is
-/// taken to be worth: the deterministic ski-rental rule spins exactly that long when nothing is
-/// known). Ties go to the shorter window. With no gaps recorded: `cap_us`.
-pub fn choose_window(counts: &[u32], cap_us: u64) -> u64 {
+/// A gap `g` costs a window `w` the spin `g` (its bucket's midpoint) when `g <= w`, and
+/// `w + miss_us` when it is longer (the spin in vain, then the sleep and wakeup). Ties go to
+/// the shorter window. With no gaps
+/// recorded: `miss_us` (the deterministic ski-rental rule, for when nothing is known).
+pub fn choose_window(counts: &[u32], miss_us: u64, cap_us: u64) -> u64 {
     let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
     if total == 0 || counts.len() < 2 {
-        return cap_us;
+        return miss_us.min(cap_us);
     }
     let within = counts.len() - 1;
     let bound = |i: usize| ((i as u64 + 1) * BUCKET_US).min(cap_us);
-    let mut best = (u64::MAX, cap_us);
-    // Candidate windows: none, then each bucket's upper bound.
-    for k in 0..=within {
-        let window = if k == 0 { 0 } else { bound(k - 1) };
-        let mut cost = 0u64;
-        for (i, &c) in counts.iter().enumerate() {
-            let c = u64::from(c);
-            cost += if i < within && bound(i) <= window {
-                c * bound(i)
-            } else {
-                c * (window + cap_us)
-            };
-        }
+    // A caught gap costs its bucket's midpoint (in half microseconds, to stay in integers): the
+    // upper bound would tie a gap just under the miss's worth with not spinning at all.
+    let mid2 = |i: usize| (2 * i as u64 * BUCKET_US + BUCKET_US).min(2 * cap_us);
+    // Window k (0: none, else bucket k - 1's upper bound, increasing in k) catches buckets
+    // 0..k: cost(k) = their spins + every other gap x (window + miss). One pass.
+    let (mut spun2, mut caught) = (0u64, 0u64);
+    let mut best = (total * 2 * miss_us, 0);
+    for k in 1..=within {
+        let c = u64::from(counts[k - 1]);
+        spun2 += c * mid2(k - 1);
+        caught += c;
+        let window = bound(k - 1);
+        let cost = spun2 + (total - caught) * 2 * (window + miss_us);
         if cost < best.0 {
             best = (cost, window);
         }
@@ -102,19 +125,23 @@ pub fn choose_window(counts: &[u32], cap_us: u64) -> u64 {
 struct Gaps {
     counts: Vec<u32>,
     recorded: u32,
+    /// When the window was last chosen (microseconds since `base`).
+    chosen_at_us: u64,
 }
 
 /// Configuration and counters of the spinning reader, shared by a session's workers and the
 /// file system that wants to report them.
 #[derive(Debug)]
 pub struct SpinReader {
-    /// The most a window may be (`--spin-us`), and the value of a sleep and wakeup.
+    /// What a sleep and wakeup is worth (`--spin-us`): the window until one is learned.
     spin: Duration,
-    /// The learned window, in microseconds (at most `spin`).
+    /// The learned window, in microseconds (at most `WINDOW_MAX_FACTOR x spin`).
     window_us: AtomicU64,
     /// Windows whose gap was recorded, and the choices of the window made from them.
     gaps: Mutex<Gaps>,
     learned: AtomicU64,
+    /// Windows opened (every `SAMPLE_EVERY`-th is a sample).
+    opened: AtomicU64,
     /// The clock's origin (`last_added_us` counts from it).
     base: Instant,
     /// When the watcher last added a reader, in microseconds since `base`.
@@ -144,13 +171,15 @@ impl SpinReader {
     /// A reader that spins for up to `spin` after each request (zero: never, and every worker
     /// reads, as upstream).
     pub fn new(spin: Duration) -> Self {
-        let cap_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
+        let miss_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX / 4);
+        let cap_us = miss_us * WINDOW_MAX_FACTOR;
         let buckets = usize::try_from(cap_us.div_ceil(BUCKET_US)).unwrap_or(0) + 1;
         Self {
             spin,
-            window_us: AtomicU64::new(cap_us),
-            gaps: Mutex::new(Gaps { counts: vec![0; buckets], recorded: 0 }),
+            window_us: AtomicU64::new(miss_us),
+            gaps: Mutex::new(Gaps { counts: vec![0; buckets], recorded: 0, chosen_at_us: 0 }),
             learned: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
             base: Instant::now(),
             last_added_us: AtomicU64::new(0),
             spinner: AtomicBool::new(false),
@@ -173,12 +202,19 @@ impl SpinReader {
         u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The most a window may be (`--spin-us`).
+    /// What a sleep and wakeup is worth, in microseconds of spinning (`--spin-us`): the window
+    /// while nothing is known, and half the most it may be.
     pub fn spin(&self) -> Duration {
         self.spin
     }
 
-    /// The window the next spinning worker uses (learned from the gaps, at most `spin`).
+    /// The most the learned window may be, in microseconds.
+    pub fn window_max_us(&self) -> u64 {
+        u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX / 4) * WINDOW_MAX_FACTOR
+    }
+
+    /// The window the next spinning worker uses (learned from the gaps, at most
+    /// `window_max_us`).
     pub fn window(&self) -> Duration {
         Duration::from_micros(self.window_us.load(Ordering::Relaxed))
     }
@@ -188,14 +224,33 @@ impl SpinReader {
         self.learned.load(Ordering::Relaxed)
     }
 
-    /// Records the gap of a window: how long after it opened the next request was read
-    /// (spinning or, after it expired, blocking). Every `LEARN_EVERY` gaps the window is chosen
-    /// again and the counts halved.
+    /// Opens a window: how long to spin, and whether it is a sample (its gap is to be recorded
+    /// with `record_gap`: the time to a request taken while spinning, or a miss as any gap
+    /// longer than the window).
+    pub fn open_window(&self) -> (Duration, bool) {
+        let n = self.opened.fetch_add(1, Ordering::Relaxed);
+        let window = self.window_us.load(Ordering::Relaxed);
+        let max = self.window_max_us();
+        let sample =
+            self.learned.load(Ordering::Relaxed) == 0 || n % SAMPLE_EVERY == 0 || window >= max;
+        (Duration::from_micros(if sample { max } else { window }), sample)
+    }
+
+    /// Records the gap of a sample window: how long after it opened the next request was read
+    /// (a gap longer than `window_max_us`: the window expired). Every `LEARN_EVERY` gaps, or
+    /// `LEARN_AFTER` after the last choice with `LEARN_MIN` gaps, the window is chosen again
+    /// and the counts halved.
     pub fn record_gap(&self, gap: Duration) {
-        let cap_us = u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX);
-        if cap_us == 0 {
+        self.record_gap_at(gap, self.now_us());
+    }
+
+    /// `record_gap` with the clock given: microseconds since the reader was made (tests).
+    pub fn record_gap_at(&self, gap: Duration, now_us: u64) {
+        let miss_us = u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX / 4);
+        if miss_us == 0 {
             return;
         }
+        let cap_us = self.window_max_us();
         let gap_us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
         let mut g = self.gaps.lock().unwrap_or_else(|e| e.into_inner());
         let last = g.counts.len() - 1;
@@ -206,8 +261,10 @@ impl SpinReader {
         };
         g.counts[i] = g.counts[i].saturating_add(1);
         g.recorded += 1;
-        if g.recorded >= LEARN_EVERY {
-            let window = choose_window(&g.counts, cap_us);
+        let due = now_us.saturating_sub(g.chosen_at_us) >= LEARN_AFTER.as_micros() as u64;
+        if g.recorded >= LEARN_EVERY || (g.recorded >= LEARN_MIN && due) {
+            g.chosen_at_us = now_us;
+            let window = choose_window(&g.counts, miss_us, cap_us);
             self.window_us.store(window, Ordering::Relaxed);
             self.learned.fetch_add(1, Ordering::Relaxed);
             for c in &mut g.counts {

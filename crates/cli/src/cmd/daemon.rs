@@ -418,6 +418,7 @@ fn control(
             value["fuse"] = serde_json::json!({
                 "spin_us": spin.spin().as_micros(),
                 "spin_window_us": spin.window().as_micros(),
+                "spin_window_max_us": spin.window_max_us(),
                 "spin_windows_learned": spin.windows_learned(),
                 "spin_hits": spin.hits(),
                 "spin_expired": spin.expired(),

@@ -71,15 +71,17 @@ pub struct MountArgs {
     /// one request for 500 us (a request waiting on the disk), then join in.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: Option<u32>,
-    /// The most microseconds a FUSE worker keeps reading for the next request before it
-    /// sleeps (one worker at a time; 0 = never), and what a sleep and wakeup is taken to cost.
-    /// An application waiting for durability sends its next request soon after each reply:
-    /// taken by a spinning worker it costs no sleep and wakeup, which are most of a short
-    /// request's round trip. The worker learns how soon requests follow replies and spins only
-    /// as long as that pays (ski rental; sqlite WAL commits 1.5-1.8x faster than with a fixed
-    /// 20 us; docs/design.md 14.8): requests 45 us apart get a 50 us window, requests 1 ms
-    /// apart none. The price is at most this much CPU per request, none when the mount is idle.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=10_000), value_name = "US")]
+    /// What a FUSE worker's sleep and wakeup is worth, in microseconds of spinning (0 = never
+    /// spin). An application waiting for durability sends its next request soon after each
+    /// reply: taken by a worker still reading the device it costs no sleep and wakeup, which
+    /// are most of a short request's round trip. After each request one worker keeps reading
+    /// for a window it learns from how soon requests have followed replies - the one that would
+    /// have cost them least, valuing each miss at this, at most twice this (ski rental; sqlite
+    /// WAL commits 1.25-1.5x faster than with a fixed 20 us window; docs/design.md 14.8).
+    /// Requests 40-60 us apart get a 60 us window, requests more than this apart none (but for
+    /// one sample window in 64). The price is at most the window of CPU per request, none when
+    /// the mount is idle.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=1_000), value_name = "US")]
     pub spin_us: u32,
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
     #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]

@@ -234,10 +234,11 @@ fn print_requests(value: &serde_json::Value) {
     let f = &value["fuse"];
     if f["spin_us"].as_u64().unwrap_or(0) > 0 {
         println!(
-            "spinning reader (window {} us learned from the gaps between requests, at most {}): \
-             {} requests taken while spinning, {} windows expired, {} readers added while every \
-             reader was busy",
+            "spinning reader (window {} us learned from the gaps between requests, at most {}; \
+             a miss valued at {} us): {} requests taken while spinning, {} windows expired, {} \
+             readers added while every reader was busy",
             f["spin_window_us"],
+            f["spin_window_max_us"],
             f["spin_us"],
             f["spin_hits"],
             f["spin_expired"],
