@@ -64,8 +64,8 @@ const LINGER: Duration = Duration::from_millis(200);
 /// Width of a gap bucket (and the step of the learned window).
 pub const BUCKET_US: u64 = 5;
 
-/// Gaps recorded between two choices of the window; the counts are halved after each, so a
-/// gap weighs half as much 128 windows later.
+/// Samples recorded between two choices of the window; the counts are halved after each, so a
+/// gap weighs half as much one choice later.
 pub const LEARN_EVERY: u32 = 128;
 
 /// A choice is also made this long after the last one once `LEARN_MIN` samples came in: at one
@@ -91,8 +91,8 @@ pub const WINDOW_MAX_FACTOR: u64 = 2;
 /// microseconds, for `i < counts.len() - 1`; the last bucket holds every gap beyond `cap_us`.
 /// A gap `g` costs a window `w` the spin `g` (its bucket's midpoint) when `g <= w`, and
 /// `w + miss_us` when it is longer (the spin in vain, then the sleep and wakeup). Ties go to
-/// the shorter window. With no gaps
-/// recorded: `miss_us` (the deterministic ski-rental rule, for when nothing is known).
+/// the shorter window. With no gaps recorded: `miss_us` (the deterministic ski-rental rule,
+/// for when nothing is known).
 pub fn choose_window(counts: &[u32], miss_us: u64, cap_us: u64) -> u64 {
     let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
     if total == 0 || counts.len() < 2 {
