@@ -39,7 +39,8 @@ from . import nvstack, workloads
 from . import watch as watch_mod
 from .experiments import Experiment
 from .shell import Shell
-from .util import REPO_DIR, BenchError, dpkg_version, first_line, fmt_size, parse_size, slug, which
+from .util import (REPO_DIR, BenchError, dpkg_version, first_line, fmt_size, parse_size,
+                   process_cpu_seconds, slug, which)
 
 THESIS_MEMORY = 1 << 30
 THESIS_JOURNAL = 256 << 20
@@ -429,9 +430,7 @@ def cpu_snapshot(daemon_pid: int | None) -> dict:
         pass
     if daemon_pid:
         try:
-            stat = Path(f"/proc/{daemon_pid}/stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            out["daemon_s"] = (int(fields[11]) + int(fields[12])) / tick
+            out["daemon_s"] = process_cpu_seconds(daemon_pid)
         except (OSError, ValueError, IndexError):
             pass
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -79,3 +80,22 @@ def dpkg_version(package: str) -> str | None:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "x"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (utime + stime from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unmount_bounded(mnt: Path, limit: float = 30) -> bool:
+    """umount `mnt`, retrying for up to `limit` seconds (a FUSE daemon that just answered may
+    still hold the mount); False if it is still mounted then."""
+    deadline = time.monotonic() + limit
+    while os.path.ismount(mnt):
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -71,8 +71,8 @@ pub const LEARN_EVERY: u32 = 128;
 /// A choice is also made this long after the last one once `LEARN_MIN` samples came in: at one
 /// request a millisecond, 128 samples take 8 s, and a window learned in a burst would spin
 /// through all of them.
-pub const LEARN_AFTER: Duration = Duration::from_secs(1);
-pub const LEARN_MIN: u32 = 8;
+const LEARN_AFTER: Duration = Duration::from_secs(1);
+const LEARN_MIN: u32 = 8;
 
 /// One window in this many is a sample (spins for the most a window may be, and is recorded)
 /// once the window has been chosen: where spinning does not pay, the samples cost at most
@@ -135,10 +135,14 @@ struct Gaps {
 pub struct SpinReader {
     /// What a sleep and wakeup is worth (`--spin-us`): the window until one is learned.
     spin: Duration,
-    /// The learned window, in microseconds (at most `WINDOW_MAX_FACTOR x spin`).
+    /// `spin` in microseconds, and the most a window may be (`WINDOW_MAX_FACTOR x` it).
+    miss_us: u64,
+    cap_us: u64,
+    /// The learned window, in microseconds (at most `cap_us`).
     window_us: AtomicU64,
-    /// Windows whose gap was recorded, and the choices of the window made from them.
+    /// The samples recorded since the last choice.
     gaps: Mutex<Gaps>,
+    /// Choices of the window made.
     learned: AtomicU64,
     /// Windows opened (every `SAMPLE_EVERY`-th is a sample).
     opened: AtomicU64,
@@ -168,14 +172,16 @@ pub struct SpinReader {
 }
 
 impl SpinReader {
-    /// A reader that spins for up to `spin` after each request (zero: never, and every worker
-    /// reads, as upstream).
+    /// A reader that spins after each request for a window learned from the gaps between
+    /// requests, a miss valued at `spin` (zero: never, and every worker reads, as upstream).
     pub fn new(spin: Duration) -> Self {
         let miss_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX / 4);
         let cap_us = miss_us * WINDOW_MAX_FACTOR;
         let buckets = usize::try_from(cap_us.div_ceil(BUCKET_US)).unwrap_or(0) + 1;
         Self {
             spin,
+            miss_us,
+            cap_us,
             window_us: AtomicU64::new(miss_us),
             gaps: Mutex::new(Gaps { counts: vec![0; buckets], recorded: 0, chosen_at_us: 0 }),
             learned: AtomicU64::new(0),
@@ -210,7 +216,7 @@ impl SpinReader {
 
     /// The most the learned window may be, in microseconds.
     pub fn window_max_us(&self) -> u64 {
-        u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX / 4) * WINDOW_MAX_FACTOR
+        self.cap_us
     }
 
     /// The window the next spinning worker uses (learned from the gaps, at most
@@ -230,7 +236,7 @@ impl SpinReader {
     pub fn open_window(&self) -> (Duration, bool) {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
         let window = self.window_us.load(Ordering::Relaxed);
-        let max = self.window_max_us();
+        let max = self.cap_us;
         let sample =
             self.learned.load(Ordering::Relaxed) == 0 || n % SAMPLE_EVERY == 0 || window >= max;
         (Duration::from_micros(if sample { max } else { window }), sample)
@@ -246,11 +252,10 @@ impl SpinReader {
 
     /// `record_gap` with the clock given: microseconds since the reader was made (tests).
     pub fn record_gap_at(&self, gap: Duration, now_us: u64) {
-        let miss_us = u64::try_from(self.spin.as_micros()).unwrap_or(u64::MAX / 4);
+        let (miss_us, cap_us) = (self.miss_us, self.cap_us);
         if miss_us == 0 {
             return;
         }
-        let cap_us = self.window_max_us();
         let gap_us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
         let mut g = self.gaps.lock().unwrap_or_else(|e| e.into_inner());
         let last = g.counts.len() - 1;
