@@ -11,8 +11,9 @@
 //! - [`OverlayRegion`] (`overlay.rs`): a copy-on-write view, to run recovery without writing.
 //!
 //! Write protection of committed pages (journal mode) is part of the trait (`protect`,
-//! `unprotect`, `write_retained`); `trap.rs` traps stray stores into protected `MmapRegion`
-//! pages (a SIGSEGV handler that diverts or fail-stops them).
+//! `unprotect`, `write_retained`: stores into protected pages, which `MmapRegion` makes through
+//! a second, private mapping of its file); `trap.rs` traps stray stores into protected
+//! `MmapRegion` pages (a SIGSEGV handler that diverts or fail-stops them).
 //!
 //! `layout.rs` fixes where the areas of a region live (superblock, state word, root area, undo
 //! log, frame descriptors, frames) and verifies the superblock at open. The formats of the undo

@@ -18,10 +18,17 @@
 //!
 //! Write protection (journal mode): `protect` maps pages `PROT_READ` with `mprotect` and records
 //! them in a bitmap; `write` / `store_u64` refuse (and count) stores that touch a protected page
-//! before they could fault; `write_retained` fills protected pages through the file descriptor
-//! (`pwrite`: the same page cache on tmpfs and disk files, the same persistent memory on DAX),
-//! so they are never mapped writable; a store through a wild pointer faults and is trapped by
-//! `trap.rs` (the mapping is registered there the first time it is protected).
+//! before they could fault; a store through a wild pointer faults and is trapped by `trap.rs`
+//! (the mapping is registered there the first time it is protected). `write_retained` stores
+//! into protected pages through the *writer's mapping*: a second `MAP_SHARED` mapping of the
+//! same file (the same page cache on tmpfs and disk files, the same persistent memory on DAX),
+//! always writable, between two `PROT_NONE` guard pages, made at the first `protect`; its
+//! address never leaves this file. So protected pages are never mapped writable where the rest
+//! of the process reads them, and a retained store costs a `memcpy`, not a system call (the
+//! fallback, if the kernel refuses the second mapping, is `pwrite` on the file). `flush` and
+//! `fence` use the main mapping's addresses for both: a cache-line write-back reaches the same
+//! physical line by either address, and `msync` writes back the file's dirty pages, whichever
+//! mapping dirtied them (docs/design.md 12.6).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -95,6 +102,11 @@ pub struct MmapRegion {
     /// The mapping's entry in the trap registry, made at the first `protect`; `None` inside
     /// when no entry was free (protection then unavailable).
     trap_entry: std::sync::OnceLock<Option<usize>>,
+    /// The writer's mapping (address), made at the first `protect`: a second `MAP_SHARED`
+    /// mapping of the same file, always writable, between two `PROT_NONE` guard pages, through
+    /// which `write_retained` stores into protected pages. `None` inside when the kernel refused
+    /// it (then `write_retained` uses `pwrite`).
+    writer: std::sync::OnceLock<Option<usize>>,
     /// Holds the flock for the lifetime of the mapping.
     file: File,
 }
@@ -227,6 +239,7 @@ impl MmapRegion {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             trap_entry: std::sync::OnceLock::new(),
+            writer: std::sync::OnceLock::new(),
             file,
         })
     }
@@ -259,6 +272,48 @@ impl MmapRegion {
                 self.trap,
             )
         })
+    }
+
+    /// The writer's mapping (see the field), made on first use; `None` if the kernel refused.
+    fn writer(&self) -> Option<*mut u8> {
+        let addr = *self.writer.get_or_init(|| {
+            let len = self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE;
+            let total = (len + 2 * PROTECT_PAGE) as usize;
+            // SAFETY: a fresh anonymous reservation; nothing else refers to it.
+            let reserve = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    total,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if reserve == libc::MAP_FAILED {
+                return None;
+            }
+            // SAFETY: inside the reservation just made (its first and last page stay guards).
+            let at = unsafe { reserve.cast::<u8>().add(PROTECT_PAGE as usize) };
+            // SAFETY: maps our own file over the middle of our own reservation.
+            let mapped = unsafe {
+                libc::mmap(
+                    at.cast(),
+                    self.len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    self.map_flags | libc::MAP_FIXED,
+                    self.file.as_raw_fd(),
+                    0,
+                )
+            };
+            if mapped == libc::MAP_FAILED {
+                // SAFETY: the reservation made above, unused.
+                unsafe { libc::munmap(reserve, total) };
+                return None;
+            }
+            Some(at as usize)
+        });
+        addr.map(|a| a as *mut u8)
     }
 
     fn page_bit(&self, page: u64) -> (&AtomicU64, u64) {
@@ -318,6 +373,17 @@ impl Drop for MmapRegion {
     fn drop(&mut self) {
         if let Some(Some(entry)) = self.trap_entry.get() {
             trap::unregister(*entry);
+        }
+        if let Some(Some(writer)) = self.writer.get() {
+            let len = self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE;
+            // SAFETY: the reservation `writer()` made around the writer's mapping; nothing
+            // refers to it (every access copies).
+            unsafe {
+                libc::munmap(
+                    (*writer - PROTECT_PAGE as usize) as *mut libc::c_void,
+                    (len + 2 * PROTECT_PAGE) as usize,
+                );
+            }
         }
         // SAFETY: unmapping exactly the mapping created in `open`; no references into it remain
         // because every access copies.
@@ -463,6 +529,8 @@ impl Region for MmapRegion {
     fn protect(&self, off: u64, len: u64) {
         check_pages(self.len, off, len);
         assert!(self.trap_entry().is_some(), "protect on a mapping that cannot be protected");
+        // Before any page is protected, so that `write_retained` finds it for every one.
+        self.writer();
         self.protect_calls.fetch_add(1, Ordering::Relaxed);
         if len == 0 {
             return;
@@ -510,7 +578,23 @@ impl Region for MmapRegion {
     fn write_retained(&self, off: u64, data: &[u8]) {
         self.assert_writable();
         check_bounds(self.len, off, data.len() as u64);
-        if self.any_protected(off, data.len() as u64) {
+        let protected = self.any_protected(off, data.len() as u64);
+        if let Some(writer) = self.writer.get().copied().flatten().filter(|_| protected) {
+            let to = (writer + off as usize) as *mut u8;
+            if data.len() == 8 && off % 8 == 0 {
+                // One store of the word (the group commit point, persistence rule 3).
+                let value = u64::from_le_bytes(data.try_into().expect("8 bytes"));
+                // SAFETY: aligned, in bounds (checked), the writer's mapping is writable.
+                #[allow(clippy::cast_ptr_alignment)]
+                unsafe {
+                    (*to.cast::<AtomicU64>()).store(value, Ordering::Release);
+                }
+            } else {
+                // SAFETY: bounds checked; the writer's mapping is writable; no concurrent access
+                // to these bytes (rule 4).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
+            }
+        } else if protected {
             // Through the kernel into the same pages, which stay read-only in the mapping.
             let mut done = 0usize;
             while done < data.len() {
@@ -715,6 +799,15 @@ mod tests {
         region.store_u64(8192, 5);
         assert_eq!(region.counters().trapped_writes, 2);
         assert_eq!(region.read_vec(4090, 20), [vec![0; 6], vec![1; 14]].concat());
+        // Through the writer's mapping: the file holds the bytes at once (the same page cache),
+        // an aligned word too (one atomic store), and a store may span protected pages.
+        region.write_retained(4096 + 4090, &[6; 12]);
+        region.write_retained(4096 + 16, &0x1122_3344_5566_7788_u64.to_le_bytes());
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[8186..8198], &[6; 12]);
+        assert_eq!(region.load_u64(4096 + 16), 0x1122_3344_5566_7788);
+        assert_eq!(&bytes[4112..4120], &0x1122_3344_5566_7788_u64.to_le_bytes());
+        assert_eq!(region.counters().trapped_writes, 2, "retained stores are not stray");
         region.write_retained(8192, b"retained");
         assert_eq!(region.read_vec(8192, 8), b"retained");
         assert!(region.is_protected(8192), "a retained store leaves the page protected");
@@ -727,6 +820,7 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8192..8200], b"retained");
         assert_eq!(&bytes[4096..4104], &[2; 8]);
+        assert_eq!(&bytes[8186..8192], &[6; 6]);
     }
 
     #[test]

@@ -22,7 +22,10 @@
 //!    `MmapRegion` the protected pages are also mapped read-only, so a store that bypasses this
 //!    trait (a wild pointer into the mapping) faults and is trapped by the handler in
 //!    `trap.rs`. `write_retained` is the one way to store into a protected page without opening
-//!    it: the transaction layer fills its retained copies (the group log) with it.
+//!    it (`MmapRegion`: through a second mapping of the file that only it uses): journal mode
+//!    makes every store of its protocol with it - the group log's retained copies and entries,
+//!    the commit word, the group's stores into the pages it covers. An aligned 8-byte
+//!    `write_retained` is one atomic store of the word, like `store_u64` (rule 3).
 //!
 //! Typical use, the undo-log append of `txn`: `write(record)`, `persist(record)`, then
 //! `store_u64(tail, new_tail)`, `persist(tail)`; only then may the snapshotted bytes change.

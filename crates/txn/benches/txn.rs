@@ -10,8 +10,8 @@
 //!
 //! Two access patterns: `same` rewrites the same range in every transaction (the group copies
 //! its pages once); `distinct` writes 4 KiB into a different frame each time, cycling over
-//! 4000 frames (every transaction's page is a first change in its group: a copy, an unprotect,
-//! and groups commit because the log fills up).
+//! 4000 frames (every transaction's page is a first change in its group: a copy, and groups
+//! commit because the log fills up).
 //!
 //! `cargo bench -p nvstack-txn --bench txn` (add `-- --msync-dir DIR` to also measure a region
 //! file on a disk file system in msync mode). Each row runs for about one second.

@@ -5,33 +5,29 @@
 //! The first time a group changes a committed page, the page's committed content becomes a
 //! retained copy in the group log (the paper's copy-on-write of a protected buffer, with the two
 //! copies' roles exchanged because a region page cannot move: the committed version moves to
-//! the log, the live page is changed in place). The page stays write-protected (*sealed*): the
-//! group's stores reach it through the region file (`Region::write_retained`, a `pwrite`),
-//! which costs a system call per store but no `mprotect` and no TLB shootdown. A page that takes
-//! `OPEN_AFTER_STORES` such stores in its group is *opened* (unprotected) for the rest of the
-//! group, so later stores are plain memory stores: ski rental between a `pwrite` per store and
-//! an `mprotect` pair per page (design.md 12.6). A group that commits at every fsync changes each
-//! page once or twice and never opens one; a long group opens its hot pages once. A
-//! transaction's commit is volatile (its changes join the group);
-//! [`Pool::group_commit`](crate::Pool::group_commit) makes the whole group durable at once and
-//! write-protects its opened pages again in one batch.
+//! the log, the live page is changed in place). The page stays write-protected in the mapping
+//! every component reads: the group's stores reach it through the region's writer
+//! (`Region::write_retained`; for `MmapRegion` a second mapping of the file that only that
+//! function uses, design.md 12.6), so no page is ever unprotected while journal mode runs - no
+//! `mprotect`, no TLB shootdown - and a stray store faults on every page, those the running
+//! group changes included. A transaction's commit is volatile (its changes join the group);
+//! [`Pool::group_commit`](crate::Pool::group_commit) makes the whole group durable at once.
 //!
 //! Page states within a group (`GroupState::covered`), and the function for each transition:
 //!
 //! ```text
-//!   protected ──cover() / alloc() (a frame freed in this group)──> logged, sealed (copy in the log)
-//!   protected ──alloc() (a frame free when the group began)──────> fresh, sealed  (no copy needed)
-//!   sealed ──retained_stores() (OPEN_AFTER_STORES stores)────────> open (writable)
-//!   logged, fresh ──commit_group()──> protected   (open ones re-protected in one batch, after
-//!                                                  the commit point)
+//!   committed ──cover() / alloc() (a frame freed in this group)──> logged (copy in the log)
+//!   committed ──alloc() (a frame free when the group began)──────> fresh  (no copy needed)
+//!   logged, fresh ──commit_group()──> committed
 //! ```
 //!
 //! Invariants (numbered as in docs/design.md 12.3; the steps S, A, T, X, G0-G3 are its too):
 //! - J1 a page changes in a group only while it is logged or fresh; a logged page's copy is its
 //!   content at the start of the group and is durable before the page changes (`log_pages`
 //!   fences before it returns, so before any store reaches the page).
-//! - J9 a page of the region is writable in the mapping only while the running group covers it
-//!   and has opened it; every other page, sealed ones included, is protected.
+//! - J9 every page of the region is write-protected in the mapping from `start` to a clean
+//!   close; stores into it go through `write_retained` only, and only to pages the group
+//!   covers (R1) or to the log.
 //! - J6 a frame is fresh only if its descriptor said free when the group began: it was not
 //!   freed by a transaction committed in this group (`freed`), so a rollback of the group
 //!   frees it again and its bytes mean nothing.
@@ -63,13 +59,6 @@ pub const GROUP_BYTES_MAX_DEFAULT: u64 = 32 << 20;
 pub const GROUP_INTERVAL_NS_DEFAULT: u64 = 5_000_000_000;
 /// The fewest log pages a transaction may be granted: root, a descriptor page, two frames.
 pub const CREDIT_MIN: u64 = 4;
-/// Stores a sealed page takes through the region file in its group before the group opens it
-/// (unprotects it until its commit). Ski rental: a `pwrite` of a store costs ~1 us, opening a
-/// page costs an `mprotect` now and its share of one at the group commit (with the TLB
-/// shootdown both imply: several us on this 2-core machine, more with more CPUs), so a page
-/// pays at most about twice the cheaper of the two (1 to 16 measured:
-/// bench/results/journal-sealed/README.md).
-pub const OPEN_AFTER_STORES: u32 = 4;
 
 /// Options of a pool, fixed at open. Only journal mode uses them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -131,15 +120,12 @@ pub struct JournalStats {
     pub bytes_committed: u64,
     /// Whether committed pages are write-protected.
     pub protection: bool,
-    /// Protect batches (one per group commit) and the pages they protected.
+    /// Protect batches and the pages they protected: one, the whole region, at open (no page
+    /// is unprotected again before a clean close, J9).
     pub protect_batches: u64,
     pub pages_protected: u64,
-    /// Unprotect batches (one per step that opened pages) and their pages: a page opens after
-    /// `OPEN_AFTER_STORES` stores through the file in its group.
-    pub unprotect_batches: u64,
-    pub pages_unprotected: u64,
-    /// Stores into sealed pages of the running group, made through the region file
-    /// (`write_retained`) instead of opening the page.
+    /// Stores transactions made into the group's protected pages through the region's writer
+    /// (`write_retained`).
     pub retained_stores: u64,
     /// Stray stores trapped on protected pages (the region's counter).
     pub trapped_writes: u64,
@@ -164,25 +150,6 @@ enum Cover {
     Fresh,
 }
 
-/// A page the running group covers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Covered {
-    cover: Cover,
-    /// Stores it took through the region file while sealed, in this group.
-    retained: u32,
-}
-
-impl Covered {
-    fn sealed(cover: Cover) -> Covered {
-        Covered { cover, retained: 0 }
-    }
-
-    /// Opened (unprotected until the group commits, J9): it took `OPEN_AFTER_STORES` stores.
-    fn open(self) -> bool {
-        self.retained >= OPEN_AFTER_STORES
-    }
-}
-
 #[derive(Debug)]
 struct GroupState {
     generation: u64,
@@ -190,8 +157,8 @@ struct GroupState {
     entries: u64,
     /// Entries reserved by running transactions and not yet used (J7).
     reserved: u64,
-    /// Pages this group may change, by region offset (J1), sealed or open (J9).
-    covered: BTreeMap<u64, Covered>,
+    /// Pages this group may change, by region offset (J1).
+    covered: BTreeMap<u64, Cover>,
     /// Bytes stored by the group's transactions (committed and aborted): persisted at commit.
     dirty: RangeSet,
     /// Frames freed by transactions committed in this group (J6).
@@ -213,8 +180,6 @@ struct Counters {
     bytes: AtomicU64,
     protect_batches: AtomicU64,
     pages_protected: AtomicU64,
-    unprotect_batches: AtomicU64,
-    pages_unprotected: AtomicU64,
     retained_stores: AtomicU64,
 }
 
@@ -231,19 +196,6 @@ pub(crate) struct Journal {
     protect_len: u64,
     state: Mutex<GroupState>,
     counters: Counters,
-}
-
-/// Coalesces sorted page offsets into `(offset, len)` ranges: one protect or unprotect call
-/// per run of adjacent pages (the paper's batch protection).
-fn page_ranges(pages: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for page in pages {
-        match ranges.last_mut() {
-            Some((start, len)) if *start + *len == page => *len += PAGE_SIZE,
-            _ => ranges.push((page, PAGE_SIZE)),
-        }
-    }
-    ranges
 }
 
 /// The pages that sorted, disjoint `[start, end)` ranges touch, sorted and unique.
@@ -381,7 +333,7 @@ impl Journal {
             }
             self.log_pages(&mut s, region, &[page]);
         } else {
-            s.covered.insert(page, Covered::sealed(Cover::Fresh));
+            s.covered.insert(page, Cover::Fresh);
             self.counters.fresh_pages.fetch_add(1, Ordering::Relaxed);
         }
         Ok(frame)
@@ -400,8 +352,7 @@ impl Journal {
     }
 
     /// Appends one batch of copies (step S1): copies and both entry tables stored with
-    /// `write_retained` (the log stays protected), one fence, then the pages are covered
-    /// (sealed: they open only after `OPEN_AFTER_STORES` stores).
+    /// `write_retained` (the log stays protected), one fence, then the pages are covered.
     fn log_pages(&self, s: &mut GroupState, region: &dyn Region, pages: &[u64]) {
         let first = s.entries;
         let n = pages.len() as u64;
@@ -427,65 +378,31 @@ impl Journal {
         s.entries += n;
         s.reserved -= n;
         for &page in pages {
-            s.covered.insert(page, Covered::sealed(Cover::Logged));
+            s.covered.insert(page, Cover::Logged);
         }
         self.counters.records.fetch_add(n, Ordering::Relaxed);
         self.counters.record_bytes.fetch_add(n * (PAGE_SIZE + 2 * ENTRY_SIZE), Ordering::Relaxed);
     }
 
-    /// Transactions stored `count` times into each sealed `page` through the region file: adds
-    /// them to the pages' counts and opens (unprotects) those that reached
-    /// `OPEN_AFTER_STORES`. Every page named must be covered (R1 made the stores legal).
-    pub(crate) fn retained_stores(&self, region: &dyn Region, stores: &BTreeMap<u64, u32>) {
-        if stores.is_empty() {
-            return;
+    /// A transaction stores `len` bytes at `off` into the group's protected pages (R1 made the
+    /// store legal): counted, per page touched.
+    pub(crate) fn count_retained(&self, off: u64, len: u64) {
+        if self.protected && len > 0 {
+            let pages = (off + len - 1) / PAGE_SIZE - off / PAGE_SIZE + 1;
+            self.counters.retained_stores.fetch_add(pages, Ordering::Relaxed);
         }
-        let mut s = self.state.lock().expect("group lock");
-        self.note_retained(&mut s, region, stores);
     }
 
-    fn note_retained(&self, s: &mut GroupState, region: &dyn Region, stores: &BTreeMap<u64, u32>) {
-        // In page order, so `open` is sorted for `unprotect_pages`.
-        let mut open = Vec::new();
-        let mut total = 0u64;
-        for (&page, &count) in stores {
-            let c = s.covered.get_mut(&page).expect("a retained store to a page the group covers");
-            let was_open = c.open();
-            c.retained = c.retained.saturating_add(count);
-            total += u64::from(count);
-            if !was_open && c.open() {
-                open.push(page);
-            }
-        }
-        self.counters.retained_stores.fetch_add(total, Ordering::Relaxed);
-        self.unprotect_pages(region, &open);
-    }
-
-    fn unprotect_pages(&self, region: &dyn Region, pages: &[u64]) {
-        if !self.protected || pages.is_empty() {
-            return;
-        }
-        for (off, len) in page_ranges(pages.iter().copied()) {
-            region.unprotect(off, len);
-        }
-        self.counters.unprotect_batches.fetch_add(1, Ordering::Relaxed);
-        self.counters.pages_unprotected.fetch_add(pages.len() as u64, Ordering::Relaxed);
-    }
-
-    /// A transaction committed: its changes join the group (nothing is persisted), its stores
-    /// through the file count toward opening their pages. Frames it freed are recorded, then
-    /// return to the free list as held (J6, F4).
+    /// A transaction committed: its changes join the group (nothing is persisted). Frames it
+    /// freed are recorded, then return to the free list as held (J6, F4).
     pub(crate) fn commit_tx(
         &self,
-        region: &dyn Region,
         written: &RangeSet,
-        retained: &BTreeMap<u64, u32>,
         freed: &[u64],
         credit_left: u64,
         frames: &Mutex<FreeFrames>,
     ) {
         let mut s = self.state.lock().expect("group lock");
-        self.note_retained(&mut s, region, retained);
         for (start, end) in written.iter() {
             s.dirty.insert(start, end);
             s.bytes += end - start;
@@ -522,7 +439,7 @@ impl Journal {
         free.push_all(&clean);
     }
 
-    /// Protocol step 2 (G1-G3). The caller guarantees that no transaction runs (G0, J4).
+    /// Protocol step 2 (G1-G2). The caller guarantees that no transaction runs (G0, J4).
     pub(crate) fn commit_group(
         &self,
         region: &dyn Region,
@@ -549,28 +466,18 @@ impl Journal {
         if !s.dirty.is_empty() {
             region.fence();
         }
-        let protect: Vec<u64> =
-            s.covered.iter().filter(|(_, c)| c.open()).map(|(&page, _)| page).collect();
         if s.entries > 0 {
             let word = layout.undo_offset + GENERATION_OFFSET;
             // (G2) THE COMMIT POINT: once this store is durable, every entry of the group is
-            // dead and recovery keeps the group. Through the file, so the log's first page stays
-            // read-only: an aligned 8-byte `pwrite` is one store of the word for each way the
-            // region persists (tmpfs: the kernel's copy is not interrupted by a signal; DAX: one
-            // aligned non-temporal store; msync: the page reaches the disk whole at `persist`),
-            // and `SimRegion` models it word-atomic like `store_u64`.
+            // dead and recovery keeps the group. Through the region's writer, so the log's first
+            // page stays read-only: an aligned 8-byte `write_retained` is one store of the word
+            // (`MmapRegion`: one aligned atomic store through its writer's mapping, or one
+            // `pwrite` the kernel copies whole; `SimRegion` models it word-atomic like
+            // `store_u64`).
             region
                 .write_retained(word, &journal::encode_generation(s.generation + 1).to_le_bytes());
             region.persist(word, 8);
             s.generation += 1;
-        }
-        // (G3) the group's opened pages are committed state again: protect them in one batch.
-        if self.protected && !protect.is_empty() {
-            for (off, len) in page_ranges(protect.iter().copied()) {
-                region.protect(off, len);
-            }
-            self.counters.protect_batches.fetch_add(1, Ordering::Relaxed);
-            self.counters.pages_protected.fetch_add(protect.len() as u64, Ordering::Relaxed);
         }
         let c = &self.counters;
         c.group_commits.fetch_add(1, Ordering::Relaxed);
@@ -627,15 +534,14 @@ impl Journal {
             protection: self.protected,
             protect_batches: get(&c.protect_batches),
             pages_protected: get(&c.pages_protected),
-            unprotect_batches: get(&c.unprotect_batches),
-            pages_unprotected: get(&c.pages_unprotected),
             retained_stores: get(&c.retained_stores),
             trapped_writes: region.counters().trapped_writes,
         }
     }
 
     /// The durable log agrees with the running group: its live entries are exactly the logged
-    /// pages, in order; the opened pages are writable, nothing else of the data areas is (J9).
+    /// pages, in order; every page of the data areas and the log's first page are protected
+    /// (J9).
     pub(crate) fn check(&self, region: &dyn Region, layout: &Layout) -> Result<(), String> {
         let s = self.state.lock().expect("group lock");
         let live = journal::read_group(region, layout).map_err(|e| e.to_string())?;
@@ -646,7 +552,7 @@ impl Journal {
             return Err(format!("{} live log entries, {} expected", live.len(), s.entries));
         }
         let logged: BTreeSet<u64> =
-            s.covered.iter().filter(|(_, c)| c.cover == Cover::Logged).map(|(p, _)| *p).collect();
+            s.covered.iter().filter(|(_, c)| **c == Cover::Logged).map(|(p, _)| *p).collect();
         let targets: BTreeSet<u64> = live.iter().map(|e| e.target).collect();
         if logged != targets {
             return Err("the live log entries are not the group's logged pages".into());
@@ -655,9 +561,8 @@ impl Journal {
             let data = (layout.desc_offset..layout.frames_offset + layout.nr_frames * PAGE_SIZE)
                 .step_by(PAGE_SIZE as usize);
             for page in std::iter::once(nvram::layout::ROOT_OFFSET).chain(data) {
-                let open = s.covered.get(&page).is_some_and(|c| c.open());
-                if region.is_protected(page) == open {
-                    return Err(format!("page {page}: protection does not match the group (J9)"));
+                if !region.is_protected(page) {
+                    return Err(format!("page {page} is writable (J9)"));
                 }
             }
             if !region.is_protected(layout.undo_offset) {
@@ -673,12 +578,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn adjacent_pages_make_one_range() {
+    fn pages_of_ranges() {
         let p = PAGE_SIZE;
-        assert_eq!(
-            page_ranges([0, p, 2 * p, 5 * p, 7 * p, 8 * p]),
-            vec![(0, 3 * p), (5 * p, p), (7 * p, 2 * p)]
-        );
         assert_eq!(pages_of(&[(10, 20), (4000, 4200), (9000, 9001)]), vec![0, p, 2 * p]);
     }
 }

@@ -30,7 +30,6 @@
 //! none otherwise); `alloc_frame` covers its frame; `commit` only hands the changes to the
 //! group (no fence: durable at the next group commit); `abort` writes the DRAM copies back.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use nvram::layout::{DESCRIPTOR_SIZE, FRAME_SIZE};
@@ -85,10 +84,6 @@ pub struct Tx<'p> {
     dram_undo: Vec<(u64, Vec<u8>)>,
     /// Journal mode: group log pages this transaction may still use (its credit, J7).
     credit_left: u64,
-    /// Journal mode: stores this transaction made through the region file into sealed pages of
-    /// the group, by page, not yet reported to the group (which opens a page after
-    /// `group::OPEN_AFTER_STORES`).
-    retained: BTreeMap<u64, u32>,
 }
 
 impl<'p> Tx<'p> {
@@ -106,7 +101,6 @@ impl<'p> Tx<'p> {
             freed: Vec::new(),
             dram_undo: Vec::new(),
             credit_left: pool.journal.as_ref().map_or(0, |j| j.credit),
-            retained: BTreeMap::new(),
         }
     }
 
@@ -230,25 +224,12 @@ impl<'p> Tx<'p> {
         self.written.insert(off, off + len);
     }
 
-    /// Journal mode: a store to pages the group covers (R1 checked). Sealed pages are still
-    /// write-protected, so the store goes through the region file and is counted; a page that
-    /// reaches `OPEN_AFTER_STORES` in this transaction is opened at once, the others when the
-    /// transaction reports its counts at commit.
+    /// Journal mode: a store to pages the group covers (R1 checked). They stay write-protected
+    /// (J9), so the store goes through the region's writer (`write_retained`) and is counted.
     fn store_in_group(&mut self, journal: &group::Journal, off: u64, data: &[u8]) {
         let region = &*self.pool.region;
-        let mut open_now = false;
-        for page in group::pages_of(&[(off, off + data.len() as u64)]) {
-            if !region.is_protected(page) {
-                continue;
-            }
-            let count = self.retained.entry(page).or_insert(0);
-            *count += 1;
-            open_now |= *count >= group::OPEN_AFTER_STORES;
-        }
+        journal.count_retained(off, data.len() as u64);
         region.write_retained(off, data);
-        if open_now {
-            journal.retained_stores(region, &std::mem::take(&mut self.retained));
-        }
     }
 
     /// `snapshot` then `write`: the usual way to change bytes.
@@ -305,15 +286,7 @@ impl<'p> Tx<'p> {
         if let Some(journal) = &self.pool.journal {
             // Atomic now, durable at the next group commit. The group learns of the freed
             // frames before they can be handed out again (J6).
-            let retained = std::mem::take(&mut self.retained);
-            journal.commit_tx(
-                &*self.pool.region,
-                &self.written,
-                &retained,
-                &self.freed,
-                self.credit_left,
-                &self.pool.frames,
-            );
+            journal.commit_tx(&self.written, &self.freed, self.credit_left, &self.pool.frames);
             self.pool.counters.undo_bytes_max.fetch_max(self.used, Ordering::Relaxed);
             self.pool.counters.committed.fetch_add(1, Ordering::Relaxed);
             self.stage = Stage::Committed;
@@ -356,7 +329,7 @@ impl<'p> Tx<'p> {
             }
             Consistency::Journal => {
                 // Newest first, like undo rollback (no byte is ever saved twice anyway). Through
-                // the file where the page is still sealed (J9); not counted toward opening it.
+                // the region's writer: the pages stay write-protected (J9).
                 for (off, old) in self.dram_undo.iter().rev() {
                     pool.region.write_retained(*off, old);
                 }

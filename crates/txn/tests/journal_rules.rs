@@ -91,8 +91,8 @@ fn stray_stores_to_committed_pages_are_all_trapped_and_change_nothing() {
         workload.step(&pool);
     }
     pool.group_commit();
-    // A running group with a few committed operations: their pages are writable, the rest is
-    // committed state.
+    // A running group with a few committed operations: the pages it changed are protected like
+    // the rest (J9), so stray stores into them are trapped too.
     for _ in 0..2 {
         workload.step(&pool);
     }
@@ -100,8 +100,9 @@ fn stray_stores_to_committed_pages_are_all_trapped_and_change_nothing() {
         .map(|p| p * PAGE_SIZE)
         .filter(|&p| region.is_protected(p))
         .collect();
-    let open_pages = pool.stats().journal.group_pages;
-    assert!(open_pages > 0 && committed_pages.len() > 40, "{open_pages} open pages");
+    let group_pages = pool.stats().journal.group_pages;
+    assert!(group_pages > 0, "the group changed no page");
+    assert_eq!(committed_pages.len() as u64, region.len() / PAGE_SIZE, "a page is writable");
     let current = region.current();
     let durable = region.crash_image(CrashMode::DropAll);
     let trapped_before = region.counters().trapped_writes;
@@ -156,67 +157,59 @@ fn the_group_log_and_superblock_are_protected_too() {
 }
 
 #[test]
-fn a_sealed_page_opens_after_enough_stores_and_closes_at_the_group_commit() {
+fn a_page_the_group_changes_stays_protected_and_takes_its_stores_through_the_writer() {
+    const STORES: usize = 16;
     let (region, pool) = journal_pool();
-    let n = txn::group::OPEN_AFTER_STORES as usize;
     let mut tx = pool.begin();
     let f = tx.alloc_frame(TAG).unwrap();
     tx.write(pool.frame_offset(f), &[0; 4096]);
     tx.commit();
     pool.group_commit();
     let page = pool.frame_offset(f);
-    let protect_calls = region.counters().protect_calls;
+    let calls = |r: &SimRegion| (r.counters().protect_calls, r.counters().unprotect_calls);
+    let protect_calls = calls(&region);
     let before = pool.stats().journal;
-    // One store per transaction: sealed through OPEN_AFTER_STORES - 1 of them, counted, with
-    // each store visible at once; the group opens the page when the last one commits.
-    for i in 0..n {
-        assert!(region.is_protected(page), "open after {i} stores");
+    // One store per transaction, each visible at once, the page protected throughout (J9):
+    // however often the group changes it, it is never opened.
+    for i in 0..STORES {
         let mut tx = pool.begin();
         tx.update(page + 8 * i as u64, &[i as u8 + 1; 8]).unwrap();
         assert_eq!(pool.read_vec(page + 8 * i as u64, 8), vec![i as u8 + 1; 8]);
+        assert!(region.is_protected(page), "writable after {} stores", i + 1);
         tx.commit();
         pool.check_invariants().unwrap();
     }
-    assert!(!region.is_protected(page), "still sealed after {n} stores");
-    let j = pool.stats().journal;
-    assert_eq!(
-        (
-            j.retained_stores - before.retained_stores,
-            j.pages_unprotected - before.pages_unprotected,
-            j.unprotect_batches - before.unprotect_batches
-        ),
-        (n as u64, 1, 1)
-    );
-    // Open: plain stores, not counted.
+    // A stray store into the page the group is changing is trapped too, and changes nothing.
+    let trapped = region.counters().trapped_writes;
+    region.write(page + 8, &[0xa5; 8]);
+    assert_eq!(region.counters().trapped_writes, trapped + 1);
+    assert_eq!(pool.read_vec(page + 8, 8), vec![2; 8]);
+    // One store spanning two pages counts both (and the new frame's descriptor one).
     let mut tx = pool.begin();
-    tx.update(page + 1024, &[9; 8]).unwrap();
+    let g = tx.alloc_frame(TAG).unwrap();
+    assert_eq!(pool.frame_offset(g), page + PAGE_SIZE, "frames are handed out in order");
+    tx.snapshot(page + PAGE_SIZE - 8, 16).unwrap();
+    tx.write(page + PAGE_SIZE - 8, &[3; 16]);
     tx.commit();
-    assert_eq!(pool.stats().journal.retained_stores, j.retained_stores);
-    pool.group_commit();
-    assert!(region.is_protected(page));
-    assert_eq!(region.counters().protect_calls, protect_calls + 1, "one batch at the commit");
-    // A new group counts from zero; one transaction storing n times opens the page at once.
+    let j = pool.stats().journal;
+    assert_eq!(j.retained_stores - before.retained_stores, STORES as u64 + 1 + 2);
+    // An aborted transaction's bytes are restored through the writer as well.
     let mut tx = pool.begin();
-    for i in 0..n {
-        assert!(region.is_protected(page), "open after {i} stores of one transaction");
-        tx.update(page + 2048 + 8 * i as u64, &[7; 8]).unwrap();
-    }
-    assert!(!region.is_protected(page));
+    tx.update(page + 2048, &[7; 8]).unwrap();
+    assert_eq!(pool.read_vec(page + 2048, 8), vec![7; 8]);
     tx.abort();
-    // The rollback restored the bytes (through the mapping now) and the page stays open.
     assert_eq!(pool.read_vec(page + 2048, 8), vec![0; 8]);
-    assert!(!region.is_protected(page));
     pool.group_commit();
-    assert!(region.is_protected(page));
+    assert!(region.is_protected(page) && region.is_protected(page + PAGE_SIZE));
+    assert_eq!(calls(&region), protect_calls, "no page was unprotected or protected again");
     pool.check_invariants().unwrap();
-    assert_eq!(pool.stats().region.trapped_writes, 0);
     let mut expect = vec![0u8; 4096];
-    for i in 0..n {
+    for i in 0..STORES {
         expect[8 * i..8 * i + 8].fill(i as u8 + 1);
     }
-    expect[1024..1032].fill(9);
+    expect[4088..].fill(3);
     assert_eq!(pool.read_vec(page, 4096), expect);
-    // Everything the stores through the file and the mapping made is in the durable image.
+    // Everything the stores through the writer made is in the durable image.
     let image: Arc<dyn Region> =
         Arc::new(SimRegion::from_image(region.crash_image(CrashMode::DropAll)));
     let (recovered, _) = Pool::open(image, Consistency::Journal).unwrap();
