@@ -31,7 +31,7 @@ pub mod trap;
 
 pub use error::{Area, Error, Result};
 pub use layout::{FormatParams, Layout, RegionState};
-pub use mmap::{MmapOptions, MmapRegion, PersistChoice, is_in_use};
+pub use mmap::{MmapOptions, MmapRegion, PersistChoice, RetainedWrites, is_in_use};
 pub use overlay::OverlayRegion;
 pub use region::{CACHE_LINE, PROTECT_PAGE, PersistMode, Region, RegionCounters, WORD};
 pub use sim::{CrashMode, CrashPoint, FenceHook, SimRegion};

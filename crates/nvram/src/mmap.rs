@@ -68,6 +68,20 @@ pub struct MmapOptions {
     pub unlocked: bool,
     /// What a stray store into a protected page does (`trap.rs`).
     pub trap: TrapPolicy,
+    /// How `write_retained` reaches protected pages.
+    pub retained: RetainedWrites,
+}
+
+/// How `write_retained` stores into protected pages (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RetainedWrites {
+    /// Through the writer's mapping, made at the first `protect` (`pwrite` if the kernel
+    /// refuses it).
+    #[default]
+    Mapping,
+    /// With `pwrite` on the region file: a system call per store (what journal mode did before
+    /// the writer's mapping; kept to measure and test the fallback).
+    Pwrite,
 }
 
 /// How DAX flushes a line: the best instruction the CPU has.
@@ -96,6 +110,7 @@ pub struct MmapRegion {
     /// Flags the mapping was made with (the trap handler maps a diverted page back with them).
     map_flags: libc::c_int,
     trap: TrapPolicy,
+    retained: RetainedWrites,
     /// One bit per page: set while the page is mapped read-only. Changed only with the trap
     /// exclusion held (inside `protect` / `unprotect`).
     protected: Vec<AtomicU64>,
@@ -235,6 +250,7 @@ impl MmapRegion {
             unprotect_calls: AtomicU64::new(0),
             map_flags,
             trap: options.trap,
+            retained: options.retained,
             protected: (0..len.div_ceil(PROTECT_PAGE).div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -277,6 +293,9 @@ impl MmapRegion {
     /// The writer's mapping (see the field), made on first use; `None` if the kernel refused.
     fn writer(&self) -> Option<*mut u8> {
         let addr = *self.writer.get_or_init(|| {
+            if self.retained == RetainedWrites::Pwrite {
+                return None;
+            }
             let len = self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE;
             let total = (len + 2 * PROTECT_PAGE) as usize;
             // SAFETY: a fresh anonymous reservation; nothing else refers to it.
@@ -786,41 +805,54 @@ mod tests {
 
     #[test]
     fn protected_pages_refuse_stores_and_take_retained_ones_through_the_file() {
-        let dir = shm_dir();
-        let path = dir.path().join("r");
-        MmapRegion::create(&path, 4 * 4096).unwrap();
-        let region = MmapRegion::open(&path, MmapOptions::default()).unwrap();
-        assert!(region.protection_supported());
-        region.write(4096, &[1; 4096]);
-        region.protect(4096, 2 * 4096);
-        assert!(region.is_protected(4096) && region.is_protected(8191));
-        assert!(!region.is_protected(0) && !region.is_protected(12288));
-        region.write(4090, &[9; 20]); // straddles into a protected page: refused whole
-        region.store_u64(8192, 5);
-        assert_eq!(region.counters().trapped_writes, 2);
-        assert_eq!(region.read_vec(4090, 20), [vec![0; 6], vec![1; 14]].concat());
-        // Through the writer's mapping: the file holds the bytes at once (the same page cache),
-        // an aligned word too (one atomic store), and a store may span protected pages.
-        region.write_retained(4096 + 4090, &[6; 12]);
-        region.write_retained(4096 + 16, &0x1122_3344_5566_7788_u64.to_le_bytes());
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(&bytes[8186..8198], &[6; 12]);
-        assert_eq!(region.load_u64(4096 + 16), 0x1122_3344_5566_7788);
-        assert_eq!(&bytes[4112..4120], &0x1122_3344_5566_7788_u64.to_le_bytes());
-        assert_eq!(region.counters().trapped_writes, 2, "retained stores are not stray");
-        region.write_retained(8192, b"retained");
-        assert_eq!(region.read_vec(8192, 8), b"retained");
-        assert!(region.is_protected(8192), "a retained store leaves the page protected");
-        region.unprotect(4096, 4096);
-        region.write(4096, &[2; 8]);
-        assert_eq!(region.read_vec(4096, 8), [2; 8]);
-        let counters = region.counters();
-        assert_eq!((counters.protect_calls, counters.unprotect_calls), (1, 1));
-        drop(region);
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(&bytes[8192..8200], b"retained");
-        assert_eq!(&bytes[4096..4104], &[2; 8]);
-        assert_eq!(&bytes[8186..8192], &[6; 6]);
+        // Each way a retained store can go, with each way the region persists.
+        for (persist, retained) in [
+            (PersistChoice::Auto, RetainedWrites::Mapping),
+            (PersistChoice::Auto, RetainedWrites::Pwrite),
+            (PersistChoice::Msync, RetainedWrites::Mapping),
+            (PersistChoice::Msync, RetainedWrites::Pwrite),
+        ] {
+            let case = format!("{persist:?} {retained:?}");
+            let dir = shm_dir();
+            let path = dir.path().join("r");
+            MmapRegion::create(&path, 4 * 4096).unwrap();
+            let options = MmapOptions { persist, retained, ..MmapOptions::default() };
+            let region = MmapRegion::open(&path, options).unwrap();
+            assert!(region.protection_supported());
+            region.write(4096, &[1; 4096]);
+            region.protect(4096, 2 * 4096);
+            let mapped = retained == RetainedWrites::Mapping;
+            assert_eq!(region.writer.get().copied().flatten().is_some(), mapped, "{case}");
+            assert!(region.is_protected(4096) && region.is_protected(8191));
+            assert!(!region.is_protected(0) && !region.is_protected(12288));
+            region.write(4090, &[9; 20]); // straddles into a protected page: refused whole
+            region.store_u64(8192, 5);
+            assert_eq!(region.counters().trapped_writes, 2);
+            assert_eq!(region.read_vec(4090, 20), [vec![0; 6], vec![1; 14]].concat());
+            // The file holds retained bytes at once (the same page cache), an aligned word too
+            // (one atomic store), and a store may span protected pages.
+            region.write_retained(4096 + 4090, &[6; 12]);
+            region.write_retained(4096 + 16, &0x1122_3344_5566_7788_u64.to_le_bytes());
+            region.persist(4096, 2 * 4096);
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(&bytes[8186..8198], &[6; 12], "{case}");
+            assert_eq!(region.load_u64(4096 + 16), 0x1122_3344_5566_7788);
+            assert_eq!(&bytes[4112..4120], &0x1122_3344_5566_7788_u64.to_le_bytes());
+            assert_eq!(region.counters().trapped_writes, 2, "retained stores are not stray");
+            region.write_retained(8192, b"retained");
+            assert_eq!(region.read_vec(8192, 8), b"retained");
+            assert!(region.is_protected(8192), "a retained store leaves the page protected");
+            region.unprotect(4096, 4096);
+            region.write(4096, &[2; 8]);
+            assert_eq!(region.read_vec(4096, 8), [2; 8]);
+            let counters = region.counters();
+            assert_eq!((counters.protect_calls, counters.unprotect_calls), (1, 1));
+            drop(region);
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(&bytes[8192..8200], b"retained", "{case}");
+            assert_eq!(&bytes[4096..4104], &[2; 8]);
+            assert_eq!(&bytes[8186..8192], &[6; 6]);
+        }
     }
 
     #[test]

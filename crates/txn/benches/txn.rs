@@ -6,7 +6,8 @@
 //! (5 s or a full log: never within a row's second when the same pages are rewritten) plus once
 //! at the end of the row, counted in the row; `journal/64` and `journal/1` commit the group
 //! after every 64th and every transaction (an fsync after each: the worst case); `-np` runs
-//! without write protection (what protection costs).
+//! without write protection (what protection costs); `-pw` stores into protected pages with a
+//! `pwrite` each instead of through the region's writer mapping (what that mapping saves).
 //!
 //! Two access patterns: `same` rewrites the same range in every transaction (the group copies
 //! its pages once); `distinct` writes 4 KiB into a different frame each time, cycling over
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvram::{FormatParams, MmapOptions, MmapRegion, PersistChoice, Region};
+use nvram::{FormatParams, MmapOptions, MmapRegion, PersistChoice, Region, RetainedWrites};
 use txn::{Consistency, FrameTag, OpenOptions, Pool};
 
 const SIZES: [u64; 3] = [64, 4096, 65536];
@@ -32,6 +33,8 @@ struct Variant {
     protect: bool,
     /// Group commit after every n transactions (journal mode).
     commit_every: Option<u64>,
+    /// How stores reach protected pages.
+    retained: RetainedWrites,
 }
 
 impl Variant {
@@ -43,16 +46,25 @@ impl Variant {
         if self.consistency == Consistency::Journal && !self.protect {
             name += "-np";
         }
+        if self.retained == RetainedWrites::Pwrite {
+            name += "-pw";
+        }
         name
     }
 }
 
-const UNDO: Variant =
-    Variant { consistency: Consistency::Undo, protect: false, commit_every: None };
-const NONE: Variant =
-    Variant { consistency: Consistency::None, protect: false, commit_every: None };
+const UNDO: Variant = Variant {
+    consistency: Consistency::Undo,
+    protect: false,
+    commit_every: None,
+    retained: RetainedWrites::Mapping,
+};
+const NONE: Variant = Variant { consistency: Consistency::None, ..UNDO };
 const fn journal(protect: bool, commit_every: Option<u64>) -> Variant {
-    Variant { consistency: Consistency::Journal, protect, commit_every }
+    Variant { consistency: Consistency::Journal, protect, commit_every, ..UNDO }
+}
+const fn pwrite(variant: Variant) -> Variant {
+    Variant { retained: RetainedWrites::Pwrite, ..variant }
 }
 
 fn bench(
@@ -65,7 +77,7 @@ fn bench(
     let params = FormatParams { region_size: 64 << 20, undo_slots: 4, undo_slot_size: 1 << 20 };
     let _ = std::fs::remove_file(path);
     MmapRegion::create(path, params.region_size).unwrap();
-    let options = MmapOptions { persist, ..MmapOptions::default() };
+    let options = MmapOptions { persist, retained: variant.retained, ..MmapOptions::default() };
     let region: Arc<dyn Region> = Arc::new(MmapRegion::open(path, options).unwrap());
     Pool::format(&*region, params).unwrap();
     let open = OpenOptions { protect: variant.protect, ..OpenOptions::default() };
@@ -151,13 +163,20 @@ fn main() {
         journal(false, None),
         journal(true, Some(64)),
         journal(true, Some(1)),
+        pwrite(journal(true, Some(1))),
     ];
     for size in SIZES {
         for variant in variants {
             println!("{}", bench(&shm, PersistChoice::Auto, variant, size, false));
         }
     }
-    for variant in [UNDO, journal(true, None), journal(false, None), journal(true, Some(64))] {
+    for variant in [
+        UNDO,
+        journal(true, None),
+        pwrite(journal(true, None)),
+        journal(false, None),
+        journal(true, Some(64)),
+    ] {
         println!("{}", bench(&shm, PersistChoice::Auto, variant, 4096, true));
     }
     if let Some(dir) = msync_dir {
