@@ -20,7 +20,7 @@
 //!
 //! Code map: `undo.rs` (slot and record formats, rollback), `journal.rs` (the group log's
 //! format, its rollback, switching the undo area between formats), `group.rs` (the running
-//! group: page covering, group commit, batch protection), `frames.rs` (descriptor format, free
+//! group: page covering, group commit, protecting the region), `frames.rs` (descriptor format, free
 //! list), `pool.rs` (format, open = recovery, stats, inspect), `tx.rs` (the transaction and its
 //! rules), `ranges.rs` (range sets), `testkit.rs` (the seeded workload the crash tests and the
 //! benchmark drive).
