@@ -117,6 +117,10 @@ pub(crate) struct Slots {
     owners: Vec<Option<ThreadId>>,
     /// A group commit waits for the running transactions to end; `begin` waits for it.
     commit_pending: bool,
+    /// Threads waiting on `slot_released` (changed only under this lock, around each wait):
+    /// a notify is skipped when it is 0, since std's `Condvar::notify_all` is a system call even
+    /// with nobody waiting (one per transaction and per group commit otherwise).
+    waiters: u32,
 }
 
 /// See the module docs.
@@ -244,6 +248,7 @@ impl Pool {
             free: (0..layout.undo_slots).rev().collect(),
             owners: vec![None; layout.undo_slots as usize],
             commit_pending: false,
+            waiters: 0,
         };
         let pool = Pool {
             region,
@@ -287,7 +292,7 @@ impl Pool {
         let mut slots = self.slots.lock().expect("slots lock");
         let slot = loop {
             if slots.commit_pending || slots.free.is_empty() {
-                slots = self.slot_released.wait(slots).expect("slots lock");
+                slots = self.wait_released(slots);
                 continue;
             }
             if let Some(journal) = &self.journal
@@ -323,9 +328,22 @@ impl Pool {
         let mut slots = self.slots.lock().expect("slots lock");
         slots.owners[slot as usize] = None;
         slots.free.push(slot);
+        // Read under the lock: a thread that starts waiting later sees the free slot first.
+        let wake = slots.waiters > 0;
         drop(slots);
         // Both `begin` and a waiting group commit wait on this condition.
-        self.slot_released.notify_all();
+        if wake {
+            self.slot_released.notify_all();
+        }
+    }
+
+    /// Waits on `slot_released`, counted in `waiters` so that notifiers can skip the call
+    /// when nobody waits.
+    fn wait_released<'a>(&self, mut slots: MutexGuard<'a, Slots>) -> MutexGuard<'a, Slots> {
+        slots.waiters += 1;
+        let mut slots = self.slot_released.wait(slots).expect("slots lock");
+        slots.waiters -= 1;
+        slots
     }
 
     /// Journal mode: makes every committed operation durable (protocol step 2 of
@@ -355,11 +373,11 @@ impl Pool {
     ) -> (MutexGuard<'a, Slots>, GroupCommit) {
         let journal = self.journal.as_ref().expect("journal mode");
         while slots.commit_pending {
-            slots = self.slot_released.wait(slots).expect("slots lock");
+            slots = self.wait_released(slots);
         }
         slots.commit_pending = true;
         while slots.free.len() < self.layout.undo_slots as usize {
-            slots = self.slot_released.wait(slots).expect("slots lock");
+            slots = self.wait_released(slots);
         }
         assert!(
             !self.poisoned.load(Ordering::Acquire),
@@ -368,7 +386,9 @@ impl Pool {
         );
         let done = journal.commit_group(&*self.region, &self.layout, &self.frames, forced);
         slots.commit_pending = false;
-        self.slot_released.notify_all();
+        if slots.waiters > 0 {
+            self.slot_released.notify_all();
+        }
         (slots, done)
     }
 

@@ -580,3 +580,70 @@ fn frames_the_group_freed_are_allocated_last_and_released_by_its_commit() {
     assert_eq!(pool.stats().journal.fresh_pages, before.fresh_pages + 1);
     pool.check_invariants().unwrap();
 }
+
+#[test]
+fn threads_waiting_for_slots_and_group_commits_are_all_woken() {
+    // More threads than slots (2), and group commits back to back from another thread: every
+    // `begin` that waits for a slot or a group commit, and every group commit that waits for the
+    // running transactions, must be woken (a notify is skipped only when nobody waits). A lost
+    // wakeup hangs a thread: the watchdog, outside the threads, fails the test instead.
+    const THREADS: u64 = 6;
+    const EACH: u64 = 300;
+    let (_region, pool) = journal_pool();
+    let mut tx = pool.begin();
+    let frames: Vec<u64> =
+        (0..THREADS).map(|_| pool.frame_offset(tx.alloc_frame(TAG).unwrap())).collect();
+    tx.commit();
+    pool.group_commit();
+    let pool = Arc::new(pool);
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = {
+        let pool = pool.clone();
+        let frames = frames.clone();
+        std::thread::spawn(move || {
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let commits = std::thread::scope(|s| {
+                let (pool, stop) = (&*pool, &stop);
+                let committer = s.spawn(move || {
+                    let mut commits = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        pool.group_commit();
+                        commits += 1;
+                        std::thread::yield_now();
+                    }
+                    commits
+                });
+                let writers: Vec<_> = frames
+                    .iter()
+                    .map(|&frame| {
+                        s.spawn(move || {
+                            for i in 0..EACH {
+                                let mut tx = pool.begin();
+                                tx.update(frame + 8 * (i % 512), &i.to_le_bytes()).unwrap();
+                                tx.commit();
+                            }
+                        })
+                    })
+                    .collect();
+                for writer in writers {
+                    writer.join().unwrap();
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                committer.join().unwrap()
+            });
+            done.send(commits).unwrap();
+        })
+    };
+    let commits = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a thread was never woken (lost wakeup)");
+    worker.join().unwrap();
+    assert!(commits > 0);
+    pool.group_commit();
+    for &frame in &frames {
+        let last = EACH - 1;
+        assert_eq!(pool.read_vec(frame + 8 * (last % 512), 8), last.to_le_bytes());
+    }
+    assert_eq!(pool.stats().journal.group_operations, 0);
+    pool.check_invariants().unwrap();
+}
