@@ -597,23 +597,30 @@ impl Region for MmapRegion {
     fn write_retained(&self, off: u64, data: &[u8]) {
         self.assert_writable();
         check_bounds(self.len, off, data.len() as u64);
-        let protected = self.any_protected(off, data.len() as u64);
-        if let Some(writer) = self.writer.get().copied().flatten().filter(|_| protected) {
-            let to = (writer + off as usize) as *mut u8;
+        // Protected pages through the writer's mapping (`None`: the kernel refused it, or
+        // `RetainedWrites::Pwrite`), the others through ours.
+        let base = if self.any_protected(off, data.len() as u64) {
+            self.writer()
+        } else {
+            Some(self.base)
+        };
+        if let Some(base) = base {
+            // SAFETY: in bounds (checked) of a writable mapping as long as the region.
+            let to = unsafe { base.add(off as usize) };
             if data.len() == 8 && off % 8 == 0 {
                 // One store of the word (the group commit point, persistence rule 3).
                 let value = u64::from_le_bytes(data.try_into().expect("8 bytes"));
-                // SAFETY: aligned, in bounds (checked), the writer's mapping is writable.
+                // SAFETY: aligned, in bounds, writable (above).
                 #[allow(clippy::cast_ptr_alignment)]
                 unsafe {
                     (*to.cast::<AtomicU64>()).store(value, Ordering::Release);
                 }
             } else {
-                // SAFETY: bounds checked; the writer's mapping is writable; no concurrent access
-                // to these bytes (rule 4).
+                // SAFETY: in bounds, writable (above); no concurrent access to these bytes
+                // (rule 4).
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
             }
-        } else if protected {
+        } else {
             // Through the kernel into the same pages, which stay read-only in the mapping.
             let mut done = 0usize;
             while done < data.len() {
@@ -639,15 +646,6 @@ impl Region for MmapRegion {
                     panic!("pwrite to the region failed: {}", std::io::Error::last_os_error())
                 });
                 done += n;
-            }
-        } else {
-            // SAFETY: bounds checked; the pages are writable; no concurrent access (rule 4).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    self.base.add(off as usize),
-                    data.len(),
-                );
             }
         }
         self.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -822,7 +820,7 @@ mod tests {
             region.write(4096, &[1; 4096]);
             region.protect(4096, 2 * 4096);
             let mapped = retained == RetainedWrites::Mapping;
-            assert_eq!(region.writer.get().copied().flatten().is_some(), mapped, "{case}");
+            assert_eq!(region.writer().is_some(), mapped, "{case}");
             assert!(region.is_protected(4096) && region.is_protected(8191));
             assert!(!region.is_protected(0) && !region.is_protected(12288));
             region.write(4090, &[9; 20]); // straddles into a protected page: refused whole

@@ -216,20 +216,15 @@ impl<'p> Tx<'p> {
                  (R1: snapshot before modify)"
             );
         }
-        let pool = self.pool;
-        match &pool.journal {
-            Some(journal) => self.store_in_group(journal, off, data),
+        match &self.pool.journal {
+            // The group's pages stay write-protected (J9): through the region's writer, counted.
+            Some(journal) => {
+                journal.count_retained(off, len);
+                self.pool.region.write_retained(off, data);
+            }
             None => self.pool.region.write(off, data),
         }
         self.written.insert(off, off + len);
-    }
-
-    /// Journal mode: a store to pages the group covers (R1 checked). They stay write-protected
-    /// (J9), so the store goes through the region's writer (`write_retained`) and is counted.
-    fn store_in_group(&mut self, journal: &group::Journal, off: u64, data: &[u8]) {
-        let region = &*self.pool.region;
-        journal.count_retained(off, data.len() as u64);
-        region.write_retained(off, data);
     }
 
     /// `snapshot` then `write`: the usual way to change bytes.

@@ -209,7 +209,8 @@ impl SpinReader {
     }
 
     /// What a sleep and wakeup is worth, in microseconds of spinning (`--spin-us`): the window
-    /// while nothing is known, and half the most it may be.
+    /// reported until one is chosen (every window spins for the most until then, as a sample),
+    /// and half the most it may be.
     pub fn spin(&self) -> Duration {
         self.spin
     }
