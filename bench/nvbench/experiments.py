@@ -533,7 +533,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                "Postmark: ext4 alone vs nvstack with its defaults (kernel passthrough for lower "
                "files with nothing in NVRAM) vs nvstack --passthrough off",
                ["ext4-ordered", "nvstack-ext4-defaults", "nvstack-ext4-pt-off", "nvstack-ext4-dio",
-                "nvstack-ext4-dio-wo"],
+                "nvstack-ext4-dio-never"],
                [("fio", w) for w in ("pt-seq-read-4k", "pt-rand-read-4k", "pt-seq-write-4k",
                                      "pt-rand-write-4k", "pt-seq-read-1m", "pt-seq-write-1m")]
                + [("postmark", "fuse-tax")], baseline="ext4-ordered", reps=2, memory="4G",

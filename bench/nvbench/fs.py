@@ -251,8 +251,9 @@ def _nvstack() -> list[FsConfig]:
              "path (FUSE request per IO), as before routes existed"),
             ("dio", ["--direct-io", "nvram"], "temp files bypass the kernel's page cache "
              "(cached once, in NVRAM; one request per write)"),
-            ("dio-wo", ["--direct-io", "write-only"], "opens of temp files that cannot read "
-             "bypass the kernel's page cache")):
+            ("dio-never", ["--direct-io", "never"], "every open of a temp file goes "
+             "through the kernel's page cache (the default until 2026-11-29; since then "
+             "opens that cannot read bypass it)")):
         out.append(FsConfig(
             f"nvstack-ext4-{name}", f"nvstack {' '.join(args)}",
             f"nvstack with its defaults over ext4 data=ordered but {' '.join(args)}: {what}",

@@ -9,6 +9,7 @@ mod common;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -356,6 +357,44 @@ fn with_direct_io_nvram_a_temp_file_takes_one_request_per_write_and_mmap_still_s
     let all = read_all(&mut f);
     assert_eq!(all.len(), 30_000);
     assert_eq!((&all[100..106], &all[200..206]), (&b"mapped"[..], &b"pwrite"[..]));
+}
+
+#[test]
+fn by_default_a_write_only_open_of_a_temp_file_is_direct_io_and_still_removes_set_id_bits() {
+    if common::skip("the route tests") {
+        return;
+    }
+    // The default (--direct-io write-only): a file created for writing only, as mail
+    // delivery, tar and cp make theirs.
+    let m = Mount::new(&[]);
+    let requests = |k: &str| m.stat()["requests"][k].as_u64().unwrap_or(0);
+    let f = OpenOptions::new().write(true).create_new(true).open(m.mnt("msg")).unwrap();
+    let (writes, xattrs) = (requests("write"), requests("getxattr"));
+    for i in 0..3u64 {
+        f.write_all_at(&[b'm'; 10_000], i * 10_000).unwrap();
+    }
+    assert_eq!(requests("write") - writes, 3, "one request per write(2)");
+    assert_eq!(requests("getxattr") - xattrs, 0, "no security.capability query before writing");
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(m.stat()["tempfiles"]["files_resident"].as_u64(), Some(1), "a temp file");
+    assert_eq!(std::fs::read(m.mnt("msg")).unwrap(), vec![b'm'; 30_000]);
+    // On this path the kernel leaves the removal of set-ID bits to nvstack
+    // (FUSE_WRITE_KILL_SUIDGID): a write by a user without CAP_FSETID removes them, and the
+    // next stat shows it.
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(m.mnt("msg"), std::fs::Permissions::from_mode(0o6777)).unwrap();
+    let out = Command::new("sh")
+        .args(["-c", "printf x >> msg"])
+        .current_dir(m.mnt(""))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let meta = std::fs::metadata(m.mnt("msg")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o777, "set-ID bits removed");
+    assert_eq!(meta.len(), 30_001);
 }
 
 #[test]
