@@ -296,8 +296,7 @@ impl MmapRegion {
             if self.retained == RetainedWrites::Pwrite {
                 return None;
             }
-            let len = self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE;
-            let total = (len + 2 * PROTECT_PAGE) as usize;
+            let total = self.writer_reservation();
             // SAFETY: a fresh anonymous reservation; nothing else refers to it.
             let reserve = unsafe {
                 libc::mmap(
@@ -333,6 +332,12 @@ impl MmapRegion {
             Some(at as usize)
         });
         addr.map(|a| a as *mut u8)
+    }
+
+    /// Bytes of the reservation around the writer's mapping: the region rounded up to whole
+    /// pages, and a guard page on each side.
+    fn writer_reservation(&self) -> usize {
+        (self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE + 2 * PROTECT_PAGE) as usize
     }
 
     fn page_bit(&self, page: u64) -> (&AtomicU64, u64) {
@@ -394,13 +399,12 @@ impl Drop for MmapRegion {
             trap::unregister(*entry);
         }
         if let Some(Some(writer)) = self.writer.get() {
-            let len = self.len.div_ceil(PROTECT_PAGE) * PROTECT_PAGE;
             // SAFETY: the reservation `writer()` made around the writer's mapping; nothing
             // refers to it (every access copies).
             unsafe {
                 libc::munmap(
                     (*writer - PROTECT_PAGE as usize) as *mut libc::c_void,
-                    (len + 2 * PROTECT_PAGE) as usize,
+                    self.writer_reservation(),
                 );
             }
         }
