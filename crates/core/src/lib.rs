@@ -28,26 +28,22 @@
 //!   root-area record tying a region to its lower directory), `stats.rs` (counters),
 //!   `error.rs` (typed errors; mapped to errno by the front end in one place).
 
-pub mod binding;
+pub mod base;
 pub mod cache;
 pub mod engine;
-pub mod error;
-pub mod handles;
-pub mod inodes;
 pub mod journal;
-pub mod lowerfs;
 mod ops;
 pub mod overlay;
 pub mod route;
-pub mod slots;
-pub mod stats;
-pub mod sync;
 pub mod tempfs;
 
+pub use base::binding;
+pub use base::counters::Op;
+pub use base::error::{FsError, FsResult};
+pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, Nbw, Reason};
 pub use engine::start::StartError;
-pub use engine::{Engine, EngineConfig, Entry, Failpoints};
-pub use error::{FsError, FsResult};
+pub use engine::stats::Stats;
+pub use engine::{Engine, EngineConfig, Entry};
 pub use journal::JournalConfig;
-pub use stats::{Op, Stats};
 pub use tempfs::{TempConfig, Trigger};

@@ -34,8 +34,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::slots::{Place, SlotList};
-use crate::sync::{Bell, Condvar, Mutex, MutexGuard, Rank};
+use crate::base::slots::{Place, SlotList};
+use crate::base::sync::{Bell, Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
 use policy::{Policy, ZoneTable};
 pub use record::Record;
@@ -219,7 +219,7 @@ pub struct PageCache<N, F> {
     /// Patched pages waiting for an asynchronous fetch, as (file id, page), in elevator
     /// order (rank `Fetches`; bounded: `nbw::MAX_QUEUED`).
     fetches: Mutex<fetchqueue::FetchQueue>,
-    /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::slots`).
+    /// The record frames and their taken slots (rank `RecordSlots`; T6, `crate::base::slots`).
     slots: SlotList,
     /// Cached files keeping their lower file open now (at most `config.held_files`).
     held: Arc<AtomicUsize>,

@@ -35,8 +35,8 @@ use super::policy::Loc;
 use super::record::KIND_PAGE;
 use super::state::{self, CacheState};
 use super::{Nbw, PAGE};
+use crate::base::error::FsResult;
 use crate::engine::Engine;
-use crate::error::FsResult;
 
 /// Queued fetches at most (a limit on the queue; a page not queued stays a patch, as in lazy).
 pub(super) const MAX_QUEUED: usize = 1 << 16;
@@ -185,7 +185,7 @@ impl<L: LowerFs> Engine<L> {
         if base < valid {
             let want = (valid - base).min(PAGE) as usize;
             let io = self.cache_io(cf)?;
-            self.lower.read_full(&io, base, &mut bytes[..want])?;
+            self.base.lower.read_full(&io, base, &mut bytes[..want])?;
             inc(&self.cache.counters.fetches);
         }
         Ok(bytes)
@@ -210,7 +210,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Rung when a patched page is queued for a fetch: the `async-bg` fetcher sleeps on it
     /// while the queue is empty (`sync::Bell`).
-    pub fn fetcher_bell(&self) -> &crate::sync::Bell {
+    pub fn fetcher_bell(&self) -> &crate::base::sync::Bell {
         &self.cache.fetcher_bell
     }
 
@@ -288,7 +288,7 @@ impl<L: LowerFs> Engine<L> {
             seen(&st)
         };
         let mut bytes = self.fetch_below(cf, before.0, page)?;
-        self.fail("nbw.fetched"); // (unlocked: writers of the file go on)
+        self.base.fail("nbw.fetched"); // (unlocked: writers of the file go on)
         let mut st = cf.lock();
         if st.gone || seen(&st) != before {
             return Ok(false);
@@ -297,10 +297,10 @@ impl<L: LowerFs> Engine<L> {
         patch.apply(&mut bytes[..]);
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.id(), index: page };
         let frame = self.patch_tx(&mut st.patch_frames, |pf| {
-            self.atomically(|tx| {
+            self.base.atomically(|tx| {
                 let frame = tx.alloc_frame(tag)?;
-                tx.write(self.pool.frame_offset(frame), &bytes[..]);
-                pf.remove(tx, &self.pool, page)?;
+                tx.write(self.base.pool.frame_offset(frame), &bytes[..]);
+                pf.remove(tx, &self.base.pool, page)?;
                 Ok(frame)
             })
         })?;
@@ -312,7 +312,7 @@ impl<L: LowerFs> Engine<L> {
         meta.version = tick;
         st.patches.remove(&page);
         self.cache.nbw.patch_removed(patch.len());
-        self.fail("nbw.merged");
+        self.base.fail("nbw.merged");
         Ok(true)
     }
 
@@ -360,7 +360,7 @@ impl<L: LowerFs> Engine<L> {
         plans: &[Plan],
         pf: &mut PatchFrames,
     ) -> Result<Vec<FrameId>, txn::TxError> {
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         let mut frames = Vec::with_capacity(plans.len());
         for plan in plans {
             match plan {

@@ -26,11 +26,11 @@ use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
 use super::state::{self, CachedFile, PageMeta};
 use super::{PAGE, Reason};
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult, answer};
+use crate::base::slots;
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
-use crate::error::{FsError, FsResult, answer};
-use crate::slots;
-use crate::stats::Counters;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
@@ -89,9 +89,9 @@ impl<L: LowerFs> Engine<L> {
         if let Some(cf) = self.cache.get(key) {
             return Ok(Some(cf));
         }
-        let attr = self.lower.getattr(node)?;
+        let attr = self.base.lower.getattr(node)?;
         // No durable identity (a file system without file handles): written through.
-        let handle = match self.lower.file_handle(node) {
+        let handle = match self.base.lower.file_handle(node) {
             Ok(h) if !h.is_empty() && h.len() <= MAX_HANDLE => h,
             Ok(_) | Err(lower::Errno(libc::EOPNOTSUPP)) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -120,7 +120,7 @@ impl<L: LowerFs> Engine<L> {
         if let Some(f) = cf.io.get() {
             return Ok(Io::Held(f));
         }
-        let f = self.lower.open(&cf.node, libc::O_RDWR)?;
+        let f = self.base.lower.open(&cf.node, libc::O_RDWR)?;
         if !cf.may_hold() {
             return Ok(Io::Own(f)); // closed after this call (the held files' limit)
         }
@@ -137,7 +137,7 @@ impl<L: LowerFs> Engine<L> {
         if st.extents.is_none() {
             // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
             // (file, page): location-aware policies then work on logical runs.
-            let found = self.cache_io(cf).ok().and_then(|f| self.lower.fiemap(&f).ok());
+            let found = self.cache_io(cf).ok().and_then(|f| self.base.lower.fiemap(&f).ok());
             st.extents = Some(found.unwrap_or_default());
         }
         st.extents.as_deref().unwrap_or_default()
@@ -165,10 +165,10 @@ impl<L: LowerFs> Engine<L> {
         let plans = self.plan_write(cf, &mut st, offset, data)?;
         let unmapped =
             plans.iter().filter(|p| p.is_new() && matches!(p.loc(), Loc::Logical { .. })).count();
-        self.reserve(unmapped as u64)?;
+        self.base.reserve(unmapped as u64)?;
         // Phase 2: NVRAM only.
-        let pool = &self.pool;
-        let now = self.lower.now();
+        let pool = &self.base.pool;
+        let now = self.base.lower.now();
         let mut rec = st.rec.clone();
         rec.size = rec.size.max(end);
         rec.mtime = now;
@@ -197,7 +197,7 @@ impl<L: LowerFs> Engine<L> {
             otx.end(written.map_err(FsError::from))
         })?;
         st.rec = rec;
-        self.space.add(unmapped as u64);
+        self.base.space.add(unmapped as u64);
         self.mirror_write(cf, &mut st, touched, plans, frames, now.0);
         Ok(Some(data.len()))
     }
@@ -311,12 +311,12 @@ impl<L: LowerFs> Engine<L> {
             };
             // The last attempt keeps the lock across the lower read.
             let held = (attempt >= READ_ATTEMPTS).then_some(st);
-            let from_lower = self.lower.read_full(file, offset, &mut buf[..lower])?;
-            Counters::add(&self.counters.lower_bytes_read, from_lower as u64);
+            let from_lower = self.base.lower.read_full(file, offset, &mut buf[..lower])?;
+            Counters::add(&self.base.counters.lower_bytes_read, from_lower as u64);
             let st = if let Some(st) = held {
                 st
             } else {
-                self.fail("cache.read_unlocked"); // (writers and write-back of the file go on)
+                self.base.fail("cache.read_unlocked"); // (writers and write-back of the file go on)
                 let st = cf.lock();
                 if st.gone {
                     return Ok(None);
@@ -358,7 +358,7 @@ impl<L: LowerFs> Engine<L> {
     fn read_nvram(
         &self,
         cf: &Cached<L>,
-        mut st: crate::sync::MutexGuard<'_, state::CacheState>,
+        mut st: crate::base::sync::MutexGuard<'_, state::CacheState>,
         offset: u64,
         buf: &mut [u8],
         from_lower: usize,
@@ -385,10 +385,10 @@ impl<L: LowerFs> Engine<L> {
             // relatime against the cached mtime (the lower file's own is older): the lower
             // file system would update atime on this read.
             st.atime_checked = st.rec.mtime;
-            let a = self.lower.getattr(&cf.node)?;
+            let a = self.base.lower.getattr(&cf.node)?;
             if a.atime <= st.rec.mtime || a.atime <= st.rec.ctime {
                 let set = SetAttr { atime: Some(lower::TimeSet::Now), ..SetAttr::default() };
-                self.lower.setattr(&cf.node, None, &set)?;
+                self.base.lower.setattr(&cf.node, None, &set)?;
             }
         }
         let tick = self.cache.tick();
@@ -406,7 +406,7 @@ impl<L: LowerFs> Engine<L> {
                 patch.apply(&mut whole);
                 out.copy_from_slice(&whole[lo..hi]);
             } else {
-                self.pool.read(self.pool.frame_offset(meta.frame) + lo as u64, out);
+                self.base.pool.read(self.base.pool.frame_offset(meta.frame) + lo as u64, out);
             }
             let t = t.get_or_insert_with(|| self.cache.tables());
             state::accessed(t, c, meta, tick);
@@ -439,7 +439,7 @@ impl<L: LowerFs> Engine<L> {
             if at >= valid {
                 return Ok(None);
             }
-            match self.lower.lseek(file, i64::try_from(at).unwrap_or(i64::MAX), how) {
+            match self.base.lower.lseek(file, i64::try_from(at).unwrap_or(i64::MAX), how) {
                 Ok(x) => Ok(u64::try_from(x).ok()),
                 Err(lower::Errno(libc::ENXIO)) => Ok(None),
                 Err(e) => Err(e.into()),
@@ -503,9 +503,9 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(None);
         }
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         let old = st.rec.size;
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         let first_gone = size.div_ceil(PAGE);
         let mut gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
         // The last page's patch loses what lies at or beyond the new size (P5): rewritten, or
@@ -586,7 +586,7 @@ impl<L: LowerFs> Engine<L> {
             unreserve += u64::from(meta.reserved);
         }
         st.unmapped -= unreserve;
-        self.space.sub(unreserve);
+        self.base.space.sub(unreserve);
     }
 
     /// setattr of a lower regular file with a record: the size in the cache, the rest in the
@@ -606,7 +606,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let rest = SetAttr { size: None, ..*set };
         let attr = if rest == SetAttr::default() {
-            self.lower.getattr(node)?
+            self.base.lower.getattr(node)?
         } else {
             self.ns_setattr(otx, node, file, &rest)?
         };
@@ -628,7 +628,7 @@ impl<L: LowerFs> Engine<L> {
     /// its last reference and the lower file has no links left).
     pub(crate) fn drop_if_deleted(&self, key: (u64, u64)) {
         let Some(cf) = self.cached(key) else { return };
-        match self.lower.getattr(&cf.node) {
+        match self.base.lower.getattr(&cf.node) {
             Ok(a) if a.nlink == 0 => {}
             _ => return,
         }
@@ -645,7 +645,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
         self.patch_tx(patch_frames, |pf| {
-            self.atomically(|tx| {
+            self.base.atomically(|tx| {
                 for (page, meta) in pages.iter() {
                     if !patches.contains_key(page) {
                         tx.free_frame(meta.frame)?;
@@ -675,7 +675,7 @@ impl<L: LowerFs> Engine<L> {
         st.gone = true;
         self.cache.remove(cf);
         // Its record's removal committed: the slot is free again.
-        self.release_slot(&self.cache.slots, cf.record);
+        self.base.release_slot(&self.cache.slots, cf.record);
     }
 
     /// Checks the volatile mirror against itself (tests): every dirty page of every cached
@@ -783,7 +783,7 @@ impl<L: LowerFs> Engine<L> {
         key: (u64, u64),
         f: impl FnOnce() -> FsResult<T>,
     ) -> FsResult<T> {
-        self.group_commit(); // W1: `f` changes the lower file system
+        self.base.group_commit(); // W1: `f` changes the lower file system
         // A limit: a file that writers keep dirtying between its write-back and the stripe
         // gets EAGAIN after a few attempts.
         for _ in 0..8 {

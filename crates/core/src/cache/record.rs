@@ -1,5 +1,5 @@
 //! The persistent form of a cached lower file: its record, in a slot of a record frame (eight
-//! to a frame, `crate::slots`), plus one *dirty page frame* per page that differs from the
+//! to a frame, `crate::base::slots`), plus one *dirty page frame* per page that differs from the
 //! lower file (design.md section 11).
 //!
 //! Frame tags (descriptor kind / owner / index, see `txn::frames`):
@@ -31,7 +31,7 @@ use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
 /// A whole frame holding one record (regions written before records were packed).
 pub const KIND_RECORD: u32 = 0x5043_0001;
-/// A frame of eight records (`crate::slots`).
+/// A frame of eight records (`crate::base::slots`).
 pub const KIND_RECORDS: u32 = 0x5043_0005;
 pub const KIND_PAGE: u32 = 0x5043_0002;
 
@@ -59,7 +59,7 @@ pub const LAYOUT: &[nvram::layout::Field] = &[
 const _: () = {
     assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "cached-file record table");
     assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
-    assert!(RECORD_SIZE <= crate::slots::SLOT_SIZE, "a record fits its slot");
+    assert!(RECORD_SIZE <= crate::base::slots::SLOT_SIZE, "a record fits its slot");
 };
 
 /// The decoded record (see the module docs).

@@ -15,10 +15,10 @@ use super::patchframe::{PatchFrames, Place};
 use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
 use super::state::{self, PageMeta};
+use crate::base::counters::Counters;
+use crate::base::slots;
 use crate::engine::Engine;
 use crate::engine::start::StartError;
-use crate::slots;
-use crate::stats::Counters;
 
 /// One cached file found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]
@@ -120,7 +120,7 @@ impl<L: LowerFs> Engine<L> {
     /// file that no longer exists (deleted while dirty, before its pages were dropped) is
     /// freed with its pages.
     pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
-        let (found, record_frames) = scan_all(&self.pool)?;
+        let (found, record_frames) = scan_all(&self.base.pool)?;
         {
             // T6: every record frame listed with its records' slots; empty ones beyond the
             // one kept as room (a crash can leave several) freed.
@@ -133,8 +133,8 @@ impl<L: LowerFs> Engine<L> {
                 list.add_whole(); // released like any record when its file goes
             }
         }
-        self.free_empty_slots(&self.cache.slots, 1).map_err(StartError::RecordFrames)?;
-        let now = self.lower.now().0;
+        self.base.free_empty_slots(&self.cache.slots, 1).map_err(StartError::RecordFrames)?;
+        let now = self.base.lower.now().0;
         let mut next_serial = 1;
         for Found { record, rec, pages: mut frames, patches } in found {
             let object = record.owner();
@@ -147,21 +147,22 @@ impl<L: LowerFs> Engine<L> {
             }
             let patch_frames = PatchFrames::found(places);
             next_serial = next_serial.max(rec.serial + 1);
-            let node = match self.lower.find_file(&rec.handle, self.max_walk) {
+            let node = match self.base.lower.find_file(&rec.handle, self.base.max_walk) {
                 Ok(node) => node,
                 Err(Errno(libc::ENOENT | libc::ESTALE)) => {
                     // Patched pages share their patch frames: each frame once.
                     let all: std::collections::BTreeSet<FrameId> =
                         frames.values().copied().collect();
-                    self.atomically(|tx| {
-                        all.iter().try_for_each(|f| tx.free_frame(*f))?;
-                        slots::remove(tx, record, record::RECORD_SIZE)
-                    })
-                    .map_err(|error| StartError::DropDeleted {
-                        record: record.describe(),
-                        error,
-                    })?;
-                    self.release_slot(&self.cache.slots, record);
+                    self.base
+                        .atomically(|tx| {
+                            all.iter().try_for_each(|f| tx.free_frame(*f))?;
+                            slots::remove(tx, record, record::RECORD_SIZE)
+                        })
+                        .map_err(|error| StartError::DropDeleted {
+                            record: record.describe(),
+                            error,
+                        })?;
+                    self.base.release_slot(&self.cache.slots, record);
                     Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
                     eprintln!(
                         "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
@@ -173,7 +174,7 @@ impl<L: LowerFs> Engine<L> {
                     return Err(StartError::CachedFile { record: record.describe(), error: e });
                 }
             };
-            let key = self.lower.key(&node);
+            let key = self.base.lower.key(&node);
             let cf = Arc::new(self.cache.new_file(key, record, Arc::new(node), rec));
             if self.cache.get(key).is_some() {
                 return Err(
@@ -185,7 +186,7 @@ impl<L: LowerFs> Engine<L> {
             let extents = self
                 .cache_io(&cf)
                 .ok()
-                .and_then(|f| self.lower.fiemap(&f).ok())
+                .and_then(|f| self.base.lower.fiemap(&f).ok())
                 .unwrap_or_default();
             let mut t = self.cache.tables();
             let mut reserved = 0;
@@ -217,7 +218,7 @@ impl<L: LowerFs> Engine<L> {
             st.patches = patched;
             st.extents = Some(extents);
             st.unmapped = reserved;
-            self.space.add(reserved);
+            self.base.space.add(reserved);
         }
         self.cache.next_serial.store(next_serial, Ordering::Relaxed);
         Ok(())

@@ -15,8 +15,8 @@ use super::patch::Patch;
 use super::patchframe::PatchFrames;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::Record;
-use crate::slots::Place;
-use crate::sync::{Mutex, MutexGuard, Rank};
+use crate::base::slots::Place;
+use crate::base::sync::{Mutex, MutexGuard, Rank};
 
 /// The volatile state of one dirty page.
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +70,7 @@ pub struct CacheState {
 }
 
 /// A lower file with a record in NVRAM. `record` (where its record is: a slot of a record
-/// frame, `crate::slots`) and `key` never change.
+/// frame, `crate::base::slots`) and `key` never change.
 #[derive(Debug)]
 pub struct CachedFile<N, F> {
     pub key: (u64, u64),

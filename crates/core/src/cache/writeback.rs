@@ -36,10 +36,10 @@ use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult};
+use crate::base::slots;
 use crate::engine::Engine;
-use crate::error::{FsError, FsResult};
-use crate::slots;
-use crate::stats::Counters;
 
 /// How long a writer waiting for room sleeps before it looks again whether a round still
 /// runs (a limit on a missed wake-up, not a pace: a freed batch wakes it at once).
@@ -104,7 +104,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Rung when a write leaves the cache above its high watermark (background mode): the
     /// daemon's writer sleeps on it between rounds (`sync::Bell`).
-    pub fn writer_bell(&self) -> &crate::sync::Bell {
+    pub fn writer_bell(&self) -> &crate::base::sync::Bell {
         &self.cache.writer_bell
     }
 
@@ -370,7 +370,7 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         // Record frames left without records are not kept as room after a flush.
-        match self.free_empty_slots(&self.cache.slots, 0) {
+        match self.base.free_empty_slots(&self.cache.slots, 0) {
             Ok(_) => (done, None),
             Err(e) => (done, Some(e)),
         }
@@ -383,7 +383,7 @@ impl<L: LowerFs> Engine<L> {
         if age == 0 || self.cache.pages_dirty() == 0 {
             return Ok(0);
         }
-        let limit = self.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
+        let limit = self.base.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
         let mut old: Vec<(PageKey, Loc)> = Vec::new();
         for cf in self.cache.all() {
             let st = cf.lock();
@@ -418,7 +418,7 @@ impl<L: LowerFs> Engine<L> {
     /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
     fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
         // W1: the pages written are committed state (journal mode; a no-op otherwise).
-        self.group_commit();
+        self.base.group_commit();
         let mut seen = std::collections::HashSet::new();
         let mut written: Vec<Vec<BatchFile<L>>> = Vec::new();
         for batch in batches {
@@ -434,17 +434,17 @@ impl<L: LowerFs> Engine<L> {
         }
         let Some(first) = written.first().and_then(|jobs| jobs.first()) else { return Ok(0) };
         if written.iter().flatten().all(|job| Arc::ptr_eq(&job.cf, &first.cf)) {
-            self.lower.fsync(&*self.cache_io(&first.cf)?, false)?;
+            self.base.lower.fsync(&*self.cache_io(&first.cf)?, false)?;
         } else {
-            self.syncfs_lower()?;
+            self.base.syncfs_lower()?;
         }
         inc(&self.cache.counters.syncs);
-        self.fail("writeback.written");
+        self.base.fail("writeback.written");
         let mut freed = 0;
         for jobs in &written {
             freed += self.commit_batch(jobs)?;
             self.room_freed();
-            self.fail("writeback.freed");
+            self.base.fail("writeback.freed");
             inc(&self.cache.counters.batches);
         }
         Ok(freed)
@@ -487,7 +487,7 @@ impl<L: LowerFs> Engine<L> {
                 if let Some(patch) = st.patches.get(&index) {
                     job.patches.insert(index, patch.clone());
                 } else {
-                    self.pool.read(self.pool.frame_offset(meta.frame), &mut block.0);
+                    self.base.pool.read(self.base.pool.frame_offset(meta.frame), &mut block.0);
                 }
                 job.pages.push((index, meta.loc, meta.version));
                 job.data.push(block);
@@ -505,10 +505,10 @@ impl<L: LowerFs> Engine<L> {
         // Cut what lies beyond `valid` first: those bytes are zero to the application.
         for job in jobs.iter().filter(|job| job.cut) {
             let io = self.cache_io(&job.cf)?;
-            let lower_size = self.lower.getattr(&job.cf.node)?.size;
+            let lower_size = self.base.lower.getattr(&job.cf.node)?.size;
             if lower_size > job.valid {
                 let set = SetAttr { size: Some(job.valid), ..SetAttr::default() };
-                self.lower.setattr(&job.cf.node, Some(&io), &set)?;
+                self.base.lower.setattr(&job.cf.node, Some(&io), &set)?;
             }
         }
         // Every whole page of the batch in ascending location order; runs become one request.
@@ -558,7 +558,7 @@ impl<L: LowerFs> Engine<L> {
                 mtime: Some(TimeSet::At(job.mtime.0, job.mtime.1)),
                 ..SetAttr::default()
             };
-            self.lower.setattr(&job.cf.node, Some(&io), &set)?;
+            self.base.lower.setattr(&job.cf.node, Some(&io), &set)?;
         }
         Ok(())
     }
@@ -578,9 +578,9 @@ impl<L: LowerFs> Engine<L> {
         // (A file past the held files' limit opens it for this request.)
         let own;
         let direct = if cf.may_hold() {
-            cf.direct.get_or_init(|| self.lower.open_direct(&cf.node, true).ok().flatten())
+            cf.direct.get_or_init(|| self.base.lower.open_direct(&cf.node, true).ok().flatten())
         } else {
-            own = self.lower.open_direct(&cf.node, true).ok().flatten();
+            own = self.base.lower.open_direct(&cf.node, true).ok().flatten();
             &own
         };
         let mut done = 0usize;
@@ -588,8 +588,8 @@ impl<L: LowerFs> Engine<L> {
         while done < data.len() {
             let at = offset + done as u64;
             let result = match direct {
-                Some(d) if use_direct => self.lower.write(d, at, &data[done..]),
-                _ => self.lower.write(&*self.cache_io(cf)?, at, &data[done..]),
+                Some(d) if use_direct => self.base.lower.write(d, at, &data[done..]),
+                _ => self.base.lower.write(&*self.cache_io(cf)?, at, &data[done..]),
             };
             match result {
                 Ok(0) => return Err(Errno(libc::EIO).into()),
@@ -600,7 +600,7 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         let c = &self.cache.counters;
-        Counters::add(&self.counters.lower_bytes_written, data.len() as u64);
+        Counters::add(&self.base.counters.lower_bytes_written, data.len() as u64);
         inc(&c.requests);
         Counters::add(&c.pages_written, run as u64);
         for &(index, _, _) in &job.pages[p..p + run] {
@@ -635,13 +635,13 @@ impl<L: LowerFs> Engine<L> {
             let mut done = 0;
             while done < n {
                 let at = index * PAGE + (o + done) as u64;
-                match self.lower.write(&io, at, &piece[done..])? {
+                match self.base.lower.write(&io, at, &piece[done..])? {
                     0 => return Err(Errno(libc::EIO).into()),
                     k => done += k,
                 }
             }
             inc(&c.requests);
-            Counters::add(&self.counters.lower_bytes_written, n as u64);
+            Counters::add(&self.base.counters.lower_bytes_written, n as u64);
         }
         inc(&c.pages_written);
         inc(&self.cache.nbw.fetches_on_writeback);
@@ -661,7 +661,7 @@ impl<L: LowerFs> Engine<L> {
         for st in &mut states {
             st.patch_frames.begin();
         }
-        let plans = self.atomically(|tx| {
+        let plans = self.base.atomically(|tx| {
             let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
             for (job, st) in jobs.iter().zip(states.iter_mut()) {
                 if st.gone {
@@ -682,7 +682,7 @@ impl<L: LowerFs> Engine<L> {
                         && below(index)
                     {
                         if patches.contains_key(&index) {
-                            patch_frames.remove(tx, &self.pool, index)?;
+                            patch_frames.remove(tx, &self.base.pool, index)?;
                         } else {
                             tx.free_frame(meta.frame)?;
                         }

@@ -13,34 +13,25 @@
 //! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
 //! order: `sync.rs`.
 
-pub mod durability;
-pub mod optx;
-pub mod records;
+mod durability;
 pub mod routing;
-pub mod space;
 pub mod start;
+pub mod stats;
 
 use std::sync::{Arc, OnceLock};
 
-use lower::{Attr, LowerFs, TimeSet};
+use lower::{Attr, LowerFs};
 use txn::Pool;
 
+use crate::base::counters::Op;
+use crate::base::error::{FsError, FsResult, answer};
+use crate::base::handles::{Handle, HandleTable};
+use crate::base::inodes::{Identity, Inode, InodeTable, ROOT_ID, TEMP_BASE};
+use crate::base::sync::Mutex;
+use crate::base::{Base, Failpoints, OpTx};
 use crate::cache::{CacheConfig, PageCache};
-use crate::error::{FsError, FsResult, answer};
-use crate::handles::{Handle, HandleTable};
-use crate::inodes::{Identity, Inode, InodeTable, ROOT_ID, TEMP_BASE};
-use crate::lowerfs::Lower;
 use crate::overlay::{DirKey, Listed, Overlay};
-use crate::stats::Counters;
-use crate::sync::Mutex;
 use crate::tempfs::{TempConfig, TempFile, TempState, TempStore, data};
-use space::Space;
-
-/// A test hook: called with the name of each persistence step of the temp-file protocols
-/// (e.g. `transform.copied`), so that process-level tests can kill the daemon exactly there.
-pub trait Failpoints: Send + Sync + std::fmt::Debug {
-    fn hit(&self, point: &'static str);
-}
 
 /// Limits and knobs of an engine, fixed at mount.
 #[derive(Clone, Debug)]
@@ -131,16 +122,10 @@ pub enum Open<L: LowerFs> {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Engine<L: LowerFs> {
-    /// The lower file system, reached only through its facade.
-    pub(crate) lower: Lower<L>,
-    pub(crate) pool: Pool,
+    /// The services every mechanism borrows: the lower facade, the pool, counters, space.
+    pub(crate) base: Base<L>,
     pub(crate) inodes: InodeTable<Obj<L::Node>>,
     pub(crate) handles: HandleTable<Open<L>>,
-    pub(crate) counters: Counters,
-    /// Lower-FS space reserved for data that lives only in NVRAM.
-    pub(crate) space: Space,
-    /// What the lower file system has not made durable yet (fsync answers from it).
-    pub(crate) durability: durability::Durability,
     /// The metadata journal: lower namespace and attribute changes durable in NVRAM.
     pub(crate) journal: crate::journal::Journal,
     /// The temp-file store's knobs, counters and LRU clock.
@@ -148,10 +133,6 @@ pub struct Engine<L: LowerFs> {
     /// What NVRAM adds to the lower namespace (rank `Overlay`).
     pub(crate) overlay: Mutex<Overlay<L::Node>>,
     pub(crate) cache: PageCache<L::Node, L::File>,
-    /// The lower root's device: temp files live on it only.
-    pub(crate) root_dev: u64,
-    pub(crate) max_walk: usize,
-    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) xattrs: bool,
     /// The route of each open file (NVRAM path or passthrough) and the route profile.
     pub(crate) routes: crate::route::Routes,
@@ -175,10 +156,29 @@ pub(crate) fn stale(id: u64) -> FsError {
 }
 
 impl<L: LowerFs> Engine<L> {
-    pub(crate) fn fail(&self, point: &'static str) {
-        if let Some(f) = &self.failpoints {
-            f.hit(point);
-        }
+    /// Runs one operation: counted, inside a transaction (begun on first use) that commits if
+    /// `f` succeeds and aborts (rolling back its NVRAM changes) if it fails.
+    pub(crate) fn op<T>(
+        &self,
+        op: Op,
+        f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>,
+    ) -> FsResult<T> {
+        let result = self.attempt(f);
+        self.base.counters.request(op, result.is_ok());
+        result
+    }
+
+    /// One attempt of an operation, as `op` runs it but not counted: for a caller that may try
+    /// again (a write that found NVRAM full) and counts the request once, with the answer the
+    /// kernel gets.
+    pub(crate) fn attempt<T>(&self, f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>) -> FsResult<T> {
+        // The transaction begins at the first change of NVRAM state: an operation that only
+        // passes through to the lower file system holds no undo slot while it waits for it.
+        let mut otx = OpTx::new(&self.base.pool);
+        let result = f(&mut otx);
+        let result = otx.end(result);
+        self.checkpoint_if_full();
+        result
     }
 
     pub(crate) fn inode(&self, id: u64) -> FsResult<Arc<Inode<Obj<L::Node>>>> {
@@ -216,7 +216,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub(crate) fn entry_of(&self, node: Arc<L::Node>, attr: Attr) -> Entry {
-        let key = self.lower.key(&node);
+        let key = self.base.lower.key(&node);
         let node_id = self.inodes.remember(Obj::Lower(node), Identity::lower(key));
         Entry { node_id, attr: self.shown_attr(key, attr) }
     }
@@ -242,7 +242,7 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn temp_attr(&self, f: &TempFile, st: &TempState) -> Attr {
         let r = &st.rec;
         Attr {
-            dev: self.root_dev,
+            dev: self.base.root_dev,
             ino: TEMP_BASE + f.serial,
             size: r.size,
             blocks: st.pages.len() as u64 * (data::PAGE / 512),
@@ -258,15 +258,8 @@ impl<L: LowerFs> Engine<L> {
         }
     }
 
-    pub(crate) fn time(&self, t: TimeSet) -> (i64, u32) {
-        match t {
-            TimeSet::Now => self.lower.now(),
-            TimeSet::At(s, ns) => (s, ns),
-        }
-    }
-
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.base.pool
     }
 
     pub(crate) fn register(&self, node_id: u64, file: Open<L>) -> FsResult<u64> {
@@ -286,7 +279,7 @@ impl<L: LowerFs> Engine<L> {
                 let Obj::Lower(node) = self.obj(h.node_id)? else {
                     return Err(stale(h.node_id));
                 };
-                let file = self.lower.open(&node, *flags)?;
+                let file = self.base.lower.open(&node, *flags)?;
                 // Two threads may race here; the loser's descriptor is simply closed.
                 let _ = lower.set(file);
                 Ok(lower.get().expect("set above"))
@@ -303,7 +296,7 @@ impl<L: LowerFs> Engine<L> {
             Open::Lower { key, regular: true, .. } => Via::Direct(*key),
             Open::Lower { .. } | Open::Dir { .. } => Via::Plain,
             Open::Temp { .. } => match self.obj(h.node_id)? {
-                Obj::Lower(n) => Via::Cache(self.lower.key(&n)),
+                Obj::Lower(n) => Via::Cache(self.base.lower.key(&n)),
                 Obj::Temp(_) => Via::Plain,
             },
         })

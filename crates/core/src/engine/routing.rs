@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use lower::LowerFs;
 use txn::FrameTag;
 
-use super::optx::OpTx;
 use super::{Engine, Obj, Open};
-use crate::error::FsResult;
+use crate::base::OpTx;
+use crate::base::error::FsResult;
 use crate::route::profile::{KIND_PROFILE, Profile};
 use crate::route::{Keep, Route, Signal};
 
@@ -58,7 +58,7 @@ impl<L: LowerFs> Engine<L> {
     fn in_profile(&self, node: &L::Node, key: (u64, u64)) -> bool {
         match self.routes.learned_key(key) {
             Some(known) => known,
-            None => match self.lower.file_handle(node) {
+            None => match self.base.lower.file_handle(node) {
                 Ok(handle) => self.routes.profile_has(key, &handle),
                 Err(_) => false,
             },
@@ -74,15 +74,15 @@ impl<L: LowerFs> Engine<L> {
             return;
         }
         let Ok(Obj::Lower(node)) = self.obj(node_id) else { return };
-        let key = self.lower.key(&node);
+        let key = self.base.lower.key(&node);
         if self.routes.learned_key(key) == Some(true) || otx.is_running() {
             return;
         }
-        let Ok(handle) = self.lower.file_handle(&node) else { return };
+        let Ok(handle) = self.base.lower.file_handle(&node) else { return };
         if handle.is_empty() {
             return;
         }
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         otx.tx(); // begun before the profile's lock (rank order)
         let learned = self.routes.learn(key, &handle, why, |frame, p: &Profile| {
             let written = (|| -> FsResult<txn::FrameId> {
@@ -112,7 +112,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn backing_fd(&self, fh: u64) -> Option<std::os::fd::OwnedFd> {
         let h = self.handles.get(fh)?;
         let Open::Lower { file, passthrough: true, .. } = &h.file else { return None };
-        let fd: BorrowedFd<'_> = self.lower.backing_fd(file)?;
+        let fd: BorrowedFd<'_> = self.base.lower.backing_fd(file)?;
         fd.try_clone_to_owned().ok()
     }
 

@@ -11,18 +11,15 @@ use std::sync::Arc;
 use lower::LowerFs;
 use txn::{Pool, TxError};
 
-use super::durability::Durability;
-use super::space::Space;
 use super::{Engine, EngineConfig, Obj};
+use crate::base::Base;
+use crate::base::error::FsError;
+use crate::base::handles::HandleTable;
+use crate::base::inodes::{Identity, InodeTable};
+use crate::base::sync::{Mutex, Rank};
 use crate::cache::{PageCache, Reason};
-use crate::error::FsError;
-use crate::handles::HandleTable;
-use crate::inodes::{Identity, InodeTable};
 use crate::journal::Journal;
-use crate::lowerfs::Lower;
 use crate::overlay::Overlay;
-use crate::stats::Counters;
-use crate::sync::{Mutex, Rank};
 use crate::tempfs::{TempStore, Trigger};
 
 /// Why an engine could not start over its region.
@@ -100,27 +97,20 @@ impl<L: LowerFs> Engine<L> {
         let engine = Engine {
             inodes: InodeTable::new(Obj::Lower(Arc::new(root)), Identity::lower(root_key)),
             handles: HandleTable::new(config.max_handles),
-            counters: Counters::default(),
-            space: Space::default(),
-            durability: Durability::default(),
             journal: Journal::new(journal_on, config.journal, frames),
             temp: TempStore::new(config.temp),
             overlay: Mutex::new(Rank::Overlay, Overlay::default()),
             cache: PageCache::new(config.cache, policy),
-            root_dev: root_key.0,
-            max_walk: config.max_walk,
-            failpoints: config.failpoints,
             xattrs: config.xattrs,
             routes: crate::route::Routes::new(config.passthrough),
-            lower: Lower::new(lower),
-            pool,
+            base: Base::new(lower, pool, config.failpoints, config.max_walk),
         };
         // First: records of the other subsystems may name objects replay makes again.
         engine.replay_journal(marker.unwrap_or(0))?;
         engine.rebuild_tempfiles()?;
         engine.rebuild_dir_times()?;
         engine.rebuild_cache()?;
-        engine.routes.load(crate::route::profile::scan(&engine.pool)?);
+        engine.routes.load(crate::route::profile::scan(&engine.base.pool)?);
         if !engine.temp.config.enabled {
             engine.transform_all(Trigger::Unmount, &mut |_, _| {});
         }
@@ -130,7 +120,7 @@ impl<L: LowerFs> Engine<L> {
             return Err(StartError::Flush(e));
         }
         // D1 (durability.rs): what reached the lower file system before this start is durable.
-        engine.syncfs_lower().map_err(StartError::Settle)?;
+        engine.base.syncfs_lower().map_err(StartError::Settle)?;
         Ok(engine)
     }
 
@@ -151,10 +141,10 @@ impl<L: LowerFs> Engine<L> {
         {
             eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
         }
-        let Engine { pool, inodes, handles, overlay, .. } = self;
+        let Engine { base, inodes, handles, overlay, .. } = self;
         drop(handles);
         drop(inodes);
         drop(overlay);
-        pool.close();
+        base.pool.close();
     }
 }

@@ -24,10 +24,10 @@ use txn::{FrameId, TxError};
 
 use super::Pending;
 use super::record::{Place, SLOT_SIZE, slot_offset};
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult};
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
-use crate::error::{FsError, FsResult};
-use crate::stats::Counters;
 
 /// Frames freed per transaction at most (a freed frame costs its descriptor's undo record, a
 /// frame whose records are zeroed instead up to its 4 KiB: fewer when a transaction cannot
@@ -58,7 +58,7 @@ impl<L: LowerFs> Engine<L> {
         if why == Why::Size && !self.journal.full() {
             return Ok(0);
         }
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         let (listed, idle): (Vec<(u64, Place)>, Vec<FrameId>) = {
             let pending = self.journal.pending.lock();
             let idle = pending.frames.iter().filter(|(_, u)| u.records == 0).map(|(&f, _)| f);
@@ -68,8 +68,8 @@ impl<L: LowerFs> Engine<L> {
             return Ok(0);
         }
         if !listed.is_empty() {
-            self.syncfs_lower()?;
-            self.fail("checkpoint.synced");
+            self.base.syncfs_lower()?;
+            self.base.fail("checkpoint.synced");
         }
         let mut by_frame: BTreeMap<FrameId, Vec<(u64, Place)>> =
             idle.into_iter().map(|f| (f, Vec::new())).collect();
@@ -92,18 +92,18 @@ impl<L: LowerFs> Engine<L> {
             }
         }
 
-        self.fail("checkpoint.freed");
+        self.base.fail("checkpoint.freed");
         let c = &self.journal.counters;
         Counters::add(&c.checkpoints, 1);
         let nanos = |t: (i64, u32)| i128::from(t.0) * 1_000_000_000 + i128::from(t.1);
-        let ms = (nanos(self.lower.now()) - nanos(now)).max(0) / 1_000_000;
+        let ms = (nanos(self.base.lower.now()) - nanos(now)).max(0) / 1_000_000;
         Counters::add(&c.checkpoint_ms_total, u64::try_from(ms).unwrap_or(u64::MAX));
         Ok(listed.len() as u64)
     }
 
     /// Step (3) for the frames of `batch` and their listed records, in one transaction.
     fn free_batch(&self, batch: &[(FrameId, Vec<(u64, Place)>)], now: (i64, u32)) -> FsResult<()> {
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         // Begun before the journal's lock (short: held while the batch is planned, written
         // and committed, so no record is packed into a frame being freed).
         let mut otx = OpTx::new(pool);
@@ -172,15 +172,15 @@ impl<L: LowerFs> Engine<L> {
     /// checkpoint when the oldest record may be older than `--checkpoint-interval`, and the
     /// write-back of pages older than `--max-dirty-age`.
     pub fn tick(&self) -> FsResult<()> {
-        let (secs, nanos) = self.lower.now();
+        let (secs, nanos) = self.base.lower.now();
         let now_ns = u64::try_from(secs).unwrap_or(0) * 1_000_000_000 + u64::from(nanos);
-        if self.pool.group_due(now_ns) {
-            self.group_commit();
+        if self.base.pool.group_due(now_ns) {
+            self.base.group_commit();
         }
         let interval = self.journal.config.interval_secs;
         if interval > 0 && !self.journal.is_empty() {
             let oldest = self.journal.oldest_at.load(Ordering::Relaxed);
-            let age = self.lower.now().0.saturating_sub(oldest);
+            let age = self.base.lower.now().0.saturating_sub(oldest);
             if u64::try_from(age).unwrap_or(u64::MAX) >= interval {
                 self.checkpoint(Why::Interval)?;
             }

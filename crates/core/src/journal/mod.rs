@@ -43,11 +43,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use lower::{Attr, Creds, LowerFs, SetAttr};
 use txn::{FrameId, FrameTag, TxError};
 
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult};
+use crate::base::sync::{Mutex, Rank};
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
-use crate::error::{FsError, FsResult};
-use crate::stats::Counters;
-use crate::sync::{Mutex, Rank};
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
@@ -368,7 +368,7 @@ impl Journal {
 impl<L: LowerFs> Engine<L> {
     /// The durable identity of a lower object in records (`LowerFs::file_handle`).
     fn object_handle(&self, node: &L::Node) -> FsResult<Vec<u8>> {
-        Ok(self.lower.file_handle(node)?)
+        Ok(self.base.lower.file_handle(node)?)
     }
 
     /// Steps 2-4 of the protocol (module docs) for a change already applied to the lower file
@@ -405,7 +405,7 @@ impl<L: LowerFs> Engine<L> {
         assert!(!otx.is_running(), "a journaled change inside a running transaction");
         let unjournaled = || {
             for &key in touched {
-                self.unsynced(key);
+                self.base.unsynced(key);
             }
         };
         if !self.journal.enabled {
@@ -422,7 +422,7 @@ impl<L: LowerFs> Engine<L> {
             }
         };
         let slots = redo.slots();
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         // The transaction first (beginning may wait for an undo slot), then the journal's lock
         // (short): the record is packed, committed and listed under it, so no other record
         // takes its slots and a checkpoint never sees a frame with a record half written.
@@ -451,7 +451,7 @@ impl<L: LowerFs> Engine<L> {
                 otx.end(Ok(()))?;
                 pending.placed(place, room);
                 if pending.records.is_empty() {
-                    self.journal.oldest_at.store(self.lower.now().0, Ordering::Relaxed);
+                    self.journal.oldest_at.store(self.base.lower.now().0, Ordering::Relaxed);
                 }
                 pending.records.insert(redo.seq, place);
                 for h in [&redo.dir1, &redo.dir2, &redo.object, &redo.other] {
@@ -470,7 +470,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 drop(pending);
                 Counters::add(&self.journal.counters.records_total, 1);
-                self.fail("journal.committed");
+                self.base.fail("journal.committed");
                 self.mark_applied();
             }
             Err(TxError::NoFrames) => {
@@ -494,9 +494,12 @@ impl<L: LowerFs> Engine<L> {
     /// applied since the last marker (one per thread in flight) are judged by state.
     fn mark_applied(&self) {
         let upto = self.journal.next_seq.load(Ordering::Relaxed) - 1;
-        if let Err(e) =
-            self.lower.setxattr(self.lower.root(), OsStr::new(MARKER), &upto.to_le_bytes(), 0)
-        {
+        if let Err(e) = self.base.lower.setxattr(
+            self.base.lower.root(),
+            OsStr::new(MARKER),
+            &upto.to_le_bytes(),
+            0,
+        ) {
             // Replay would still be right for the change itself, but could judge more than
             // one change by state: make everything durable now instead.
             eprintln!("nvstack: setting the journal marker failed ({e}): checkpointing");
@@ -535,9 +538,9 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         rdev: u64,
     ) -> FsResult<(L::Node, Attr)> {
-        self.group_commit(); // W1
-        let (node, attr) = self.lower.mknod(creds, parent, name, mode, rdev)?;
-        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.base.group_commit(); // W1
+        let (node, attr) = self.base.lower.mknod(creds, parent, name, mode, rdev)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Mknod, parent, name, &node, &attr))?;
         Ok((node, attr))
     }
@@ -550,9 +553,9 @@ impl<L: LowerFs> Engine<L> {
         name: &OsStr,
         mode: u32,
     ) -> FsResult<(L::Node, Attr)> {
-        self.group_commit(); // W1
-        let (node, attr) = self.lower.mkdir(creds, parent, name, mode)?;
-        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.base.group_commit(); // W1
+        let (node, attr) = self.base.lower.mkdir(creds, parent, name, mode)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Mkdir, parent, name, &node, &attr))?;
         Ok((node, attr))
     }
@@ -565,9 +568,9 @@ impl<L: LowerFs> Engine<L> {
         name: &OsStr,
         target: &OsStr,
     ) -> FsResult<(L::Node, Attr)> {
-        self.group_commit(); // W1
-        let (node, attr) = self.lower.symlink(creds, parent, name, target)?;
-        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.base.group_commit(); // W1
+        let (node, attr) = self.base.lower.symlink(creds, parent, name, target)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
         self.journaled(otx, &touched, || {
             let mut redo = self.creation(Op::Symlink, parent, name, &node, &attr)?;
             redo.payload = std::os::unix::ffi::OsStrExt::as_bytes(target).to_vec();
@@ -586,9 +589,9 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         flags: i32,
     ) -> FsResult<(L::Node, Attr, L::File)> {
-        self.group_commit(); // W1
-        let (node, attr, file) = self.lower.create(creds, parent, name, mode, flags)?;
-        let touched = [self.lower.key(parent), self.lower.key(&node)];
+        self.base.group_commit(); // W1
+        let (node, attr, file) = self.base.lower.create(creds, parent, name, mode, flags)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
         self.journaled(otx, &touched, || self.creation(Op::Create, parent, name, &node, &attr))?;
         Ok((node, attr, file))
     }
@@ -600,9 +603,9 @@ impl<L: LowerFs> Engine<L> {
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<Attr> {
-        self.group_commit(); // W1
-        let attr = self.lower.link(node, parent, name)?;
-        let touched = [self.lower.key(parent), self.lower.key(node)];
+        self.base.group_commit(); // W1
+        let attr = self.base.lower.link(node, parent, name)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(node)];
         self.journaled(otx, &touched, || self.creation(Op::Link, parent, name, node, &attr))?;
         Ok(attr)
     }
@@ -618,20 +621,20 @@ impl<L: LowerFs> Engine<L> {
         // The victim's handle is read first (after the removal it has no name to read it by).
         // Its link count too: only the removal of the last name may annul its creation.
         let (victim, last_name) = if self.journal.enabled {
-            match self.lower.lookup(parent, name) {
+            match self.base.lower.lookup(parent, name) {
                 Ok((n, attr)) => (self.object_handle(&n).ok(), dir || attr.nlink == 1),
                 Err(_) => (None, false),
             }
         } else {
             (None, false)
         };
-        self.group_commit(); // W1
+        self.base.group_commit(); // W1
         if dir {
-            self.lower.rmdir(parent, name)?;
+            self.base.lower.rmdir(parent, name)?;
         } else {
-            self.lower.unlink(parent, name)?;
+            self.base.lower.unlink(parent, name)?;
         }
-        self.journaled_removal(otx, &[self.lower.key(parent)], last_name, || {
+        self.journaled_removal(otx, &[self.base.lower.key(parent)], last_name, || {
             let mut redo = Redo::new(if dir { Op::Rmdir } else { Op::Unlink });
             redo.dir1 = self.object_handle(parent)?;
             redo.name1 = name.to_os_string();
@@ -667,7 +670,7 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         // What moves (and, for an exchange, what comes back), read before the rename.
         let handle_at = |p: &L::Node, n: &OsStr| {
-            self.lower.lookup(p, n).ok().and_then(|(node, _)| self.object_handle(&node).ok())
+            self.base.lower.lookup(p, n).ok().and_then(|(node, _)| self.object_handle(&node).ok())
         };
         let (moved, other) = if self.journal.enabled {
             let other = if flags & libc::RENAME_EXCHANGE != 0 {
@@ -679,9 +682,9 @@ impl<L: LowerFs> Engine<L> {
         } else {
             (None, None)
         };
-        self.group_commit(); // W1
-        self.lower.rename(parent, name, newparent, newname, flags)?;
-        let touched = [self.lower.key(parent), self.lower.key(newparent)];
+        self.base.group_commit(); // W1
+        self.base.lower.rename(parent, name, newparent, newname, flags)?;
+        let touched = [self.base.lower.key(parent), self.base.lower.key(newparent)];
         self.journaled(otx, &touched, || {
             let mut redo = Redo::new(Op::Rename);
             // RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT: the low bits.
@@ -706,9 +709,9 @@ impl<L: LowerFs> Engine<L> {
         set: &SetAttr,
     ) -> FsResult<Attr> {
         assert!(set.size.is_none(), "size changes are data, not journaled attributes");
-        self.group_commit(); // W1
-        let attr = self.lower.setattr(node, file, set)?;
-        self.journaled(otx, &[self.lower.key(node)], || {
+        self.base.group_commit(); // W1
+        let attr = self.base.lower.setattr(node, file, set)?;
+        self.journaled(otx, &[self.base.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setattr);
             redo.object = self.object_handle(node)?;
             let mut mask = 0;
@@ -739,9 +742,9 @@ impl<L: LowerFs> Engine<L> {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
-        self.group_commit(); // W1
-        self.lower.setxattr(node, name, value, flags)?;
-        self.journaled(otx, &[self.lower.key(node)], || {
+        self.base.group_commit(); // W1
+        self.base.lower.setxattr(node, name, value, flags)?;
+        self.journaled(otx, &[self.base.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setxattr);
             redo.object = self.object_handle(node)?;
             redo.name2 = name.to_os_string();
@@ -759,9 +762,9 @@ impl<L: LowerFs> Engine<L> {
         node: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.group_commit(); // W1
-        self.lower.removexattr(node, name)?;
-        self.journaled(otx, &[self.lower.key(node)], || {
+        self.base.group_commit(); // W1
+        self.base.lower.removexattr(node, name)?;
+        self.journaled(otx, &[self.base.lower.key(node)], || {
             let mut redo = Redo::new(Op::Removexattr);
             redo.object = self.object_handle(node)?;
             redo.name2 = name.to_os_string();

@@ -32,17 +32,17 @@ use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
 use txn::{Tx, TxError};
 
 use super::record::{self, Op, Place, Redo};
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult};
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
 use crate::engine::start::StartError;
-use crate::error::{FsError, FsResult};
-use crate::stats::Counters;
 
 impl<L: LowerFs> Engine<L> {
     /// See the module docs. Runs first at start, before the overlay and the page cache are
     /// rebuilt from records that may name recreated objects.
     pub(crate) fn replay_journal(&self, marker: u64) -> Result<(), StartError> {
-        let scan = record::scan_frames(&self.pool)?;
+        let scan = record::scan_frames(&self.base.pool)?;
         let found = scan.records;
         let next = found.last().map_or(1, |f| f.redo.seq + 1).max(marker + 1);
         self.journal.next_seq.store(next, Ordering::Relaxed);
@@ -86,28 +86,34 @@ impl<L: LowerFs> Engine<L> {
                 // it) instead of making a second one.
                 self.note_remade(*place, redo, &new).map_err(fail)?;
                 // W1 (journal mode): that note is durable before the rename.
-                self.group_commit();
-                self.fail("replay.remade");
+                self.base.group_commit();
+                self.base.fail("replay.remade");
                 remade.insert(redo.object.clone(), new);
                 let resolved = resolve(redo, &remade);
-                let parent = self.lower.find_object(&resolved.dir1, self.max_walk);
+                let parent = self.base.lower.find_object(&resolved.dir1, self.base.max_walk);
                 let parent = parent.map_err(|e| fail(e.into()))?;
                 let hidden = crate::tempfs::replay_name(redo.seq);
                 self.place(&resolved, &parent, &hidden).map_err(fail)?;
             }
-            self.lower
-                .setxattr(self.lower.root(), OsStr::new(super::MARKER), &redo.seq.to_le_bytes(), 0)
+            self.base
+                .lower
+                .setxattr(
+                    self.base.lower.root(),
+                    OsStr::new(super::MARKER),
+                    &redo.seq.to_le_bytes(),
+                    0,
+                )
                 .map_err(|e| fail(e.into()))?;
-            self.fail("replay.applied");
+            self.base.fail("replay.applied");
             Counters::add(&self.journal.counters.replayed_at_mount, 1);
         }
         if !remade.is_empty() {
             // M4: every object made again is durable before a record that outlives the
             // journal (temp file, directory times, cached file) names it.
             let settle = |error: FsError| StartError::Replay { seq: 0, frame: 0, error };
-            self.syncfs_lower().map_err(settle)?;
+            self.base.syncfs_lower().map_err(settle)?;
             self.rekey_refs(&remade).map_err(settle)?;
-            self.group_commit();
+            self.base.group_commit();
         }
         self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
         Ok(())
@@ -116,12 +122,13 @@ impl<L: LowerFs> Engine<L> {
     /// Redoes one record if its effect is missing; for an object made again (still at its
     /// hidden name) its new handle.
     fn redo(&self, r: &Redo) -> FsResult<Option<Vec<u8>>> {
-        let exists = |h: &[u8]| self.lower.find_object(h, self.max_walk);
+        let exists = |h: &[u8]| self.base.lower.find_object(h, self.base.max_walk);
         let holds = |dir: &L::Node, name: &OsStr, h: &[u8]| {
-            self.lower
+            self.base
+                .lower
                 .lookup(dir, name)
                 .ok()
-                .is_some_and(|(n, _)| self.lower.file_handle(&n).is_ok_and(|x| x == h))
+                .is_some_and(|(n, _)| self.base.lower.file_handle(&n).is_ok_and(|x| x == h))
         };
         match r.op() {
             Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink => {
@@ -142,7 +149,7 @@ impl<L: LowerFs> Engine<L> {
                 if !holds(&parent, r.name1(), &r.object)
                     && let Ok(node) = exists(&r.object)
                 {
-                    match self.lower.link(&node, &parent, r.name1()) {
+                    match self.base.lower.link(&node, &parent, r.name1()) {
                         // Taken: under the prefix assumption the name was free until the link
                         // was done, so it was done and the name has gone to another object.
                         Ok(_) | Err(Errno(libc::EEXIST)) => {}
@@ -154,9 +161,9 @@ impl<L: LowerFs> Engine<L> {
                 let parent = exists(&r.dir1)?;
                 if holds(&parent, r.name1(), &r.object) {
                     if r.op() == Op::Rmdir {
-                        self.lower.rmdir(&parent, r.name1())?;
+                        self.base.lower.rmdir(&parent, r.name1())?;
                     } else {
-                        self.lower.unlink(&parent, r.name1())?;
+                        self.base.lower.unlink(&parent, r.name1())?;
                     }
                 }
             }
@@ -164,22 +171,22 @@ impl<L: LowerFs> Engine<L> {
                 let (from, to) = (exists(&r.dir1)?, exists(&r.dir2)?);
                 if holds(&from, r.name1(), &r.object) {
                     let flags = u32::from(r.flags) & libc::RENAME_EXCHANGE;
-                    self.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
+                    self.base.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
                 }
             }
             Op::Setattr => {
                 if let Ok(node) = exists(&r.object) {
-                    self.lower.setattr(&node, None, &attributes(r))?;
+                    self.base.lower.setattr(&node, None, &attributes(r))?;
                 }
             }
             Op::Setxattr => {
                 if let Ok(node) = exists(&r.object) {
-                    self.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
+                    self.base.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
                 }
             }
             Op::Removexattr => {
                 if let Ok(node) = exists(&r.object) {
-                    match self.lower.removexattr(&node, r.name2()) {
+                    match self.base.lower.removexattr(&node, r.name2()) {
                         Ok(()) | Err(Errno(libc::ENODATA)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -198,21 +205,22 @@ impl<L: LowerFs> Engine<L> {
         let perm = r.mode & 0o7777;
         let made = match r.op() {
             Op::Create => self
+                .base
                 .lower
                 .create(&creds, parent, hidden, perm, libc::O_RDWR)
                 .map(|(node, _, _)| node),
             Op::Mknod => {
-                self.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
+                self.base.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
             }
-            Op::Mkdir => self.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
+            Op::Mkdir => self.base.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
             _ => {
                 let target = OsStr::from_bytes(&r.payload);
-                self.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
+                self.base.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
             }
         };
         let node = match made {
             Ok(node) => node,
-            Err(Errno(libc::EEXIST)) => self.lower.lookup(parent, hidden)?.0,
+            Err(Errno(libc::EEXIST)) => self.base.lower.lookup(parent, hidden)?.0,
             Err(e) => return Err(e.into()),
         };
         if r.op() != Op::Symlink {
@@ -224,25 +232,25 @@ impl<L: LowerFs> Engine<L> {
                 gid: Some(r.gid),
                 ..SetAttr::default()
             };
-            match self.lower.setattr(&node, None, &set) {
+            match self.base.lower.setattr(&node, None, &set) {
                 Ok(_) | Err(Errno(libc::EPERM)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(self.lower.file_handle(&node)?)
+        Ok(self.base.lower.file_handle(&node)?)
     }
 
     /// Moves a recreated object from its hidden name to its name. A name taken means the
     /// creation was done and superseded (under the prefix assumption the name was free until
     /// then): the recreated object goes again.
     fn place(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<()> {
-        match self.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
+        match self.base.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
             Ok(()) => Ok(()),
             Err(Errno(libc::EEXIST)) => {
                 if r.op() == Op::Mkdir {
-                    self.lower.rmdir(parent, hidden)?;
+                    self.base.lower.rmdir(parent, hidden)?;
                 } else {
-                    self.lower.unlink(parent, hidden)?;
+                    self.base.lower.unlink(parent, hidden)?;
                 }
                 Ok(())
             }
@@ -258,13 +266,13 @@ impl<L: LowerFs> Engine<L> {
     /// exactly one place whether the move commits or not, and the journal's view follows.
     /// A frame left without records is freed by the recovery checkpoint.
     fn note_remade(&self, place: Place, redo: &Redo, new: &[u8]) -> FsResult<()> {
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         let off = record::slot_offset(pool, place.frame, place.slot);
         let before = redo.encode_in(place.slots);
         let noted = Redo { other: new.to_vec(), ..redo.clone() };
         if noted.slots() <= place.slots {
             let after = noted.encode_in(place.slots);
-            return self.atomically(|tx| rewrite(tx, off, &before, &after));
+            return self.base.atomically(|tx| rewrite(tx, off, &before, &after));
         }
         // As `journaled_removal`: the transaction first, then the journal's lock.
         let mut otx = OpTx::new(pool);
@@ -291,7 +299,7 @@ impl<L: LowerFs> Engine<L> {
     /// in between leaves some records re-keyed and the map in the journal records, and the
     /// next replay finishes.
     fn rekey_refs(&self, remade: &HashMap<Vec<u8>, Vec<u8>>) -> FsResult<()> {
-        let pool = &self.pool;
+        let pool = &self.base.pool;
         let corrupt = |e: nvram::Error| FsError::Answer(corrupt(&e));
         let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
         let swap = |h: &mut Vec<u8>| match remade.get(h) {
@@ -322,13 +330,13 @@ impl<L: LowerFs> Engine<L> {
         let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);
         while !rest.is_empty() {
             let batch = &rest[..size.min(rest.len())];
-            let done = self.atomically(|tx| {
+            let done = self.base.atomically(|tx| {
                 batch.iter().try_for_each(|(off, before, after)| rewrite(tx, *off, before, after))
             });
             match done {
                 Ok(()) => {
                     rest = &rest[batch.len()..];
-                    self.fail("replay.rekeyed");
+                    self.base.fail("replay.rekeyed");
                 }
                 Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
                     size = batch.len() / 2;

@@ -6,11 +6,11 @@ use std::ffi::OsStr;
 
 use lower::{Attr, LowerFs, SetAttr};
 
-use crate::engine::optx::OpTx;
+use crate::base::OpTx;
+use crate::base::counters::Op;
+use crate::base::error::{FsResult, answer};
+use crate::base::inodes::ROOT_ID;
 use crate::engine::{Engine, Obj, Open, suidgid_bits};
-use crate::error::{FsResult, answer};
-use crate::inodes::ROOT_ID;
-use crate::stats::Op;
 use crate::tempfs::{self, Fate};
 
 impl<L: LowerFs> Engine<L> {
@@ -19,7 +19,9 @@ impl<L: LowerFs> Engine<L> {
             loop {
                 match self.obj(node_id)? {
                     Obj::Lower(n) => {
-                        return Ok(self.shown_attr(self.lower.key(&n), self.lower.getattr(&n)?));
+                        return Ok(
+                            self.shown_attr(self.base.lower.key(&n), self.base.lower.getattr(&n)?)
+                        );
                     }
                     Obj::Temp(f) => {
                         let st = f.lock();
@@ -61,7 +63,7 @@ impl<L: LowerFs> Engine<L> {
                 if set.size.is_some() && set.mode.is_none() && unprivileged {
                     self.kill_suidgid(tx, &node)?;
                 }
-                let key = self.lower.key(&node);
+                let key = self.base.lower.key(&node);
                 if let Some(cf) = self.cached(key) {
                     match self.cached_setattr(tx, &cf, &node, file, set)? {
                         Some(attr) => return Ok(attr),
@@ -70,9 +72,10 @@ impl<L: LowerFs> Engine<L> {
                 }
                 if set.size.is_some() {
                     // Changes the lower file's data: no record may start meanwhile.
-                    let attr =
-                        self.with_clean_lower(key, || Ok(self.lower.setattr(&node, file, set)?))?;
-                    self.unsynced(key);
+                    let attr = self.with_clean_lower(key, || {
+                        Ok(self.base.lower.setattr(&node, file, set)?)
+                    })?;
+                    self.base.unsynced(key);
                     return Ok(attr);
                 }
                 let attr = self.ns_setattr(tx, &node, file, set)?;
@@ -91,7 +94,7 @@ impl<L: LowerFs> Engine<L> {
     /// truncates by unprivileged callers the engine removes them itself (FUSE
     /// handle_killpriv_v2; it also spares a security.capability query per write).
     pub(crate) fn kill_suidgid(&self, otx: &mut OpTx<'_>, node: &L::Node) -> FsResult<()> {
-        let attr = self.lower.getattr(node)?;
+        let attr = self.base.lower.getattr(node)?;
         if attr.kind() != lower::FileKind::Regular {
             return Ok(());
         }
@@ -105,7 +108,7 @@ impl<L: LowerFs> Engine<L> {
 
     pub fn readlink(&self, node_id: u64) -> FsResult<Vec<u8>> {
         self.op(Op::Readlink, |_| match self.obj(node_id)? {
-            Obj::Lower(n) => Ok(self.lower.readlink(&n)?),
+            Obj::Lower(n) => Ok(self.base.lower.readlink(&n)?),
             Obj::Temp(_) => Err(answer(libc::EINVAL)),
         })
     }
@@ -123,14 +126,14 @@ impl<L: LowerFs> Engine<L> {
         if self.xattrs {
             return Ok(());
         }
-        self.counters.request(op, false);
+        self.base.counters.request(op, false);
         Err(answer(libc::ENOSYS))
     }
 
     pub fn setxattr(&self, node_id: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         self.xattrs_off(Op::Setxattr)?;
         if is_marker(node_id, name) {
-            self.counters.request(Op::Setxattr, false);
+            self.base.counters.request(Op::Setxattr, false);
             return Err(answer(libc::EPERM));
         }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
@@ -141,7 +144,7 @@ impl<L: LowerFs> Engine<L> {
         self.xattrs_off(Op::Getxattr)?;
         self.op(Op::Getxattr, |_| match self.lower_obj(node_id)? {
             Ok(_) if is_marker(node_id, name) => Err(answer(libc::ENODATA)),
-            Ok(node) => Ok(self.lower.getxattr(&node, name, size)?),
+            Ok(node) => Ok(self.base.lower.getxattr(&node, name, size)?),
             Err(_) => Err(answer(libc::ENODATA)),
         })
     }
@@ -151,18 +154,18 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Listxattr, |_| match self.lower_obj(node_id)? {
             Ok(node) if node_id == ROOT_ID => {
                 // The journal's marker is nvstack's own: the list without it, sized as asked.
-                let all = self.lower.listxattr(&node, 0)?;
+                let all = self.base.lower.listxattr(&node, 0)?;
                 let list: Vec<u8> = all
                     .split(|&b| b == 0)
                     .filter(|n| !n.is_empty() && *n != crate::journal::MARKER.as_bytes())
                     .flat_map(|n| n.iter().copied().chain([0]))
                     .collect();
                 if size != 0 && list.len() > size {
-                    return Err(crate::error::FsError::Lower(lower::Errno(libc::ERANGE)));
+                    return Err(crate::base::error::FsError::Lower(lower::Errno(libc::ERANGE)));
                 }
                 Ok(list)
             }
-            Ok(node) => Ok(self.lower.listxattr(&node, size)?),
+            Ok(node) => Ok(self.base.lower.listxattr(&node, size)?),
             Err(_) => Ok(Vec::new()),
         })
     }
@@ -172,12 +175,12 @@ impl<L: LowerFs> Engine<L> {
         if let Err(f) = self.lower_obj(node_id)? {
             // Nothing to remove: answer as the lower file system would for a file without it.
             if f.lock().fate == Fate::Resident {
-                self.counters.request(Op::Removexattr, false);
+                self.base.counters.request(Op::Removexattr, false);
                 return Err(answer(libc::ENODATA));
             }
         }
         if is_marker(node_id, name) {
-            self.counters.request(Op::Removexattr, false);
+            self.base.counters.request(Op::Removexattr, false);
             return Err(answer(libc::EPERM));
         }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;

@@ -3,19 +3,19 @@
 
 use lower::{DirEntry, LowerFs, StatFs};
 
+use crate::base::counters::{Counters, Op};
+use crate::base::error::{FsResult, answer};
+use crate::base::inodes::ROOT_ID;
+use crate::base::sync::{Mutex, Rank};
 use crate::engine::{Engine, Entry, Obj, Open, stale};
-use crate::error::{FsResult, answer};
-use crate::inodes::ROOT_ID;
-use crate::stats::{Counters, Op};
-use crate::sync::{Mutex, Rank};
 use crate::tempfs::Fate;
 
 impl<L: LowerFs> Engine<L> {
     pub fn opendir(&self, node_id: u64) -> FsResult<u64> {
         self.op(Op::Opendir, |_| {
             let node = self.dir(node_id)?;
-            let dir = self.lower.opendir(&node)?;
-            let key = self.lower.key(&node);
+            let dir = self.base.lower.opendir(&node)?;
+            let key = self.base.lower.key(&node);
             self.register(
                 node_id,
                 Open::Dir { file: dir, key, listing: Mutex::new(Rank::Listing, None) },
@@ -63,10 +63,12 @@ impl<L: LowerFs> Engine<L> {
                             Ok(self.temp_entry(f, &st))
                         } else {
                             drop(st);
-                            self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))
+                            self.base.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))
                         }
                     }
-                    None => self.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a)),
+                    None => {
+                        self.base.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))
+                    }
                 };
                 match looked_up {
                     Ok(looked_up) => {
@@ -100,16 +102,16 @@ impl<L: LowerFs> Engine<L> {
     /// (`engine/durability.rs`).
     pub fn fsyncdir(&self, fh: u64, datasync: bool) -> FsResult<()> {
         self.op(Op::Fsyncdir, |_| {
-            let c = &self.durability.counters;
+            let c = &self.base.durability.counters;
             Counters::add(&c.calls, 1);
             Counters::add(&c.dir_calls, 1);
-            self.group_commit();
+            self.base.group_commit();
             let h = self.handle(fh)?;
             let Open::Dir { file, key, .. } = &h.file else {
                 return Err(answer(libc::ENOTDIR));
             };
             let waited =
-                self.sync_if_unsynced(*key, || Ok(self.lower.fsyncdir(file, datasync)?))?;
+                self.sync_if_unsynced(*key, || Ok(self.base.lower.fsyncdir(file, datasync)?))?;
             Counters::add(&c.waited_on_lower, u64::from(waited));
             Ok(())
         })
@@ -123,12 +125,12 @@ impl<L: LowerFs> Engine<L> {
                 Obj::Lower(n) => n,
                 Obj::Temp(_) => self.dir(ROOT_ID)?,
             };
-            let mut s = self.lower.statfs(&node)?;
+            let mut s = self.base.lower.statfs(&node)?;
             let unit = u64::from(s.frsize.max(1));
-            let reserved = self.reserved_bytes().div_ceil(unit);
+            let reserved = self.base.reserved_bytes().div_ceil(unit);
             s.bfree = s.bfree.saturating_sub(reserved);
             s.bavail = s.bavail.saturating_sub(reserved);
-            s.ffree = s.ffree.saturating_sub(self.temp.files_resident());
+            s.ffree = s.ffree.saturating_sub(self.base.space.files());
             Ok(s)
         })
     }

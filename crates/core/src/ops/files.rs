@@ -6,12 +6,12 @@ use lower::{Creds, LowerFs};
 
 use std::sync::atomic::AtomicBool;
 
+use crate::base::counters::{Counters, Op};
+use crate::base::error::{FsResult, answer};
+use crate::base::handles::Handle;
 use crate::engine::routing::{sync_flag, writable};
 use crate::engine::{Engine, Entry, Obj, Open, Via, stale};
-use crate::error::{FsResult, answer};
-use crate::handles::Handle;
 use crate::route::{Keep, Opened, Route, Signal};
-use crate::stats::{Counters, Op};
 use crate::tempfs::{self, Fate, data};
 
 impl<L: LowerFs> Engine<L> {
@@ -34,10 +34,10 @@ impl<L: LowerFs> Engine<L> {
                 };
                 // O_DIRECT is the kernel's business above FUSE (it bypasses its page cache and
                 // sends us every request); our lower IO uses buffers of any alignment.
-                let file = self.lower.open(&node, flags & !libc::O_DIRECT)?;
-                let attr = self.lower.getattr(&node)?;
+                let file = self.base.lower.open(&node, flags & !libc::O_DIRECT)?;
+                let attr = self.base.lower.getattr(&node)?;
                 let regular = attr.kind() == lower::FileKind::Regular;
-                let key = self.lower.key(&node);
+                let key = self.base.lower.key(&node);
                 let opened = self.register_lower(node_id, &node, file, key, attr, flags)?;
                 if regular && !opened.passthrough && sync_flag(flags) {
                     self.learn_route(tx, node_id, Signal::SyncFlag);
@@ -121,7 +121,7 @@ impl<L: LowerFs> Engine<L> {
             self.check_new_name(&p, name)?;
             let (node, attr, file) =
                 self.ns_create(tx, creds, &p, name, mode, flags & !libc::O_DIRECT)?;
-            let key = self.lower.key(&node);
+            let key = self.base.lower.key(&node);
             let node = std::sync::Arc::new(node);
             let entry = self.entry_of(std::sync::Arc::clone(&node), attr);
             let opened = self.register_lower(entry.node_id, &node, file, key, attr, flags)?;
@@ -161,9 +161,9 @@ impl<L: LowerFs> Engine<L> {
     /// (`engine/durability.rs`), and always for devices and FIFOs.
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         self.op(Op::Fsync, |otx| {
-            let c = &self.durability.counters;
+            let c = &self.base.durability.counters;
             Counters::add(&c.calls, 1);
-            self.group_commit();
+            self.base.group_commit();
             let h = self.handle(fh)?;
             if let Open::Temp { file, .. } = &h.file
                 && file.lock().fate == Fate::Resident
@@ -178,7 +178,7 @@ impl<L: LowerFs> Engine<L> {
                 // the lower file's fsync makes it durable. From its next open on, the file
                 // takes the NVRAM path (the profile learns it).
                 Counters::add(&self.routes.counters.fsyncs, 1);
-                self.lower.fsync(file, datasync)?;
+                self.base.lower.fsync(file, datasync)?;
                 Counters::add(&c.waited_on_lower, 1);
                 self.learn_route(otx, h.node_id, Signal::Fsync);
                 return Ok(());
@@ -188,10 +188,10 @@ impl<L: LowerFs> Engine<L> {
             }
             let waited = match self.via(&h)? {
                 Via::Cache(key) | Via::Direct(key) => {
-                    self.sync_if_unsynced(key, || Ok(self.lower.fsync(file, datasync)?))?
+                    self.sync_if_unsynced(key, || Ok(self.base.lower.fsync(file, datasync)?))?
                 }
                 Via::Plain => {
-                    self.lower.fsync(file, datasync)?;
+                    self.base.lower.fsync(file, datasync)?;
                     true
                 }
             };
@@ -212,12 +212,12 @@ impl<L: LowerFs> Engine<L> {
             match self.via(&h)? {
                 Via::Cache(key) | Via::Direct(key) => {
                     self.with_clean_lower(key, || {
-                        Ok(self.lower.fallocate(file, mode, offset, len)?)
+                        Ok(self.base.lower.fallocate(file, mode, offset, len)?)
                     })?;
-                    self.unsynced(key);
+                    self.base.unsynced(key);
                     Ok(())
                 }
-                Via::Plain => Ok(self.lower.fallocate(file, mode, offset, len)?),
+                Via::Plain => Ok(self.base.lower.fallocate(file, mode, offset, len)?),
             }
         })
     }
@@ -244,7 +244,7 @@ impl<L: LowerFs> Engine<L> {
             {
                 return Ok(found);
             }
-            Ok(self.lower.lseek(self.lower_file(&h)?, offset, whence)?)
+            Ok(self.base.lower.lseek(self.lower_file(&h)?, offset, whence)?)
         })
     }
 
@@ -269,7 +269,7 @@ impl<L: LowerFs> Engine<L> {
         }
         self.op(Op::CopyFileRange, |_| {
             let copy = || -> FsResult<u64> {
-                Ok(self.lower.copy_file_range(
+                Ok(self.base.lower.copy_file_range(
                     self.lower_file(&input)?,
                     offset_in,
                     self.lower_file(&output)?,
@@ -280,13 +280,13 @@ impl<L: LowerFs> Engine<L> {
             let n = match via_out {
                 Via::Cache(key) | Via::Direct(key) => {
                     let n = self.with_clean_lower(key, copy)?;
-                    self.unsynced(key);
+                    self.base.unsynced(key);
                     n
                 }
                 Via::Plain => copy()?,
             };
-            Counters::add(&self.counters.app_bytes_written, n);
-            Counters::add(&self.counters.lower_bytes_written, n);
+            Counters::add(&self.base.counters.app_bytes_written, n);
+            Counters::add(&self.base.counters.lower_bytes_written, n);
             Ok(n)
         })
     }
@@ -316,7 +316,7 @@ impl<L: LowerFs> Engine<L> {
                 break;
             }
         }
-        self.counters.request(Op::CopyFileRange, true);
+        self.base.counters.request(Op::CopyFileRange, true);
         Ok(done)
     }
 }

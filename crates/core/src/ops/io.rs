@@ -5,10 +5,10 @@ use std::sync::Arc;
 use lower::LowerFs;
 use txn::TxError;
 
-use crate::engine::optx::OpTx;
+use crate::base::OpTx;
+use crate::base::counters::{Counters, Op};
+use crate::base::error::{FsError, FsResult};
 use crate::engine::{Engine, Obj, Open, Via, stale};
-use crate::error::{FsError, FsResult};
-use crate::stats::{Counters, Op};
 use crate::tempfs::{self, Fate, TempFile, data};
 
 /// What a write leaves to do after its operation ended.
@@ -36,11 +36,11 @@ impl<L: LowerFs> Engine<L> {
                 if let Open::Temp { file, .. } = &h.file {
                     let mut st = file.lock();
                     if st.fate == Fate::Resident {
-                        let n = data::read(&self.pool, &st.pages, st.rec.size, offset, buf);
+                        let n = data::read(&self.base.pool, &st.pages, st.rec.size, offset, buf);
                         st.last_use = self.temp.lru.tick();
                         self.temp_touch_atime(tx, file, &mut st)?;
                         drop(st);
-                        Counters::add(&self.counters.app_bytes_read, n as u64);
+                        Counters::add(&self.base.counters.app_bytes_read, n as u64);
                         reply(&buf[..n]);
                         return Ok(());
                     }
@@ -53,19 +53,18 @@ impl<L: LowerFs> Engine<L> {
                             None => None,
                         };
                         if let Some(n) = cached {
-                            Counters::add(&self.counters.app_bytes_read, n as u64);
+                            Counters::add(&self.base.counters.app_bytes_read, n as u64);
                             reply(&buf[..n]);
                             return Ok(());
                         }
-                        self.lower.read(file, offset, buf)?
+                        self.base.lower.read(file, offset, buf)?
                     }
-                    Via::Direct(key) => {
-                        self.with_clean_lower(key, || Ok(self.lower.read(file, offset, buf)?))?
-                    }
-                    Via::Plain => self.lower.read(file, offset, buf)?,
+                    Via::Direct(key) => self
+                        .with_clean_lower(key, || Ok(self.base.lower.read(file, offset, buf)?))?,
+                    Via::Plain => self.base.lower.read(file, offset, buf)?,
                 };
-                Counters::add(&self.counters.app_bytes_read, n as u64);
-                Counters::add(&self.counters.lower_bytes_read, n as u64);
+                Counters::add(&self.base.counters.app_bytes_read, n as u64);
+                Counters::add(&self.base.counters.lower_bytes_read, n as u64);
                 reply(&buf[..n]);
                 Ok(())
             })
@@ -85,7 +84,7 @@ impl<L: LowerFs> Engine<L> {
     /// aborted are counted apart (`retries.write`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> FsResult<usize> {
         let result = self.write_retrying(fh, offset, data, kill_suidgid);
-        self.counters.request(Op::Write, result.is_ok());
+        self.base.counters.request(Op::Write, result.is_ok());
         result
     }
 
@@ -103,7 +102,7 @@ impl<L: LowerFs> Engine<L> {
                 .attempt(|otx| self.write_once(otx, fh, offset, data, kill_suidgid, write_through));
             if matches!(result, Err(FsError::Nvram(_))) {
                 // An aborted attempt; the arms below make room and try again, or fail.
-                Counters::add(&self.counters.write_retries, 1);
+                Counters::add(&self.base.counters.write_retries, 1);
             }
             match result {
                 Ok((n, After::Temp(file))) => {
@@ -179,7 +178,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 while let Some(cf) = self.cache_entry(otx, &node, key)? {
                     if let Some(n) = self.cached_write(otx, &cf, offset, data)? {
-                        Counters::add(&self.counters.app_bytes_written, n as u64);
+                        Counters::add(&self.base.counters.app_bytes_written, n as u64);
                         return Ok((n, After::Cached));
                     }
                 }
@@ -188,15 +187,15 @@ impl<L: LowerFs> Engine<L> {
         let file = self.lower_file(&h)?;
         let n = match via {
             Via::Cache(key) | Via::Direct(key) => {
-                let n =
-                    self.with_clean_lower(key, || Ok(self.lower.write(file, offset, data)?))?;
-                self.unsynced(key); // written through: only as durable as the lower makes it
+                let n = self
+                    .with_clean_lower(key, || Ok(self.base.lower.write(file, offset, data)?))?;
+                self.base.unsynced(key); // written through: only as durable as the lower makes it
                 n
             }
-            Via::Plain => self.lower.write(file, offset, data)?,
+            Via::Plain => self.base.lower.write(file, offset, data)?,
         };
-        Counters::add(&self.counters.app_bytes_written, n as u64);
-        Counters::add(&self.counters.lower_bytes_written, n as u64);
+        Counters::add(&self.base.counters.app_bytes_written, n as u64);
+        Counters::add(&self.base.counters.lower_bytes_written, n as u64);
         Ok((n, After::Nothing))
     }
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use lower::{Creds, LowerFs};
 
+use crate::base::counters::Op;
+use crate::base::error::{FsResult, answer};
 use crate::engine::{Engine, Entry};
-use crate::error::{FsResult, answer};
-use crate::stats::Op;
 use crate::tempfs::{self, Fate};
 
 impl<L: LowerFs> Engine<L> {
@@ -22,13 +22,13 @@ impl<L: LowerFs> Engine<L> {
             if tempfs::is_hidden(name) {
                 return Err(answer(libc::ENOENT));
             }
-            let (node, attr) = self.lower.lookup(&p, name)?;
+            let (node, attr) = self.base.lower.lookup(&p, name)?;
             Ok(self.entry(node, attr))
         })
     }
 
     pub fn forget(&self, node_id: u64, nlookup: u64) {
-        self.counters.request(Op::Forget, true);
+        self.base.counters.request(Op::Forget, true);
         // The kernel's last reference: the pages of a deleted file are dropped now.
         if let Some(identity) = self.inodes.forget(node_id, nlookup) {
             self.routes.forget(node_id);
@@ -86,7 +86,7 @@ impl<L: LowerFs> Engine<L> {
             self.check_new_name(&p, newname)?;
             let attr = self.ns_link(otx, &node, &p, newname)?;
             // The kernel counts this reply as a lookup of the same node.
-            let (node, _) = self.lower.lookup(&p, newname)?;
+            let (node, _) = self.base.lower.lookup(&p, newname)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -128,7 +128,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         self.op(Op::Rmdir, |otx| {
             let p = self.dir(parent)?;
-            let key = self.lower.key(&p);
+            let key = self.base.lower.key(&p);
             if self.overlay.lock().get(key, name).is_some() {
                 return Err(answer(libc::ENOTDIR));
             }
@@ -136,8 +136,8 @@ impl<L: LowerFs> Engine<L> {
                 return Err(answer(libc::ENOENT));
             }
             // A directory holding only temp files is empty to the lower file system.
-            if let Ok((child, _)) = self.lower.lookup(&p, name)
-                && self.overlay.lock().has_entries(self.lower.key(&child))
+            if let Ok((child, _)) = self.base.lower.lookup(&p, name)
+                && self.overlay.lock().has_entries(self.base.lower.key(&child))
             {
                 return Err(answer(libc::ENOTEMPTY));
             }
@@ -168,7 +168,7 @@ impl<L: LowerFs> Engine<L> {
         if tempfs::is_hidden(name) {
             return Err(answer(libc::EPERM));
         }
-        let key = self.lower.key(parent);
+        let key = self.base.lower.key(parent);
         if self.overlay.lock().get(key, name).is_some() {
             return Err(answer(libc::EEXIST));
         }

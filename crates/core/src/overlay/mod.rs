@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use lower::{DirEntry, FileKind, LowerFs};
 
+use crate::base::error::{FsResult, answer};
+use crate::base::handles::Handle;
+use crate::base::inodes::TEMP_BASE;
 use crate::engine::{Engine, Open};
-use crate::error::{FsResult, answer};
-use crate::handles::Handle;
-use crate::inodes::TEMP_BASE;
 use crate::tempfs::{self, TempFile};
 pub use times::DirTimes;
 
@@ -152,7 +152,7 @@ impl<L: LowerFs> Engine<L> {
             }
             return Ok(());
         }
-        self.lower.readdir(file, offset, &mut |entry| {
+        self.base.lower.readdir(file, offset, &mut |entry| {
             if tempfs::is_hidden(&entry.name) {
                 return true;
             }
@@ -168,7 +168,7 @@ impl<L: LowerFs> Engine<L> {
         let temps = self.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
         let mut lower_entries = Vec::new();
         let mut too_many = false;
-        self.lower.readdir(file, 0, &mut |e| {
+        self.base.lower.readdir(file, 0, &mut |e| {
             if lower_entries.len() >= MAX_LISTING {
                 too_many = true;
                 return false;

@@ -18,10 +18,10 @@ use txn::{FrameId, FrameTag, Tx, TxError};
 
 use super::times::{self, DirTimes, KIND_DIR_TIMES, MAX_RECORDS};
 use super::{DirKey, Overlay};
+use crate::base::OpTx;
+use crate::base::error::{FsError, FsResult};
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
 use crate::engine::start::StartError;
-use crate::error::{FsError, FsResult};
 
 /// A record written by a transaction, mirrored into the overlay after its commit.
 pub(crate) type Written = (FrameId, DirTimes);
@@ -50,11 +50,11 @@ impl<L: LowerFs> Engine<L> {
         times: DirTimes,
     ) -> Result<Written, TxError> {
         let frame = if let Some(&(frame, _)) = idx.dirs.get(&key).and_then(|d| d.times.as_ref()) {
-            tx.update(self.pool.frame_offset(frame), &times.encode())?;
+            tx.update(self.base.pool.frame_offset(frame), &times.encode())?;
             frame
         } else {
             let frame = tx.alloc_frame(FrameTag { kind: KIND_DIR_TIMES, owner: 0, index: 0 })?;
-            tx.write(self.pool.frame_offset(frame), &times.encode());
+            tx.write(self.base.pool.frame_offset(frame), &times.encode());
             frame
         };
         Ok((frame, times))
@@ -96,8 +96,10 @@ impl<L: LowerFs> Engine<L> {
             return Ok(());
         };
         let times = DirTimes { mtime: attr.mtime, ctime: attr.ctime, handle: old.handle };
-        let written =
-            otx.tx().update(self.pool.frame_offset(frame), &times.encode()).map_err(FsError::from);
+        let written = otx
+            .tx()
+            .update(self.base.pool.frame_offset(frame), &times.encode())
+            .map_err(FsError::from);
         otx.end(written)?;
         if let Some(d) = idx.dirs.get_mut(&key) {
             d.times = Some((frame, times));
@@ -118,9 +120,9 @@ impl<L: LowerFs> Engine<L> {
         if pending.is_empty() {
             return Ok(0);
         }
-        self.group_commit(); // W1: the times written are committed state
+        self.base.group_commit(); // W1: the times written are committed state
         for (_, node, (_, t)) in &pending {
-            match self.lower.getattr(node) {
+            match self.base.lower.getattr(node) {
                 // A directory removed since has nothing to keep.
                 Ok(a) if a.nlink == 0 => {}
                 Ok(a) if t.mtime > a.mtime => {
@@ -128,7 +130,7 @@ impl<L: LowerFs> Engine<L> {
                         mtime: Some(TimeSet::At(t.mtime.0, t.mtime.1)),
                         ..SetAttr::default()
                     };
-                    match self.lower.setattr(node, None, &set) {
+                    match self.base.lower.setattr(node, None, &set) {
                         Ok(_) | Err(lower::Errno(libc::ENOENT | libc::ESTALE)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -137,7 +139,7 @@ impl<L: LowerFs> Engine<L> {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.syncfs_lower()?;
+        self.base.syncfs_lower()?;
         let mut idx = self.overlay.lock();
         let done: Vec<(DirKey, FrameId)> = pending
             .into_iter()
@@ -147,7 +149,8 @@ impl<L: LowerFs> Engine<L> {
             .map(|(key, _, (frame, _))| (key, frame))
             .collect();
         if !done.is_empty() {
-            self.atomically(|tx| done.iter().try_for_each(|&(_, frame)| tx.free_frame(frame)))?;
+            self.base
+                .atomically(|tx| done.iter().try_for_each(|&(_, frame)| tx.free_frame(frame)))?;
         }
         for (key, _) in &done {
             if let Some(d) = idx.dirs.get_mut(key) {
@@ -177,23 +180,24 @@ impl<L: LowerFs> Engine<L> {
     /// record made for every directory holding temp files without one (P3: a region written
     /// before pending times existed), then settled.
     pub(crate) fn rebuild_dir_times(&self) -> Result<(), StartError> {
-        let found = times::scan(&self.pool)?;
+        let found = times::scan(&self.base.pool)?;
         let mut gone = Vec::new();
         let mut attach = Vec::new();
         for f in found {
-            match self.lower.find_dir(&f.times.handle, self.max_walk) {
+            match self.base.lower.find_dir(&f.times.handle, self.base.max_walk) {
                 Ok(node) => attach.push((Arc::new(node), f)),
                 Err(lower::Errno(libc::ENOENT | libc::ESTALE)) => gone.push(f.frame),
                 Err(error) => return Err(StartError::Lower(error)),
             }
         }
         if !gone.is_empty() {
-            self.atomically(|tx| gone.iter().try_for_each(|&frame| tx.free_frame(frame)))
+            self.base
+                .atomically(|tx| gone.iter().try_for_each(|&frame| tx.free_frame(frame)))
                 .map_err(StartError::Settle)?;
         }
         let mut idx = self.overlay.lock();
         for (node, f) in attach {
-            let key = self.lower.key(&node);
+            let key = self.base.lower.key(&node);
             Self::apply_dir_times(&mut idx, key, &node, (f.frame, f.times));
         }
         let missing: Vec<(DirKey, Arc<L::Node>, Vec<u8>)> = idx
@@ -205,9 +209,10 @@ impl<L: LowerFs> Engine<L> {
         drop(idx);
         for (key, node, handle) in missing {
             // The directory's own times: nothing changes for the application.
-            let attr = self.lower.getattr(&node).map_err(StartError::Lower)?;
+            let attr = self.base.lower.getattr(&node).map_err(StartError::Lower)?;
             let mut idx = self.overlay.lock();
             let written = self
+                .base
                 .atomically(|tx| {
                     let times = DirTimes { mtime: attr.mtime, ctime: attr.ctime, handle };
                     self.tx_put_dir_times(tx, &idx, key, times)

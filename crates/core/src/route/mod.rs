@@ -38,7 +38,7 @@ pub mod profile;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::sync::{Mutex, Rank};
+use crate::base::sync::{Mutex, Rank};
 use profile::Profile;
 
 /// Lower keys remembered (in or not in the profile) before the map starts again from the

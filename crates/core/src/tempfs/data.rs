@@ -13,7 +13,7 @@ use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use super::record::{KIND_DATA, RECORD_SIZE, Record};
-use crate::slots::{self, Place};
+use crate::base::slots::{self, Place};
 
 pub const PAGE: u64 = FRAME_SIZE;
 

@@ -2,11 +2,11 @@
 //! (thesis 3.1.1; design.md section 10).
 //!
 //! A temp file is a record (attributes, the lower directory and the name) in a slot of a
-//! record frame, eight to a frame (`crate::slots`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
+//! record frame, eight to a frame (`crate::base::slots`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
 //! index of named temp files by (lower directory, name), rebuilt from the records at mount;
 //! the engine consults it before the lower directory on lookup and merges it into readdir.
 //!
-//! Files: `record.rs` and `data.rs` (formats; records packed by `crate::slots`), `ops.rs` (operations on temp files),
+//! Files: `record.rs` and `data.rs` (formats; records packed by `crate::base::slots`), `ops.rs` (operations on temp files),
 //! `rename.rs` (rename over the merged namespace), `transform.rs` (the transform protocol and
 //! the triggers), `recovery.rs` (the overlay rebuilt at mount).
 //!
@@ -31,11 +31,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
 
+use crate::base::sync::{Condvar, Mutex, MutexGuard, Rank};
 use crate::overlay::DirKey;
-use crate::sync::{Condvar, Mutex, MutexGuard, Rank};
 
-use crate::slots;
-pub use crate::slots::Place;
+use crate::base::slots;
+pub use crate::base::slots::Place;
 pub use record::{Record, State};
 
 /// Names starting with this prefix are nvstack's hidden transform files in the lower
@@ -259,20 +259,17 @@ impl TempStore {
         }
     }
 
-    /// Temp files in NVRAM now.
-    pub fn files_resident(&self) -> u64 {
-        self.counters.files_resident.load(Ordering::Relaxed)
-    }
-
     /// Data pages of temp files in NVRAM now.
     pub fn pages_resident(&self) -> u64 {
         self.counters.pages_resident.load(Ordering::Relaxed)
     }
 
-    /// `nvstack stat --json`: `tempfiles`.
-    pub fn stats(&self) -> TempStats {
+    /// `nvstack stat --json`: `tempfiles` (`files_resident`: the temp files in NVRAM now,
+    /// which the base's space reservation counts).
+    pub fn stats(&self, files_resident: u64) -> TempStats {
         let mut s = self.counters.snapshot(&self.config);
         s.record_frames = self.slots.frames();
+        s.files_resident = files_resident;
         s
     }
 }
@@ -286,7 +283,6 @@ pub struct TempCounters {
     pub bytes_written_by_apps: AtomicU64,
     pub bytes_transformed: AtomicU64,
     pub pages_resident: AtomicU64,
-    pub files_resident: AtomicU64,
     pub span_files: AtomicU64,
     pub span_blocks_sum: AtomicU64,
     pub created_in_lower: AtomicU64,
@@ -303,7 +299,6 @@ impl Default for TempCounters {
             bytes_written_by_apps: AtomicU64::new(0),
             bytes_transformed: AtomicU64::new(0),
             pages_resident: AtomicU64::new(0),
-            files_resident: AtomicU64::new(0),
             span_files: AtomicU64::new(0),
             span_blocks_sum: AtomicU64::new(0),
             created_in_lower: AtomicU64::new(0),
@@ -367,8 +362,8 @@ impl TempCounters {
             bytes_written_by_apps: get(&self.bytes_written_by_apps),
             bytes_transformed: get(&self.bytes_transformed),
             pages_resident: get(&self.pages_resident),
-            files_resident: get(&self.files_resident),
-            record_frames: 0, // `TempStore::stats` fills it in
+            files_resident: 0, // `TempStore::stats` fills it in
+            record_frames: 0,  // `TempStore::stats` fills it in
             record_frames_freed: get(&self.record_frames_freed),
             created_in_lower: get(&self.created_in_lower),
             created_in_lower_nvram_full: get(&self.created_in_lower_nvram_full),

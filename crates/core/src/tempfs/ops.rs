@@ -14,12 +14,12 @@ use std::sync::{Arc, OnceLock};
 use lower::{Creds, LowerFs, SetAttr};
 use txn::Tx;
 
-use crate::engine::optx::OpTx;
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult, answer};
+use crate::base::slots;
 use crate::engine::{Engine, Entry, Open, suidgid_bits};
-use crate::error::{FsError, FsResult, answer};
 use crate::overlay::DirKey;
-use crate::slots;
-use crate::stats::Counters;
 use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data};
 
 /// The outcome of `tx_truncate`, applied to the mirror after the commit.
@@ -38,7 +38,7 @@ pub(super) enum Unnamed {
 impl<L: LowerFs> Engine<L> {
     /// The temp file named `name` in `dir`, registered with the kernel (one lookup).
     pub(crate) fn temp_lookup(&self, dir: &L::Node, name: &OsStr) -> Option<Entry> {
-        let key = self.lower.key(dir);
+        let key = self.base.lower.key(dir);
         let mut f = Arc::clone(self.overlay.lock().get(key, name)?);
         loop {
             let st = f.lock();
@@ -74,10 +74,10 @@ impl<L: LowerFs> Engine<L> {
         mode: u32,
         flags: i32,
     ) -> FsResult<Option<(Entry, u64)>> {
-        let key = self.lower.key(dir);
+        let key = self.base.lower.key(dir);
         if !self.temp.config.enabled
             || !matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG)
-            || key.0 != self.root_dev
+            || key.0 != self.base.root_dev
             || tempfs::is_hidden(name)
         {
             return Ok(None);
@@ -89,7 +89,7 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None);
         };
         let (gid, perm) = init_owner(creds, &dir_attr, mode);
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         let mut idx = self.overlay.lock();
         if idx.get(key, name).is_some() {
             return Err(answer(libc::EEXIST));
@@ -150,7 +150,7 @@ impl<L: LowerFs> Engine<L> {
         idx.temps.insert(serial, Arc::clone(&f));
         drop(idx);
         Counters::add(&self.temp.counters.created, 1);
-        Counters::add(&self.temp.counters.files_resident, 1);
+        self.base.space.add_file();
         self.open_created(otx, &f, key, name, flags).map(Some)
     }
 
@@ -196,13 +196,13 @@ impl<L: LowerFs> Engine<L> {
         key: DirKey,
         name: &OsStr,
     ) -> FsResult<Option<(Vec<u8>, lower::Attr)>> {
-        match self.lower.getxattr(dir, OsStr::new("system.posix_acl_default"), 0) {
+        match self.base.lower.getxattr(dir, OsStr::new("system.posix_acl_default"), 0) {
             Ok(_) => return Ok(None),
             Err(lower::Errno(libc::ENODATA | libc::EOPNOTSUPP)) => {}
             Err(e) => return Err(e.into()),
         }
-        let dir_attr = self.lower.getattr(dir)?;
-        match self.lower.lookup(dir, name) {
+        let dir_attr = self.base.lower.getattr(dir)?;
+        match self.base.lower.lookup(dir, name) {
             Ok(_) => return Err(answer(libc::EEXIST)),
             Err(lower::Errno(libc::ENOENT)) => {}
             Err(e) => return Err(e.into()),
@@ -211,7 +211,7 @@ impl<L: LowerFs> Engine<L> {
         if handle.len() > tempfs::record::MAX_HANDLE {
             return Ok(None);
         }
-        self.reserve(1)?;
+        self.base.reserve(1)?;
         Ok(Some((handle, dir_attr)))
     }
 
@@ -221,7 +221,7 @@ impl<L: LowerFs> Engine<L> {
         if let Some(d) = self.overlay.lock().dirs.get(&key) {
             return Ok(d.handle.clone());
         }
-        Ok(self.lower.dir_handle(dir)?)
+        Ok(self.base.lower.dir_handle(dir)?)
     }
 
     /// Opens a temp file; `None` when it was transformed meanwhile (open the lower file).
@@ -279,20 +279,20 @@ impl<L: LowerFs> Engine<L> {
         st.pages.clear();
         st.fate = Fate::Freed;
         self.temp.counters.pages_resident.fetch_sub(pages, Ordering::Relaxed);
-        self.space.sub(pages);
-        self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+        self.base.space.sub(pages);
+        self.base.space.sub_file();
     }
 
     /// After the removal of the record at `place` committed (`data::free_all`): the slot
     /// released (`Engine::release_slot`).
     pub(crate) fn release_record(&self, place: Place) {
-        let freed = self.release_slot(&self.temp.slots, place);
+        let freed = self.base.release_slot(&self.temp.slots, place);
         Counters::add(&self.temp.counters.record_frames_freed, freed);
     }
 
     /// Frees the temp files' record frames without a record, all but `keep`.
     pub(crate) fn free_empty_record_frames(&self, keep: usize) -> FsResult<()> {
-        let freed = self.free_empty_slots(&self.temp.slots, keep)?;
+        let freed = self.base.free_empty_slots(&self.temp.slots, keep)?;
         Counters::add(&self.temp.counters.record_frames_freed, freed);
         Ok(())
     }
@@ -307,7 +307,7 @@ impl<L: LowerFs> Engine<L> {
         size: u64,
     ) -> FsResult<Truncated> {
         let mut rec = st.rec.clone();
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         rec.size = size;
         rec.mtime = now;
         rec.ctime = now;
@@ -321,7 +321,7 @@ impl<L: LowerFs> Engine<L> {
         st.rec = t.rec;
         st.pages = t.pages;
         self.temp.counters.pages_resident.fetch_sub(t.freed, Ordering::Relaxed);
-        self.space.sub(t.freed);
+        self.base.space.sub(t.freed);
     }
 
     /// relatime, as the lower file system mounts by default: a read updates atime when it is
@@ -334,7 +334,7 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         const DAY: i64 = 24 * 3600;
         let r = &st.rec;
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         if r.state == State::Transforming
             || (r.atime > r.mtime && r.atime > r.ctime && now.0 - r.atime.0 < DAY)
         {
@@ -370,9 +370,9 @@ impl<L: LowerFs> Engine<L> {
         let first = offset / data::PAGE;
         let last = end.div_ceil(data::PAGE);
         let missing = (first..last).filter(|p| !st.pages.contains_key(p)).count() as u64;
-        self.reserve(missing)?;
+        self.base.reserve(missing)?;
         let mut rec = st.rec.clone();
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         rec.size = rec.size.max(end);
         rec.mtime = now;
         rec.ctime = now;
@@ -390,9 +390,9 @@ impl<L: LowerFs> Engine<L> {
         st.rec = rec;
         st.last_use = self.temp.lru.tick();
         self.temp.counters.pages_resident.fetch_add(missing, Ordering::Relaxed);
-        self.space.add(missing);
+        self.base.space.add(missing);
         Counters::add(&self.temp.counters.bytes_written_by_apps, buf.len() as u64);
-        Counters::add(&self.counters.app_bytes_written, buf.len() as u64);
+        Counters::add(&self.base.counters.app_bytes_written, buf.len() as u64);
         Ok(Some(buf.len()))
     }
 
@@ -436,12 +436,12 @@ impl<L: LowerFs> Engine<L> {
                 rec.mode &= !suidgid_bits(rec.mode);
             }
             if let Some(t) = set.atime {
-                rec.atime = self.time(t);
+                rec.atime = self.base.time(t);
             }
             if let Some(t) = set.mtime {
-                rec.mtime = self.time(t);
+                rec.mtime = self.base.time(t);
             }
-            rec.ctime = self.lower.now();
+            rec.ctime = self.base.lower.now();
             data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
             Ok((truncated, rec))
         })();
@@ -460,7 +460,7 @@ impl<L: LowerFs> Engine<L> {
         dir: &Arc<L::Node>,
         name: &OsStr,
     ) -> FsResult<bool> {
-        let key = self.lower.key(dir);
+        let key = self.base.lower.key(dir);
         loop {
             let Some(f) = self.overlay.lock().get(key, name).cloned() else { return Ok(false) };
             let mut st = f.wait_stable(f.lock());
@@ -469,7 +469,7 @@ impl<L: LowerFs> Engine<L> {
             }
             // Lower calls under this file's lock only (O1: the shadowed file goes first).
             self.unlink_shadowed(dir, &st.rec)?;
-            let now = self.lower.now();
+            let now = self.base.lower.now();
             let mut idx = self.overlay.lock();
             let handle = st.rec.dir.clone();
             let r = (|| -> FsResult<_> {
@@ -495,8 +495,8 @@ impl<L: LowerFs> Engine<L> {
     /// away nothing would hide the lower file after a crash any more.
     pub(super) fn unlink_shadowed(&self, dir: &L::Node, rec: &Record) -> FsResult<()> {
         if rec.shadows() {
-            self.group_commit(); // W1: the temp file that hid it was committed
-            match self.lower.unlink(dir, &rec.name) {
+            self.base.group_commit(); // W1: the temp file that hid it was committed
+            match self.base.lower.unlink(dir, &rec.name) {
                 Ok(()) => self.sync_dir(dir)?,
                 Err(lower::Errno(libc::ENOENT)) => {}
                 Err(e) => return Err(e.into()),
@@ -520,7 +520,7 @@ impl<L: LowerFs> Engine<L> {
         rec.nlink = 0;
         rec.name = std::ffi::OsString::new();
         rec.set_shadows(false);
-        rec.ctime = self.lower.now();
+        rec.ctime = self.base.lower.now();
         data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
         Ok(Unnamed::Kept(rec))
     }

@@ -1,11 +1,11 @@
 //! The persistent form of a temp file: its record, in a slot of a record frame (eight to a
-//! frame, `crate::slots`), plus one *data frame* per resident page.
+//! frame, `crate::base::slots`), plus one *data frame* per resident page.
 //!
 //! Frame tags (descriptor kind / owner / index, see `txn::frames`):
 //!
 //! | kind | frame | owner | index |
 //! |---:|---|---|---|
-//! | 0x5446_0004 [`KIND_RECORDS`] | eight record slots of 512 bytes (`crate::slots`) | 0 | 0 |
+//! | 0x5446_0004 [`KIND_RECORDS`] | eight record slots of 512 bytes (`crate::base::slots`) | 0 | 0 |
 //! | 0x5446_0001 [`KIND_OBJECT`] | one record at offset 0 (regions written before records were packed; read, changed and freed, never made) | 0 | 0 |
 //! | 0x5446_0002 [`KIND_DATA`] | one 4 KiB page of file data | the record's place (`Place::owner`) | page number |
 //!
@@ -27,7 +27,7 @@
 //! frame and slot named; T2 a data frame's owner names a record; T3 no data frame lies at or
 //! beyond `ceil(size / 4096)` pages; T4 named records (nlink 1) have a non-empty name and dir
 //! handle, and no two named records share (dir handle, name); T5 and T6 (free slots are zero;
-//! the volatile list of taken slots) are in `crate::slots`. Every change rewrites the whole record
+//! the volatile list of taken slots) are in `crate::base::slots`. Every change rewrites the whole record
 //! inside the operation's transaction (snapshot first), so a crash shows either the old or the
 //! new record.
 
@@ -39,7 +39,7 @@ use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
 /// A whole frame holding one record (regions written before records were packed).
 pub const KIND_OBJECT: u32 = 0x5446_0001;
-/// A frame of eight records (`crate::slots`).
+/// A frame of eight records (`crate::base::slots`).
 pub const KIND_RECORDS: u32 = 0x5446_0004;
 pub const KIND_DATA: u32 = 0x5446_0002;
 
@@ -77,7 +77,7 @@ const _: () = {
     assert!(nvram::layout::contiguous(LAYOUT, RECORD_SIZE), "temp-file record table");
     assert!(RECORD_SIZE <= nvram::layout::FRAME_SIZE as usize, "a record fits its frame");
     assert!(SUM_OFF + 8 == RECORD_SIZE, "the checksum ends the record");
-    assert!(RECORD_SIZE <= crate::slots::SLOT_SIZE, "a record fits its slot");
+    assert!(RECORD_SIZE <= crate::base::slots::SLOT_SIZE, "a record fits its slot");
 };
 
 pub const FLAG_SHADOWS: u32 = 1;

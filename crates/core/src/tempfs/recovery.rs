@@ -16,12 +16,12 @@ use crate::tempfs::{self, Fate, State, TempFile, TempState, Trigger, data};
 impl<L: LowerFs> Engine<L> {
     /// See the module docs.
     pub(crate) fn rebuild_tempfiles(&self) -> Result<(), StartError> {
-        let scanned = tempfs::scan_all(&self.pool)?;
+        let scanned = tempfs::scan_all(&self.base.pool)?;
         {
             // T6: every record frame listed with its records' slots; empty ones beyond the
             // one kept as room (a crash can leave several) freed.
             let mut slots = self.temp.slots.lock();
-            *slots = crate::slots::RecordSlots::default();
+            *slots = crate::base::slots::RecordSlots::default();
             for &(frame, taken) in &scanned.record_frames {
                 slots.add_frame(frame, taken);
             }
@@ -50,36 +50,37 @@ impl<L: LowerFs> Engine<L> {
                 },
             ));
             self.temp.counters.pages_resident.fetch_add(pages, Ordering::Relaxed);
-            self.space.add(pages);
-            self.temp.counters.files_resident.fetch_add(1, Ordering::Relaxed);
-            if file.place.slot == crate::slots::WHOLE {
+            self.base.space.add(pages);
+            self.base.space.add_file();
+            if file.place.slot == crate::base::slots::WHOLE {
                 self.temp.slots.lock().add_whole();
             }
             let mut st = file.lock();
             if st.rec.nlink == 0 {
                 // Unlinked while open, and nothing is open after a restart.
                 let n = self
+                    .base
                     .atomically(|tx| data::free_all(tx, file.place, &mut st.pages.clone()))
                     .map_err(|error| StartError::Redo { serial: file.serial, error })?;
                 self.release_record(file.place);
                 self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
-                self.space.sub(n);
-                self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+                self.base.space.sub(n);
+                self.base.space.sub_file();
                 st.fate = Fate::Freed;
                 continue;
             }
             let dir = if let Some(d) = dirs.get(&st.rec.dir) {
                 Arc::clone(d)
             } else {
-                let node = self
-                    .lower
-                    .find_dir(&st.rec.dir, self.max_walk)
-                    .map_err(|_| StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) })?;
+                let node =
+                    self.base.lower.find_dir(&st.rec.dir, self.base.max_walk).map_err(|_| {
+                        StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) }
+                    })?;
                 let node = Arc::new(node);
                 dirs.insert(st.rec.dir.clone(), Arc::clone(&node));
                 node
             };
-            let key = self.lower.key(&dir);
+            let key = self.base.lower.key(&dir);
             st.dir = key;
             let (name, handle) = (st.rec.name.clone(), st.rec.dir.clone());
             if st.rec.state == State::Transforming {

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use lower::{FileKind, LowerFs};
 use txn::{Tx, TxError};
 
+use crate::base::OpTx;
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult, answer};
 use crate::engine::Engine;
-use crate::engine::optx::OpTx;
-use crate::error::{FsError, FsResult, answer};
 use crate::overlay::pending::Written;
 use crate::overlay::{DirKey, Overlay};
-use crate::stats::Counters;
 use crate::tempfs::{self, Fate, State, TempFile, data};
 
 const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
@@ -39,7 +39,7 @@ impl<L: LowerFs> Engine<L> {
         newname: &OsStr,
         flags: u32,
     ) -> FsResult<()> {
-        let (k1, k2) = (self.lower.key(p), self.lower.key(np));
+        let (k1, k2) = (self.base.lower.key(p), self.base.lower.key(np));
         if tempfs::is_hidden(name) {
             return Err(answer(libc::ENOENT));
         }
@@ -58,7 +58,7 @@ impl<L: LowerFs> Engine<L> {
                 (None, None) => Some(self.rename_lower(otx, p, name, np, newname, flags)?),
                 (None, Some(d)) => {
                     // A lower object onto a temp name.
-                    let (_, src_attr) = self.lower.lookup(p, name)?;
+                    let (_, src_attr) = self.base.lower.lookup(p, name)?;
                     if flags & NOREPLACE != 0 {
                         return Err(answer(libc::EEXIST));
                     }
@@ -113,11 +113,11 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         // O3: a lower directory holding temp files is not empty.
         if flags & EXCHANGE == 0
-            && let Ok((target, attr)) = self.lower.lookup(np, newname)
+            && let Ok((target, attr)) = self.base.lower.lookup(np, newname)
             && attr.kind() == FileKind::Directory
-            && self.overlay.lock().has_entries(self.lower.key(&target))
+            && self.overlay.lock().has_entries(self.base.lower.key(&target))
         {
-            let (_, src_attr) = self.lower.lookup(p, name)?;
+            let (_, src_attr) = self.base.lower.lookup(p, name)?;
             if src_attr.kind() == FileKind::Directory {
                 return Err(answer(libc::ENOTEMPTY));
             }
@@ -135,7 +135,7 @@ impl<L: LowerFs> Engine<L> {
         (np, k2, newname): Side<'_, L::Node>,
         flags: u32,
     ) -> FsResult<Option<()>> {
-        let (target, victim_links) = match self.lower.lookup(np, newname) {
+        let (target, victim_links) = match self.base.lower.lookup(np, newname) {
             Ok((_, attr)) => (Some(attr.kind()), attr.nlink),
             Err(lower::Errno(libc::ENOENT)) => (None, 0),
             Err(e) => return Err(e.into()),
@@ -159,7 +159,7 @@ impl<L: LowerFs> Engine<L> {
             return Ok(Some(()));
         }
         // Temp files stay on the lower root's file system.
-        if k2.0 != self.root_dev {
+        if k2.0 != self.base.root_dev {
             return Err(answer(libc::EXDEV));
         }
         let handle = self.dir_handle_of(k2, np)?;
@@ -176,7 +176,7 @@ impl<L: LowerFs> Engine<L> {
         if idx.get(k2, newname).is_some() {
             return Ok(None); // a temp file took the target meanwhile
         }
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         let mut rec = st.rec.clone();
         rec.dir.clone_from(&handle);
         rec.name = newname.to_os_string();
@@ -229,7 +229,7 @@ impl<L: LowerFs> Engine<L> {
         if !ss.is_named(k1, name) || !ds.is_named(k2, newname) {
             return Ok(None);
         }
-        let now = self.lower.now();
+        let now = self.base.lower.now();
         if flags & EXCHANGE != 0 {
             let mut rs = ss.rec.clone();
             let mut rd = ds.rec.clone();

@@ -28,12 +28,12 @@ use std::sync::atomic::Ordering;
 
 use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
 
+use crate::base::counters::Counters;
+use crate::base::error::{FsError, FsResult, answer};
+use crate::base::inodes::Identity;
+use crate::base::slots::SLOTS;
 use crate::engine::{Engine, Obj};
-use crate::error::{FsError, FsResult, answer};
-use crate::inodes::Identity;
 use crate::overlay::DirKey;
-use crate::slots::SLOTS;
-use crate::stats::Counters;
 use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
 
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
@@ -103,7 +103,7 @@ impl<L: LowerFs> Engine<L> {
             rec.set_shadows(true);
             // On failure (NVRAM full) the record stays Transforming: the next attempt or the
             // next mount finishes the transform.
-            if self.atomically(|tx| data::put_record(tx, f.place, &rec)).is_ok() {
+            if self.base.atomically(|tx| data::put_record(tx, f.place, &rec)).is_ok() {
                 st.rec = rec;
             }
         }
@@ -128,11 +128,11 @@ impl<L: LowerFs> Engine<L> {
         match self.copy_out(&job.dir, &job.hidden, &job.rec, &job.pages, sync == Sync::PerFile) {
             Ok((span, written)) => {
                 (job.span, job.written) = (span, written);
-                self.fail("transform.copied");
+                self.base.fail("transform.copied");
                 Ok(())
             }
             Err(e) => {
-                let _ = self.lower.unlink(&job.dir, &job.hidden);
+                let _ = self.base.lower.unlink(&job.dir, &job.hidden);
                 Err(e)
             }
         }
@@ -143,21 +143,22 @@ impl<L: LowerFs> Engine<L> {
     /// first, then the lower directory) finds the file in one of the two at every instant.
     fn rename_step(&self, job: &TransformJob<L>, sync: Sync) -> FsResult<L::Node> {
         let renamed = self
+            .base
             .lower
             .rename(&job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
-            .and_then(
-                |()| if sync == Sync::PerFile { self.lower.sync_dir(&job.dir) } else { Ok(()) },
-            )
-            .and_then(|()| self.lower.lookup(&job.dir, &job.rec.name));
+            .and_then(|()| {
+                if sync == Sync::PerFile { self.base.lower.sync_dir(&job.dir) } else { Ok(()) }
+            })
+            .and_then(|()| self.base.lower.lookup(&job.dir, &job.rec.name));
         match renamed {
             Ok((node, _)) => {
                 if sync == Sync::PerFile {
-                    self.fail("transform.renamed");
+                    self.base.fail("transform.renamed");
                 }
                 Ok(node)
             }
             Err(e) => {
-                let _ = self.lower.unlink(&job.dir, &job.hidden);
+                let _ = self.base.lower.unlink(&job.dir, &job.hidden);
                 Err(e.into())
             }
         }
@@ -170,8 +171,8 @@ impl<L: LowerFs> Engine<L> {
         let mut st = f.lock();
         // On failure the lower file is complete; the record stays Transforming and is
         // finished by the next attempt or at the next mount.
-        self.atomically(|tx| data::free_all(tx, f.place, &mut st.pages.clone()))?;
-        self.fail("transform.freed");
+        self.base.atomically(|tx| data::free_all(tx, f.place, &mut st.pages.clone()))?;
+        self.base.fail("transform.freed");
         self.release_record(f.place);
         let n = st.pages.len() as u64;
         // The name leaves the overlay with the file's lock held (O5).
@@ -181,15 +182,19 @@ impl<L: LowerFs> Engine<L> {
         idx.remove_name(job.key, &job.rec.name);
         idx.temps.remove(&f.serial);
         drop(idx);
-        let new_key = Identity::lower(self.lower.key(&node));
-        self.inodes.rekey(crate::inodes::TEMP_BASE + f.serial, new_key, Obj::Lower(Arc::new(node)));
+        let new_key = Identity::lower(self.base.lower.key(&node));
+        self.inodes.rekey(
+            crate::base::inodes::TEMP_BASE + f.serial,
+            new_key,
+            Obj::Lower(Arc::new(node)),
+        );
         drop(st);
         self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
-        self.space.sub(n);
-        self.temp.counters.files_resident.fetch_sub(1, Ordering::Relaxed);
+        self.base.space.sub(n);
+        self.base.space.sub_file();
         self.temp.counters.transformed(trigger);
         Counters::add(&self.temp.counters.bytes_transformed, job.rec.size);
-        Counters::add(&self.counters.lower_bytes_written, job.written);
+        Counters::add(&self.base.counters.lower_bytes_written, job.written);
         if let Some(span) = job.span {
             Counters::add(&self.temp.counters.span_files, 1);
             Counters::add(&self.temp.counters.span_blocks_sum, span);
@@ -210,12 +215,12 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut rec = st.rec.clone();
         rec.state = State::Transforming;
-        self.atomically(|tx| data::put_record(tx, f.place, &rec))?;
+        self.base.atomically(|tx| data::put_record(tx, f.place, &rec))?;
         st.rec = rec;
         drop(st);
         // W1: step 1 and the data step 2 copies are durable before the lower file appears.
-        self.group_commit();
-        self.fail("transform.marked");
+        self.base.group_commit();
+        self.base.fail("transform.marked");
         Ok(true)
     }
 
@@ -269,9 +274,9 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             let mut renamed = Vec::new();
-            if let Err(e) = self.syncfs_lower() {
+            if let Err(e) = self.base.syncfs_lower() {
                 for job in &copied {
-                    let _ = self.lower.unlink(&job.dir, &job.hidden);
+                    let _ = self.base.lower.unlink(&job.dir, &job.hidden);
                     self.back_to_live(&job.f);
                     job.f.notify();
                 }
@@ -289,7 +294,7 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             if !renamed.is_empty() {
-                if let Err(e) = self.syncfs_lower() {
+                if let Err(e) = self.base.syncfs_lower() {
                     // Renamed but maybe not durable: keep them transforming (a later attempt
                     // or the next mount finishes them) - but let waiters see them as live.
                     for (job, _) in &renamed {
@@ -299,7 +304,7 @@ impl<L: LowerFs> Engine<L> {
                     first_error.get_or_insert(e);
                     renamed.clear();
                 } else {
-                    self.fail("transform.renamed");
+                    self.base.fail("transform.renamed");
                 }
             }
             for (job, node) in renamed {
@@ -318,8 +323,8 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub(crate) fn sync_dir(&self, dir: &L::Node) -> lower::Result<()> {
-        let d = self.lower.opendir(dir)?;
-        self.lower.fsyncdir(&d, false)
+        let d = self.base.lower.opendir(dir)?;
+        self.base.lower.fsyncdir(&d, false)
     }
 
     /// Step 2: the hidden file with the data and attributes, durable. Returns the file span
@@ -334,17 +339,17 @@ impl<L: LowerFs> Engine<L> {
         fsync: bool,
     ) -> FsResult<(Option<u64>, u64)> {
         let root = Creds { uid: 0, gid: 0, groups: Vec::new() };
-        let created = match self.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR) {
+        let created = match self.base.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR) {
             Err(lower::Errno(libc::EEXIST)) => {
                 // Left by an interrupted attempt: start over.
-                self.lower.unlink(dir, hidden)?;
-                self.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR)?
+                self.base.lower.unlink(dir, hidden)?;
+                self.base.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR)?
             }
             other => other?,
         };
         let (node, _, file) = created;
         if rec.size > 0 {
-            match self.lower.fallocate(&file, 0, 0, rec.size) {
+            match self.base.lower.fallocate(&file, 0, 0, rec.size) {
                 Ok(()) | Err(lower::Errno(libc::EOPNOTSUPP | libc::ENOSYS)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -358,7 +363,7 @@ impl<L: LowerFs> Engine<L> {
             let len = (buf.len() as u64).min(rec.size.saturating_sub(offset)) as usize;
             let mut done = 0;
             while done < len {
-                done += self.lower.write(&file, offset + done as u64, &buf[done..len])?;
+                done += self.base.lower.write(&file, offset + done as u64, &buf[done..len])?;
             }
             written.set(written.get() + done as u64);
             buf.clear();
@@ -376,7 +381,7 @@ impl<L: LowerFs> Engine<L> {
             }
             let at = buf.len();
             buf.resize(at + data::PAGE as usize, 0);
-            self.pool.read(self.pool.frame_offset(frame), &mut buf[at..]);
+            self.base.pool.read(self.base.pool.frame_offset(frame), &mut buf[at..]);
             expected = page + 1;
         }
         if let Some(start) = run_start {
@@ -384,9 +389,9 @@ impl<L: LowerFs> Engine<L> {
         }
         // Size (trailing holes), owner, then mode (chown clears set-ID bits), then times.
         let size = SetAttr { size: Some(rec.size), ..SetAttr::default() };
-        self.lower.setattr(&node, Some(&file), &size)?;
+        self.base.lower.setattr(&node, Some(&file), &size)?;
         let owner = SetAttr { uid: Some(rec.uid), gid: Some(rec.gid), ..SetAttr::default() };
-        match self.lower.setattr(&node, Some(&file), &owner) {
+        match self.base.lower.setattr(&node, Some(&file), &owner) {
             // An unprivileged daemon cannot give files away; its lower creates cannot either.
             Ok(_) | Err(lower::Errno(libc::EPERM)) => {}
             Err(e) => return Err(e.into()),
@@ -397,13 +402,13 @@ impl<L: LowerFs> Engine<L> {
             mtime: Some(TimeSet::At(rec.mtime.0, rec.mtime.1)),
             ..SetAttr::default()
         };
-        self.lower.setattr(&node, Some(&file), &rest)?;
+        self.base.lower.setattr(&node, Some(&file), &rest)?;
         if fsync {
-            self.lower.fsync(&file, false)?;
+            self.base.lower.fsync(&file, false)?;
         }
-        let span = match self.lower.fiemap(&file) {
+        let span = match self.base.lower.fiemap(&file) {
             Ok(extents) if !extents.is_empty() => {
-                let attr = self.lower.getattr(&node)?;
+                let attr = self.base.lower.getattr(&node)?;
                 let block = u64::from(attr.blksize.max(512));
                 let first = extents.iter().map(|e| e.physical).min().unwrap_or(0);
                 let last = extents.iter().map(|e| e.physical + e.length).max().unwrap_or(0);
@@ -411,7 +416,7 @@ impl<L: LowerFs> Engine<L> {
             }
             _ => None,
         };
-        debug_assert!(self.lower.getattr(&node).is_ok_and(|a| a.kind() == FileKind::Regular));
+        debug_assert!(self.base.lower.getattr(&node).is_ok_and(|a| a.kind() == FileKind::Regular));
         Ok((span, written.get()))
     }
 

@@ -157,9 +157,10 @@ impl Counters {
     }
 }
 
-/// A snapshot of the counters, for `nvstack stat`.
+/// The requests and bytes of a snapshot of the counters (`nvstack stat`; the engine's
+/// `Stats` shows each field under the same name).
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct Stats {
+pub struct RequestStats {
     pub requests: BTreeMap<&'static str, u64>,
     /// Requests answered with an error, by operation (each request counted once).
     pub errors: BTreeMap<&'static str, u64>,
@@ -168,18 +169,6 @@ pub struct Stats {
     pub retries: BTreeMap<&'static str, u64>,
     pub app: ByteCounts,
     pub lower: ByteCounts,
-    pub inodes: u64,
-    pub open_handles: u64,
-    /// How the nodes the kernel knows hold their lower descriptors.
-    pub lower_nodes: lower::NodeStats,
-    pub nvram: NvramStats,
-    pub tempfiles: crate::tempfs::TempStats,
-    pub cache: crate::cache::counters::CacheStats,
-    pub writeback: crate::cache::counters::WritebackStats,
-    pub fsync: crate::engine::durability::FsyncStats,
-    pub journal: crate::journal::JournalStats,
-    pub nbw: crate::cache::counters::NbwStats,
-    pub passthrough: crate::route::RouteStats,
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -188,23 +177,9 @@ pub struct ByteCounts {
     pub bytes_written: u64,
 }
 
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct NvramStats {
-    pub frames_total: u64,
-    pub frames_used: u64,
-    pub frames_free: u64,
-    pub undo_bytes_max: u64,
-    pub undo_slots: u32,
-    pub undo_slots_in_use: u32,
-    pub transactions_committed: u64,
-    pub transactions_aborted: u64,
-    pub persist_mode: String,
-    pub consistency: String,
-}
-
 impl Counters {
-    pub fn snapshot(&self) -> Stats {
-        let mut stats = Stats::default();
+    pub fn snapshot(&self) -> RequestStats {
+        let mut stats = RequestStats::default();
         for op in OPS {
             let n = self.requests[op as usize].load(Ordering::Relaxed);
             if n > 0 {
@@ -227,39 +202,6 @@ impl Counters {
             bytes_read: self.lower_bytes_read.load(Ordering::Relaxed),
             bytes_written: self.lower_bytes_written.load(Ordering::Relaxed),
         };
-        stats
-    }
-}
-
-impl<L: lower::LowerFs> crate::engine::Engine<L> {
-    /// Every counter, for `nvstack stat`.
-    pub fn stats(&self) -> Stats {
-        let mut stats = self.counters.snapshot();
-        let pool = self.pool.stats();
-        stats.inodes = self.inodes.len() as u64;
-        stats.open_handles = self.handles.len() as u64;
-        stats.lower_nodes = self.lower.node_stats();
-        stats.nvram = NvramStats {
-            frames_total: pool.frames_total,
-            frames_used: pool.frames_total - pool.frames_free,
-            frames_free: pool.frames_free,
-            undo_bytes_max: pool.undo_bytes_max,
-            undo_slots: pool.undo_slots,
-            undo_slots_in_use: pool.undo_slots_in_use,
-            transactions_committed: pool.transactions_committed,
-            transactions_aborted: pool.transactions_aborted,
-            persist_mode: pool
-                .persist_mode
-                .map(|m| format!("{m:?}").to_lowercase())
-                .unwrap_or_default(),
-            consistency: format!("{:?}", self.pool.consistency()).to_lowercase(),
-        };
-        stats.tempfiles = self.temp.stats();
-        (stats.cache, stats.writeback) = self.cache.stats();
-        stats.fsync = self.fsync_stats();
-        stats.nbw = self.cache.nbw_stats();
-        stats.journal = self.journal.stats(pool.journal);
-        stats.passthrough = self.routes.stats();
         stats
     }
 }

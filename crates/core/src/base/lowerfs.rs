@@ -15,7 +15,7 @@ use std::ffi::OsStr;
 
 use lower::{Attr, Creds, DirEntry, Extent, LowerFs, Result, SetAttr, StatFs};
 
-use crate::sync::assert_may_block;
+use crate::base::sync::assert_may_block;
 
 /// See the module docs.
 #[derive(Debug)]

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
-use crate::sync::{Mutex, MutexGuard, Rank};
+use crate::base::sync::{Mutex, MutexGuard, Rank};
 
 /// Slots a record frame holds.
 pub const SLOTS: usize = 8;

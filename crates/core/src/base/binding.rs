@@ -110,7 +110,7 @@ pub fn bind_or_check(pool: &Pool, ours: &Binding) -> Result<bool, BindingError> 
         };
     }
     let (root, _) = pool.root_range();
-    let mut otx = crate::engine::optx::OpTx::new(pool);
+    let mut otx = crate::base::OpTx::new(pool);
     let written = otx.tx().update(root, &encode(ours)).map_err(crate::FsError::from);
     otx.end(written).map_err(BindingError::Nvram)?;
     Ok(true)

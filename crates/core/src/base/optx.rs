@@ -1,6 +1,6 @@
 //! The one transaction idiom of the engine: every NVRAM change happens in an [`OpTx`].
 //!
-//! - An operation (one request) runs in [`Engine::op`], which hands it an `OpTx`; the
+//! - An operation (one request) runs in `Engine::op` (`engine/`), which hands it an `OpTx`; the
 //!   transaction begins at the operation's first NVRAM change ([`OpTx::tx`]) and ends when the
 //!   operation returns: committed if it succeeded, rolled back if it failed.
 //! - Code that changes NVRAM state under a lock ends the transaction itself with
@@ -9,19 +9,17 @@
 //!   and only then updates the volatile mirror of that state. A later change in the same
 //!   operation gets a new transaction from [`OpTx::tx`].
 //! - Work outside a request (a transform step, a write-back batch, recovery) uses
-//!   [`Engine::atomically`]: one closure, one transaction, committed if it returns `Ok`.
+//!   [`Base::atomically`](super::Base::atomically): one closure, one transaction, committed if
+//!   it returns `Ok`.
 //!
 //! A running transaction holds an undo slot, registered with the lock checker as rank
 //! `UndoSlot` (`sync.rs`): no lower call and no wait may happen while it runs, so a slot is
 //! only ever held for NVRAM-speed work and a region's few slots never queue behind a disk.
 
-use lower::LowerFs;
-use txn::{Pool, Tx, TxError};
+use txn::{Pool, Tx};
 
-use super::Engine;
-use crate::error::{FsError, FsResult};
-use crate::stats::Op;
-use crate::sync::{Held, Rank};
+use super::error::FsResult;
+use super::sync::{Held, Rank};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -64,43 +62,5 @@ impl<'p> OpTx<'p> {
             drop(held);
         }
         result
-    }
-}
-
-impl<L: LowerFs> Engine<L> {
-    /// Runs one operation: counted, inside a transaction (begun on first use) that commits if
-    /// `f` succeeds and aborts (rolling back its NVRAM changes) if it fails.
-    pub(crate) fn op<T>(
-        &self,
-        op: Op,
-        f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>,
-    ) -> FsResult<T> {
-        let result = self.attempt(f);
-        self.counters.request(op, result.is_ok());
-        result
-    }
-
-    /// One attempt of an operation, as `op` runs it but not counted: for a caller that may try
-    /// again (a write that found NVRAM full) and counts the request once, with the answer the
-    /// kernel gets.
-    pub(crate) fn attempt<T>(&self, f: impl FnOnce(&mut OpTx<'_>) -> FsResult<T>) -> FsResult<T> {
-        // The transaction begins at the first change of NVRAM state: an operation that only
-        // passes through to the lower file system holds no undo slot while it waits for it.
-        let mut otx = OpTx::new(&self.pool);
-        let result = f(&mut otx);
-        let result = otx.end(result);
-        self.checkpoint_if_full();
-        result
-    }
-
-    /// One transaction around `f`, outside any operation: committed if `f` returns `Ok`,
-    /// rolled back (leaving NVRAM as it was) if it returns `Err`.
-    pub(crate) fn atomically<T>(
-        &self,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T, TxError>,
-    ) -> FsResult<T> {
-        let mut otx = OpTx::new(&self.pool);
-        let result = f(otx.tx()).map_err(FsError::from);
-        otx.end(result)
     }
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sync::{Mutex, Rank, RwLock};
+use crate::base::sync::{Mutex, Rank, RwLock};
 
 pub const ROOT_ID: u64 = 1;
 /// Node ids of objects on file systems other than the lower root's start here.

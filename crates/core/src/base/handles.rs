@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sync::{Rank, RwLock};
+use crate::base::sync::{Rank, RwLock};
 
 /// An open lower file with the node it belongs to.
 #[derive(Debug)]
