@@ -39,10 +39,10 @@ pub mod tempfs;
 
 pub use base::binding;
 pub use base::counters::Op;
+pub use base::error::StartError;
 pub use base::error::{FsError, FsResult};
 pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, Nbw, Reason};
-pub use engine::start::StartError;
 pub use engine::stats::Stats;
 pub use engine::{Engine, EngineConfig, Entry};
 pub use journal::JournalConfig;

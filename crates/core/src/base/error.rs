@@ -46,3 +46,45 @@ pub(crate) fn answer(code: i32) -> FsError {
 }
 
 pub type FsResult<T> = Result<T, FsError>;
+
+/// Why an engine could not start over its region.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Region(#[from] nvram::Error),
+    #[error(
+        "{files} temp file(s) of a lower directory that no longer exists (directory handle {handle}): \
+         the lower directory was changed behind nvstack's back"
+    )]
+    MissingDir { files: usize, handle: String },
+    #[error("lower file system: {0}")]
+    Lower(lower::Errno),
+    #[error("finishing an interrupted transform of temp file {serial}: {error}")]
+    Redo { serial: u64, error: FsError },
+    #[error(
+        "finding the lower file of the cached-file record in {record} by its handle: {error} \
+         (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
+         the walk limit)"
+    )]
+    CachedFile { record: String, error: lower::Errno },
+    #[error(
+        "freeing the dirty pages of a file deleted before the crash (record in {record}): \
+         {error}"
+    )]
+    DropDeleted { record: String, error: FsError },
+    #[error("settling pending directory times: {0}")]
+    Settle(FsError),
+    #[error("freeing record frames that hold no record: {0}")]
+    RecordFrames(FsError),
+    #[error(
+        "replaying metadata-journal record {seq} (frame {frame}) onto the lower file system: \
+         {error} (the lower directory was changed behind nvstack's back; the region is left as it is)"
+    )]
+    Replay { seq: u64, frame: u64, error: FsError },
+    #[error("NVRAM: {0}")]
+    Nvram(#[from] TxError),
+    #[error("{0}")]
+    Config(String),
+    #[error("writing back the page cache with the cache off: {0}")]
+    Flush(FsError),
+}

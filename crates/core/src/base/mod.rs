@@ -16,13 +16,14 @@
 //! time), `counters.rs` (requests per operation, bytes), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
-//! `error.rs` (typed errors).
+//! `error.rs` (typed errors), `hidden.rs` (nvstack's own names in lower directories).
 
 pub mod binding;
 pub mod counters;
 pub mod durability;
 pub mod error;
 pub mod handles;
+pub mod hidden;
 pub mod inodes;
 pub mod lowerfs;
 pub mod optx;

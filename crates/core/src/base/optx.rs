@@ -16,7 +16,7 @@
 //! `UndoSlot` (`sync.rs`): no lower call and no wait may happen while it runs, so a slot is
 //! only ever held for NVRAM-speed work and a region's few slots never queue behind a disk.
 
-use txn::{Pool, Tx};
+use txn::{Pool, Tx, TxError};
 
 use super::error::FsResult;
 use super::sync::{Held, Rank};
@@ -63,4 +63,27 @@ impl<'p> OpTx<'p> {
         }
         result
     }
+}
+
+/// Stores `after` over `before` at `off`, changing (and snapshotting) only the bytes that
+/// differ: a rewrite of a handle in a record costs its length, not the record's.
+pub(crate) fn rewrite(
+    tx: &mut Tx<'_>,
+    off: u64,
+    before: &[u8],
+    after: &[u8],
+) -> Result<(), TxError> {
+    let mut i = 0;
+    while i < after.len() {
+        if before[i] == after[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < after.len() && before[i] != after[i] {
+            i += 1;
+        }
+        tx.update(off + start as u64, &after[start..i])?;
+    }
+    Ok(())
 }

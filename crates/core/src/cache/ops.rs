@@ -608,7 +608,7 @@ impl<L: LowerFs> Engine<L> {
         let attr = if rest == SetAttr::default() {
             self.base.lower.getattr(node)?
         } else {
-            self.ns_setattr(otx, node, file, &rest)?
+            self.journal.ns_setattr(&self.base, otx, node, file, &rest)?
         };
         if set.mtime.is_some() {
             let mut st = cf.lock();

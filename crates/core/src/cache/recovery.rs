@@ -16,9 +16,9 @@ use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
 use super::state::{self, PageMeta};
 use crate::base::counters::Counters;
+use crate::base::error::StartError;
 use crate::base::slots;
 use crate::engine::Engine;
-use crate::engine::start::StartError;
 
 /// One cached file found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]

@@ -30,7 +30,7 @@ impl<L: LowerFs> Engine<L> {
         if !self.journal.is_empty() {
             // The object may have been created by a journaled change not yet durable in the
             // lower file system: a checkpoint syncs it all (and frees the records).
-            self.checkpoint(crate::journal::checkpoint::Why::Sync)?;
+            self.journal.checkpoint(&self.base, crate::journal::checkpoint::Why::Sync)?;
             return Ok(true);
         }
         self.base.sync_unsynced(key, sync)?;

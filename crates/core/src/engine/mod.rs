@@ -13,6 +13,7 @@
 //! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
 //! order: `sync.rs`.
 
+mod clock;
 mod durability;
 pub mod routing;
 pub mod start;
@@ -177,7 +178,7 @@ impl<L: LowerFs> Engine<L> {
         let mut otx = OpTx::new(&self.base.pool);
         let result = f(&mut otx);
         let result = otx.end(result);
-        self.checkpoint_if_full();
+        self.journal.checkpoint_if_full(&self.base);
         result
     }
 

@@ -6,63 +6,24 @@
 //! cached-file records (`cache/recovery.rs`: files found again by handle), then the mount's
 //! choices (tempfiles off: every temp file transformed; cache off: every page written back).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use lower::LowerFs;
+use lower::{Errno, LowerFs};
 use txn::{Pool, TxError};
 
 use super::{Engine, EngineConfig, Obj};
 use crate::base::Base;
-use crate::base::error::FsError;
+use crate::base::error::{FsError, FsResult, StartError};
 use crate::base::handles::HandleTable;
 use crate::base::inodes::{Identity, InodeTable};
+use crate::base::optx::rewrite;
 use crate::base::sync::{Mutex, Rank};
 use crate::cache::{PageCache, Reason};
 use crate::journal::Journal;
+use crate::journal::checkpoint::Why;
 use crate::overlay::Overlay;
 use crate::tempfs::{TempStore, Trigger};
-
-/// Why an engine could not start over its region.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Region(#[from] nvram::Error),
-    #[error(
-        "{files} temp file(s) of a lower directory that no longer exists (directory handle {handle}): \
-         the lower directory was changed behind nvstack's back"
-    )]
-    MissingDir { files: usize, handle: String },
-    #[error("lower file system: {0}")]
-    Lower(lower::Errno),
-    #[error("finishing an interrupted transform of temp file {serial}: {error}")]
-    Redo { serial: u64, error: FsError },
-    #[error(
-        "finding the lower file of the cached-file record in {record} by its handle: {error} \
-         (its dirty pages are kept; mount as root so that file handles can be opened, or raise \
-         the walk limit)"
-    )]
-    CachedFile { record: String, error: lower::Errno },
-    #[error(
-        "freeing the dirty pages of a file deleted before the crash (record in {record}): \
-         {error}"
-    )]
-    DropDeleted { record: String, error: FsError },
-    #[error("settling pending directory times: {0}")]
-    Settle(FsError),
-    #[error("freeing record frames that hold no record: {0}")]
-    RecordFrames(FsError),
-    #[error(
-        "replaying metadata-journal record {seq} (frame {frame}) onto the lower file system: \
-         {error} (the lower directory was changed behind nvstack's back; the region is left as it is)"
-    )]
-    Replay { seq: u64, frame: u64, error: FsError },
-    #[error("NVRAM: {0}")]
-    Nvram(#[from] TxError),
-    #[error("{0}")]
-    Config(String),
-    #[error("writing back the page cache with the cache off: {0}")]
-    Flush(FsError),
-}
 
 impl<L: LowerFs> Engine<L> {
     /// Starts an engine over a recovered region: rebuilds the temp-file overlay, frees temp
@@ -106,7 +67,13 @@ impl<L: LowerFs> Engine<L> {
             base: Base::new(lower, pool, config.failpoints, config.max_walk),
         };
         // First: records of the other subsystems may name objects replay makes again.
-        engine.replay_journal(marker.unwrap_or(0))?;
+        let remade = engine.journal.replay(&engine.base, marker.unwrap_or(0))?;
+        if !remade.is_empty() {
+            let settle = |error: FsError| StartError::Replay { seq: 0, frame: 0, error };
+            engine.rekey_refs(&remade).map_err(settle)?;
+            engine.base.group_commit();
+        }
+        engine.journal.checkpoint(&engine.base, Why::Recovery).map_err(StartError::Settle)?;
         engine.rebuild_tempfiles()?;
         engine.rebuild_dir_times()?;
         engine.rebuild_cache()?;
@@ -133,7 +100,9 @@ impl<L: LowerFs> Engine<L> {
         if let Err(e) = self.settle_dir_times() {
             eprintln!("nvstack: settling pending directory times at unmount failed: {e}");
         }
-        if let Err(e) = self.checkpoint(crate::journal::checkpoint::Why::Unmount) {
+        if let Err(e) =
+            self.journal.checkpoint(&self.base, crate::journal::checkpoint::Why::Unmount)
+        {
             eprintln!("nvstack: journal checkpoint at unmount failed (replayed at mount): {e}");
         }
         if self.cache.config().writeback_on_unmount
@@ -147,4 +116,71 @@ impl<L: LowerFs> Engine<L> {
         drop(overlay);
         base.pool.close();
     }
+}
+
+/// Frames re-keyed per transaction at most (see `rekey_refs`; fewer where a transaction
+/// cannot hold them).
+const REKEY_BATCH: usize = 64;
+
+impl<L: LowerFs> Engine<L> {
+    /// M4: every temp-file, directory-times and cached-file record that names an object made
+    /// again names its new handle, in transactions of at most `REKEY_BATCH` frames, halved
+    /// while one does not fit (an undo slot, journal mode's log credit). Idempotent: a crash
+    /// in between leaves some records re-keyed and the map in the journal records, and the
+    /// next replay finishes.
+    fn rekey_refs(&self, remade: &HashMap<Vec<u8>, Vec<u8>>) -> FsResult<()> {
+        let pool = &self.base.pool;
+        let corrupt = |e: nvram::Error| FsError::Answer(corrupt(&e));
+        let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
+        let swap = |h: &mut Vec<u8>| match remade.get(h) {
+            Some(new) => {
+                h.clone_from(new);
+                true
+            }
+            None => false,
+        };
+        for mut t in crate::tempfs::scan(pool).map_err(corrupt)? {
+            let before = t.rec.encode().to_vec();
+            if swap(&mut t.rec.dir) {
+                writes.push((t.place.offset(pool), before, t.rec.encode().to_vec()));
+            }
+        }
+        for mut t in crate::overlay::times::scan(pool).map_err(corrupt)? {
+            let before = t.times.encode().to_vec();
+            if swap(&mut t.times.handle) {
+                writes.push((pool.frame_offset(t.frame), before, t.times.encode().to_vec()));
+            }
+        }
+        for mut c in crate::cache::scan(pool).map_err(corrupt)? {
+            let before = c.rec.encode().to_vec();
+            if swap(&mut c.rec.handle) {
+                writes.push((c.record.offset(pool), before, c.rec.encode().to_vec()));
+            }
+        }
+        let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);
+        while !rest.is_empty() {
+            let batch = &rest[..size.min(rest.len())];
+            let done = self.base.atomically(|tx| {
+                batch.iter().try_for_each(|(off, before, after)| rewrite(tx, *off, before, after))
+            });
+            match done {
+                Ok(()) => {
+                    rest = &rest[batch.len()..];
+                    self.base.fail("replay.rekeyed");
+                }
+                Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
+                    size = batch.len() / 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A damaged record met while rewriting: reported as EIO (the mount then refuses the region
+/// through the scan of the subsystem that owns it).
+fn corrupt(e: &nvram::Error) -> Errno {
+    eprintln!("nvstack: journal replay, re-keying records: {e}");
+    Errno(libc::EIO)
 }

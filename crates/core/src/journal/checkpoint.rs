@@ -13,7 +13,7 @@
 //! checkpoint runs (M7) is skipped: its slots are zero already.
 //!
 //! Triggers: the journal's size limit (checked after every operation), the interval (the
-//! daemon's clock drives `Engine::tick`), a durability call that must reach the lower file
+//! daemon's clock drives `Engine::tick`, which asks `interval_due`), a durability call that must reach the lower file
 //! system anyway, NVRAM pressure, `nvstack flush`, unmount, and the end of recovery.
 
 use std::collections::BTreeMap;
@@ -22,12 +22,12 @@ use std::sync::atomic::Ordering;
 use lower::LowerFs;
 use txn::{FrameId, TxError};
 
-use super::Pending;
 use super::record::{Place, SLOT_SIZE, slot_offset};
+use super::{Journal, Pending};
+use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
-use crate::engine::Engine;
 
 /// Frames freed per transaction at most (a freed frame costs its descriptor's undo record, a
 /// frame whose records are zeroed instead up to its 4 KiB: fewer when a transaction cannot
@@ -47,20 +47,20 @@ pub enum Why {
     Recovery,
 }
 
-impl<L: LowerFs> Engine<L> {
+impl Journal {
     /// Makes every committed journal record durable in the lower file system and frees it
     /// (see the module docs); returns the records freed.
-    pub fn checkpoint(&self, why: Why) -> FsResult<u64> {
-        let _one = self.journal.checkpointing.lock();
+    pub fn checkpoint<L: LowerFs>(&self, b: &Base<L>, why: Why) -> FsResult<u64> {
+        let _one = self.checkpointing.lock();
         // Several requests can find the journal full at once and queue here: the first frees
         // it, and the others must not run a syncfs each (seconds at scale) for records that
         // have not filled it again.
-        if why == Why::Size && !self.journal.full() {
+        if why == Why::Size && !self.full() {
             return Ok(0);
         }
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         let (listed, idle): (Vec<(u64, Place)>, Vec<FrameId>) = {
-            let pending = self.journal.pending.lock();
+            let pending = self.pending.lock();
             let idle = pending.frames.iter().filter(|(_, u)| u.records == 0).map(|(&f, _)| f);
             (pending.records.iter().map(|(&s, &p)| (s, p)).collect(), idle.collect())
         };
@@ -68,8 +68,8 @@ impl<L: LowerFs> Engine<L> {
             return Ok(0);
         }
         if !listed.is_empty() {
-            self.base.syncfs_lower()?;
-            self.base.fail("checkpoint.synced");
+            b.syncfs_lower()?;
+            b.fail("checkpoint.synced");
         }
         let mut by_frame: BTreeMap<FrameId, Vec<(u64, Place)>> =
             idle.into_iter().map(|f| (f, Vec::new())).collect();
@@ -83,7 +83,7 @@ impl<L: LowerFs> Engine<L> {
         let (mut size, mut rest) = (FREE_BATCH, &by_frame[..]);
         while !rest.is_empty() {
             let batch = &rest[..size.min(rest.len())];
-            match self.free_batch(batch, now) {
+            match self.free_batch(b, batch, now) {
                 Ok(()) => rest = &rest[batch.len()..],
                 Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
                     size = batch.len() / 2;
@@ -92,23 +92,28 @@ impl<L: LowerFs> Engine<L> {
             }
         }
 
-        self.base.fail("checkpoint.freed");
-        let c = &self.journal.counters;
+        b.fail("checkpoint.freed");
+        let c = &self.counters;
         Counters::add(&c.checkpoints, 1);
         let nanos = |t: (i64, u32)| i128::from(t.0) * 1_000_000_000 + i128::from(t.1);
-        let ms = (nanos(self.base.lower.now()) - nanos(now)).max(0) / 1_000_000;
+        let ms = (nanos(b.lower.now()) - nanos(now)).max(0) / 1_000_000;
         Counters::add(&c.checkpoint_ms_total, u64::try_from(ms).unwrap_or(u64::MAX));
         Ok(listed.len() as u64)
     }
 
     /// Step (3) for the frames of `batch` and their listed records, in one transaction.
-    fn free_batch(&self, batch: &[(FrameId, Vec<(u64, Place)>)], now: (i64, u32)) -> FsResult<()> {
-        let pool = &self.base.pool;
+    fn free_batch<L: LowerFs>(
+        &self,
+        b: &Base<L>,
+        batch: &[(FrameId, Vec<(u64, Place)>)],
+        now: (i64, u32),
+    ) -> FsResult<()> {
+        let pool = &b.pool;
         // Begun before the journal's lock (short: held while the batch is planned, written
         // and committed, so no record is packed into a frame being freed).
         let mut otx = OpTx::new(pool);
         otx.tx();
-        let mut pending = self.journal.pending.lock();
+        let mut pending = self.pending.lock();
         // Records annulled since (1) left the journal already (their slots are zero).
         let batch: Vec<(FrameId, Vec<(u64, Place)>)> = batch
             .iter()
@@ -139,12 +144,12 @@ impl<L: LowerFs> Engine<L> {
         for ((frame, records), &free) in batch.iter().zip(&plan) {
             if free {
                 pending.drop_frame(*frame);
-                Counters::add(&self.journal.counters.frames_freed, 1);
+                Counters::add(&self.counters.frames_freed, 1);
             } else {
                 for &(_, p) in records {
                     pending.release(p);
                 }
-                Counters::add(&self.journal.counters.records_zeroed, records.len() as u64);
+                Counters::add(&self.counters.records_zeroed, records.len() as u64);
             }
             for (seq, _) in records {
                 pending.records.remove(seq);
@@ -153,39 +158,30 @@ impl<L: LowerFs> Engine<L> {
         }
         if !pending.records.is_empty() {
             // Committed during the checkpoint: no older than its start.
-            self.journal.oldest_at.store(now.0, Ordering::Relaxed);
+            self.oldest_at.store(now.0, Ordering::Relaxed);
         }
         Ok(())
     }
 
     /// A checkpoint when the journal is at its size limit (called after every operation, with
     /// no lock held).
-    pub(crate) fn checkpoint_if_full(&self) {
-        if self.journal.full()
-            && let Err(e) = self.checkpoint(Why::Size)
+    pub(crate) fn checkpoint_if_full<L: LowerFs>(&self, b: &Base<L>) {
+        if self.full()
+            && let Err(e) = self.checkpoint(b, Why::Size)
         {
             eprintln!("nvstack: journal checkpoint failed (the records stay in NVRAM): {e}");
         }
     }
 
-    /// The engine's clock-driven work, called about twice a second by the daemon: a
-    /// checkpoint when the oldest record may be older than `--checkpoint-interval`, and the
-    /// write-back of pages older than `--max-dirty-age`.
-    pub fn tick(&self) -> FsResult<()> {
-        let (secs, nanos) = self.base.lower.now();
-        let now_ns = u64::try_from(secs).unwrap_or(0) * 1_000_000_000 + u64::from(nanos);
-        if self.base.pool.group_due(now_ns) {
-            self.base.group_commit();
+    /// Whether the oldest record may be older than `--checkpoint-interval` (the clock's
+    /// checkpoint; never with an interval of 0 or no record).
+    pub(crate) fn interval_due<L: LowerFs>(&self, b: &Base<L>) -> bool {
+        let interval = self.config.interval_secs;
+        if interval == 0 || self.is_empty() {
+            return false;
         }
-        let interval = self.journal.config.interval_secs;
-        if interval > 0 && !self.journal.is_empty() {
-            let oldest = self.journal.oldest_at.load(Ordering::Relaxed);
-            let age = self.base.lower.now().0.saturating_sub(oldest);
-            if u64::try_from(age).unwrap_or(u64::MAX) >= interval {
-                self.checkpoint(Why::Interval)?;
-            }
-        }
-        self.writeback_aged()?;
-        Ok(())
+        let oldest = self.oldest_at.load(Ordering::Relaxed);
+        let age = b.lower.now().0.saturating_sub(oldest);
+        u64::try_from(age).unwrap_or(u64::MAX) >= interval
     }
 }

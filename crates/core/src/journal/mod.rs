@@ -43,11 +43,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use lower::{Attr, Creds, LowerFs, SetAttr};
 use txn::{FrameId, FrameTag, TxError};
 
+use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::sync::{Mutex, Rank};
-use crate::engine::Engine;
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
@@ -365,23 +365,24 @@ impl Journal {
     }
 }
 
-impl<L: LowerFs> Engine<L> {
+impl Journal {
     /// The durable identity of a lower object in records (`LowerFs::file_handle`).
-    fn object_handle(&self, node: &L::Node) -> FsResult<Vec<u8>> {
-        Ok(self.base.lower.file_handle(node)?)
+    fn object_handle<L: LowerFs>(b: &Base<L>, node: &L::Node) -> FsResult<Vec<u8>> {
+        Ok(b.lower.file_handle(node)?)
     }
 
     /// Steps 2-4 of the protocol (module docs) for a change already applied to the lower file
     /// system: `build` reads the handles and makes the record; `touched` are the lower objects
     /// it changed, marked unsynced when the change cannot be journaled. The operation must not
     /// have a transaction running (its record commits on its own).
-    fn journaled(
+    fn journaled<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         touched: &[(u64, u64)],
         build: impl FnOnce() -> FsResult<Redo>,
     ) -> FsResult<()> {
-        self.journaled_removal(otx, touched, false, build)
+        self.journaled_removal(b, otx, touched, false, build)
     }
 
     /// `journaled`, for a change that may remove the last name of its `object`
@@ -395,8 +396,9 @@ impl<L: LowerFs> Engine<L> {
     /// creation names it, and a directory that anything was made in is named by that
     /// record). Short-lived files (Postmark's, a compiler's temporaries) then take one
     /// record instead of two until their checkpoint.
-    fn journaled_removal(
+    fn journaled_removal<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         touched: &[(u64, u64)],
         last_name: bool,
@@ -405,10 +407,10 @@ impl<L: LowerFs> Engine<L> {
         assert!(!otx.is_running(), "a journaled change inside a running transaction");
         let unjournaled = || {
             for &key in touched {
-                self.base.unsynced(key);
+                b.unsynced(key);
             }
         };
-        if !self.journal.enabled {
+        if !self.enabled {
             unjournaled();
             return Ok(());
         }
@@ -416,19 +418,19 @@ impl<L: LowerFs> Engine<L> {
             Ok(redo) if redo.fits() => redo,
             // Too large for a record, or no handle: synced in the lower file system instead.
             _ => {
-                Counters::add(&self.journal.counters.not_journaled, 1);
+                Counters::add(&self.counters.not_journaled, 1);
                 unjournaled();
                 return Ok(());
             }
         };
         let slots = redo.slots();
-        let pool = &self.base.pool;
+        let pool = &b.pool;
         // The transaction first (beginning may wait for an undo slot), then the journal's lock
         // (short): the record is packed, committed and listed under it, so no other record
         // takes its slots and a checkpoint never sees a frame with a record half written.
         otx.tx();
-        let mut pending = self.journal.pending.lock();
-        redo.seq = self.journal.next_seq.fetch_add(1, Ordering::Relaxed);
+        let mut pending = self.pending.lock();
+        redo.seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         // Free slots of a listed frame, not the annulled record's (they are zeroed below).
         let room = pending.find_room(slots);
         let annul: Option<(u64, Place)> = if last_name {
@@ -451,7 +453,7 @@ impl<L: LowerFs> Engine<L> {
                 otx.end(Ok(()))?;
                 pending.placed(place, room);
                 if pending.records.is_empty() {
-                    self.journal.oldest_at.store(self.base.lower.now().0, Ordering::Relaxed);
+                    self.oldest_at.store(b.lower.now().0, Ordering::Relaxed);
                 }
                 pending.records.insert(redo.seq, place);
                 for h in [&redo.dir1, &redo.dir2, &redo.object, &redo.other] {
@@ -462,16 +464,16 @@ impl<L: LowerFs> Engine<L> {
                     pending.records.remove(&seq);
                     pending.gone(seq);
                     pending.release(p);
-                    Counters::add(&self.journal.counters.records_annulled, 1);
+                    Counters::add(&self.counters.records_annulled, 1);
                 }
                 if record::is_creation(redo.op()) {
                     pending.creations.insert(redo.object.clone(), redo.seq);
                     pending.created.insert(redo.seq, redo.object.clone());
                 }
                 drop(pending);
-                Counters::add(&self.journal.counters.records_total, 1);
-                self.base.fail("journal.committed");
-                self.mark_applied();
+                Counters::add(&self.counters.records_total, 1);
+                b.fail("journal.committed");
+                self.mark_applied(b);
             }
             Err(TxError::NoFrames) => {
                 let _ = otx.end::<()>(Err(FsError::Nvram(TxError::NoFrames)));
@@ -479,7 +481,7 @@ impl<L: LowerFs> Engine<L> {
                     pending.named(h);
                 }
                 drop(pending);
-                Counters::add(&self.journal.counters.not_journaled, 1);
+                Counters::add(&self.counters.not_journaled, 1);
                 unjournaled();
             }
             Err(e) => return otx.end(Err(e.into())),
@@ -492,26 +494,22 @@ impl<L: LowerFs> Engine<L> {
     /// system commits its metadata in order (K2), so after a crash the marker it kept says
     /// which records it has for certain: replay starts after it, and at most the changes
     /// applied since the last marker (one per thread in flight) are judged by state.
-    fn mark_applied(&self) {
-        let upto = self.journal.next_seq.load(Ordering::Relaxed) - 1;
-        if let Err(e) = self.base.lower.setxattr(
-            self.base.lower.root(),
-            OsStr::new(MARKER),
-            &upto.to_le_bytes(),
-            0,
-        ) {
+    fn mark_applied<L: LowerFs>(&self, b: &Base<L>) {
+        let upto = self.next_seq.load(Ordering::Relaxed) - 1;
+        if let Err(e) = b.lower.setxattr(b.lower.root(), OsStr::new(MARKER), &upto.to_le_bytes(), 0)
+        {
             // Replay would still be right for the change itself, but could judge more than
             // one change by state: make everything durable now instead.
             eprintln!("nvstack: setting the journal marker failed ({e}): checkpointing");
-            if let Err(e) = self.checkpoint(checkpoint::Why::Sync) {
+            if let Err(e) = self.checkpoint(b, checkpoint::Why::Sync) {
                 eprintln!("nvstack: journal checkpoint failed: {e}");
             }
         }
     }
 
     /// A record naming a new object `node` as `parent/name`.
-    fn creation(
-        &self,
+    fn creation<L: LowerFs>(
+        b: &Base<L>,
         op: Op,
         parent: &L::Node,
         name: &OsStr,
@@ -519,9 +517,9 @@ impl<L: LowerFs> Engine<L> {
         attr: &Attr,
     ) -> FsResult<Redo> {
         let mut redo = Redo::new(op);
-        redo.dir1 = self.object_handle(parent)?;
+        redo.dir1 = Self::object_handle(b, parent)?;
         redo.name1 = name.to_os_string();
-        redo.object = self.object_handle(node)?;
+        redo.object = Self::object_handle(b, node)?;
         redo.mode = attr.mode;
         redo.uid = attr.uid;
         redo.gid = attr.gid;
@@ -529,50 +527,54 @@ impl<L: LowerFs> Engine<L> {
         Ok(redo)
     }
 
-    pub(crate) fn ns_mknod(
+    pub(crate) fn ns_mknod<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         creds: &Creds,
-        parent: &L::Node,
-        name: &OsStr,
+        (parent, name): (&L::Node, &OsStr),
         mode: u32,
         rdev: u64,
     ) -> FsResult<(L::Node, Attr)> {
-        self.base.group_commit(); // W1
-        let (node, attr) = self.base.lower.mknod(creds, parent, name, mode, rdev)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
-        self.journaled(otx, &touched, || self.creation(Op::Mknod, parent, name, &node, &attr))?;
+        b.group_commit(); // W1
+        let (node, attr) = b.lower.mknod(creds, parent, name, mode, rdev)?;
+        let touched = [b.lower.key(parent), b.lower.key(&node)];
+        self.journaled(b, otx, &touched, || {
+            Self::creation(b, Op::Mknod, parent, name, &node, &attr)
+        })?;
         Ok((node, attr))
     }
 
-    pub(crate) fn ns_mkdir(
+    pub(crate) fn ns_mkdir<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         creds: &Creds,
-        parent: &L::Node,
-        name: &OsStr,
+        (parent, name): (&L::Node, &OsStr),
         mode: u32,
     ) -> FsResult<(L::Node, Attr)> {
-        self.base.group_commit(); // W1
-        let (node, attr) = self.base.lower.mkdir(creds, parent, name, mode)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
-        self.journaled(otx, &touched, || self.creation(Op::Mkdir, parent, name, &node, &attr))?;
+        b.group_commit(); // W1
+        let (node, attr) = b.lower.mkdir(creds, parent, name, mode)?;
+        let touched = [b.lower.key(parent), b.lower.key(&node)];
+        self.journaled(b, otx, &touched, || {
+            Self::creation(b, Op::Mkdir, parent, name, &node, &attr)
+        })?;
         Ok((node, attr))
     }
 
-    pub(crate) fn ns_symlink(
+    pub(crate) fn ns_symlink<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         creds: &Creds,
-        parent: &L::Node,
-        name: &OsStr,
+        (parent, name): (&L::Node, &OsStr),
         target: &OsStr,
     ) -> FsResult<(L::Node, Attr)> {
-        self.base.group_commit(); // W1
-        let (node, attr) = self.base.lower.symlink(creds, parent, name, target)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
-        self.journaled(otx, &touched, || {
-            let mut redo = self.creation(Op::Symlink, parent, name, &node, &attr)?;
+        b.group_commit(); // W1
+        let (node, attr) = b.lower.symlink(creds, parent, name, target)?;
+        let touched = [b.lower.key(parent), b.lower.key(&node)];
+        self.journaled(b, otx, &touched, || {
+            let mut redo = Self::creation(b, Op::Symlink, parent, name, &node, &attr)?;
             redo.payload = std::os::unix::ffi::OsStrExt::as_bytes(target).to_vec();
             Ok(redo)
         })?;
@@ -580,39 +582,45 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Creates and opens a regular file in the lower directory.
-    pub(crate) fn ns_create(
+    pub(crate) fn ns_create<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         creds: &Creds,
-        parent: &L::Node,
-        name: &OsStr,
+        (parent, name): (&L::Node, &OsStr),
         mode: u32,
         flags: i32,
     ) -> FsResult<(L::Node, Attr, L::File)> {
-        self.base.group_commit(); // W1
-        let (node, attr, file) = self.base.lower.create(creds, parent, name, mode, flags)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(&node)];
-        self.journaled(otx, &touched, || self.creation(Op::Create, parent, name, &node, &attr))?;
+        b.group_commit(); // W1
+        let (node, attr, file) = b.lower.create(creds, parent, name, mode, flags)?;
+        let touched = [b.lower.key(parent), b.lower.key(&node)];
+        self.journaled(b, otx, &touched, || {
+            Self::creation(b, Op::Create, parent, name, &node, &attr)
+        })?;
         Ok((node, attr, file))
     }
 
-    pub(crate) fn ns_link(
+    pub(crate) fn ns_link<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node: &L::Node,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<Attr> {
-        self.base.group_commit(); // W1
-        let attr = self.base.lower.link(node, parent, name)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(node)];
-        self.journaled(otx, &touched, || self.creation(Op::Link, parent, name, node, &attr))?;
+        b.group_commit(); // W1
+        let attr = b.lower.link(node, parent, name)?;
+        let touched = [b.lower.key(parent), b.lower.key(node)];
+        self.journaled(b, otx, &touched, || {
+            Self::creation(b, Op::Link, parent, name, node, &attr)
+        })?;
         Ok(attr)
     }
 
     /// Removes `parent/name` (`dir`: rmdir); the record names what it was.
-    fn ns_remove(
+    fn ns_remove<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         parent: &L::Node,
         name: &OsStr,
@@ -620,49 +628,52 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         // The victim's handle is read first (after the removal it has no name to read it by).
         // Its link count too: only the removal of the last name may annul its creation.
-        let (victim, last_name) = if self.journal.enabled {
-            match self.base.lower.lookup(parent, name) {
-                Ok((n, attr)) => (self.object_handle(&n).ok(), dir || attr.nlink == 1),
+        let (victim, last_name) = if self.enabled {
+            match b.lower.lookup(parent, name) {
+                Ok((n, attr)) => (Self::object_handle(b, &n).ok(), dir || attr.nlink == 1),
                 Err(_) => (None, false),
             }
         } else {
             (None, false)
         };
-        self.base.group_commit(); // W1
+        b.group_commit(); // W1
         if dir {
-            self.base.lower.rmdir(parent, name)?;
+            b.lower.rmdir(parent, name)?;
         } else {
-            self.base.lower.unlink(parent, name)?;
+            b.lower.unlink(parent, name)?;
         }
-        self.journaled_removal(otx, &[self.base.lower.key(parent)], last_name, || {
+        self.journaled_removal(b, otx, &[b.lower.key(parent)], last_name, || {
             let mut redo = Redo::new(if dir { Op::Rmdir } else { Op::Unlink });
-            redo.dir1 = self.object_handle(parent)?;
+            redo.dir1 = Self::object_handle(b, parent)?;
             redo.name1 = name.to_os_string();
             redo.object = victim.ok_or(FsError::Answer(lower::Errno(libc::EOPNOTSUPP)))?;
             Ok(redo)
         })
     }
 
-    pub(crate) fn ns_unlink(
+    pub(crate) fn ns_unlink<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.ns_remove(otx, parent, name, false)
+        self.ns_remove(b, otx, parent, name, false)
     }
 
-    pub(crate) fn ns_rmdir(
+    pub(crate) fn ns_rmdir<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.ns_remove(otx, parent, name, true)
+        self.ns_remove(b, otx, parent, name, true)
     }
 
-    pub(crate) fn ns_rename(
+    pub(crate) fn ns_rename<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         (parent, name): (&L::Node, &OsStr),
         (newparent, newname): (&L::Node, &OsStr),
@@ -670,9 +681,9 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         // What moves (and, for an exchange, what comes back), read before the rename.
         let handle_at = |p: &L::Node, n: &OsStr| {
-            self.base.lower.lookup(p, n).ok().and_then(|(node, _)| self.object_handle(&node).ok())
+            b.lower.lookup(p, n).ok().and_then(|(node, _)| Self::object_handle(b, &node).ok())
         };
-        let (moved, other) = if self.journal.enabled {
+        let (moved, other) = if self.enabled {
             let other = if flags & libc::RENAME_EXCHANGE != 0 {
                 handle_at(newparent, newname)
             } else {
@@ -682,16 +693,16 @@ impl<L: LowerFs> Engine<L> {
         } else {
             (None, None)
         };
-        self.base.group_commit(); // W1
-        self.base.lower.rename(parent, name, newparent, newname, flags)?;
-        let touched = [self.base.lower.key(parent), self.base.lower.key(newparent)];
-        self.journaled(otx, &touched, || {
+        b.group_commit(); // W1
+        b.lower.rename(parent, name, newparent, newname, flags)?;
+        let touched = [b.lower.key(parent), b.lower.key(newparent)];
+        self.journaled(b, otx, &touched, || {
             let mut redo = Redo::new(Op::Rename);
             // RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT: the low bits.
             redo.flags = u16::try_from(flags & 0xffff).unwrap_or(0);
-            redo.dir1 = self.object_handle(parent)?;
+            redo.dir1 = Self::object_handle(b, parent)?;
             redo.name1 = name.to_os_string();
-            redo.dir2 = self.object_handle(newparent)?;
+            redo.dir2 = Self::object_handle(b, newparent)?;
             redo.name2 = newname.to_os_string();
             redo.object = moved.ok_or(FsError::Answer(lower::Errno(libc::EOPNOTSUPP)))?;
             redo.other = other.unwrap_or_default();
@@ -701,19 +712,20 @@ impl<L: LowerFs> Engine<L> {
 
     /// mode, owner and times (never the size: see the module docs). The record holds the
     /// values the lower object has afterwards, so that replay sets exactly those.
-    pub(crate) fn ns_setattr(
+    pub(crate) fn ns_setattr<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node: &L::Node,
         file: Option<&L::File>,
         set: &SetAttr,
     ) -> FsResult<Attr> {
         assert!(set.size.is_none(), "size changes are data, not journaled attributes");
-        self.base.group_commit(); // W1
-        let attr = self.base.lower.setattr(node, file, set)?;
-        self.journaled(otx, &[self.base.lower.key(node)], || {
+        b.group_commit(); // W1
+        let attr = b.lower.setattr(node, file, set)?;
+        self.journaled(b, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setattr);
-            redo.object = self.object_handle(node)?;
+            redo.object = Self::object_handle(b, node)?;
             let mut mask = 0;
             for (wanted, bit) in [
                 (set.mode.is_some(), record::SET_MODE),
@@ -734,19 +746,20 @@ impl<L: LowerFs> Engine<L> {
         Ok(attr)
     }
 
-    pub(crate) fn ns_setxattr(
+    pub(crate) fn ns_setxattr<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node: &L::Node,
         name: &OsStr,
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
-        self.base.group_commit(); // W1
-        self.base.lower.setxattr(node, name, value, flags)?;
-        self.journaled(otx, &[self.base.lower.key(node)], || {
+        b.group_commit(); // W1
+        b.lower.setxattr(node, name, value, flags)?;
+        self.journaled(b, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setxattr);
-            redo.object = self.object_handle(node)?;
+            redo.object = Self::object_handle(b, node)?;
             redo.name2 = name.to_os_string();
             redo.payload = value.to_vec();
             // XATTR_CREATE/XATTR_REPLACE: the lower call above already
@@ -756,17 +769,18 @@ impl<L: LowerFs> Engine<L> {
         })
     }
 
-    pub(crate) fn ns_removexattr(
+    pub(crate) fn ns_removexattr<L: LowerFs>(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        self.base.group_commit(); // W1
-        self.base.lower.removexattr(node, name)?;
-        self.journaled(otx, &[self.base.lower.key(node)], || {
+        b.group_commit(); // W1
+        b.lower.removexattr(node, name)?;
+        self.journaled(b, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Removexattr);
-            redo.object = self.object_handle(node)?;
+            redo.object = Self::object_handle(b, node)?;
             redo.name2 = name.to_os_string();
             Ok(redo)
         })

@@ -29,32 +29,40 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
 use lower::{Creds, Errno, LowerFs, SetAttr, TimeSet};
-use txn::{Tx, TxError};
+use txn::TxError;
 
+use super::Journal;
 use super::record::{self, Op, Place, Redo};
+use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
+use crate::base::error::StartError;
 use crate::base::error::{FsError, FsResult};
-use crate::engine::Engine;
-use crate::engine::start::StartError;
+use crate::base::optx::rewrite;
 
-impl<L: LowerFs> Engine<L> {
+impl Journal {
     /// See the module docs. Runs first at start, before the overlay and the page cache are
     /// rebuilt from records that may name recreated objects.
-    pub(crate) fn replay_journal(&self, marker: u64) -> Result<(), StartError> {
-        let scan = record::scan_frames(&self.base.pool)?;
+    /// Returns the objects made again (old handle -> new handle), durable in the lower file
+    /// system: the records of the other mechanisms that name them are re-keyed next (M4).
+    pub(crate) fn replay<L: LowerFs>(
+        &self,
+        b: &Base<L>,
+        marker: u64,
+    ) -> Result<HashMap<Vec<u8>, Vec<u8>>, StartError> {
+        let scan = record::scan_frames(&b.pool)?;
         let found = scan.records;
         let next = found.last().map_or(1, |f| f.redo.seq + 1).max(marker + 1);
-        self.journal.next_seq.store(next, Ordering::Relaxed);
+        self.next_seq.store(next, Ordering::Relaxed);
         if scan.frames.is_empty() {
-            return Ok(());
+            return Ok(HashMap::new());
         }
         let records: Vec<(Place, Redo)> = found.into_iter().map(|f| (f.place, f.redo)).collect();
         {
             // The journal's view of its frames first: every frame is listed (one found empty
             // too: the recovery checkpoint frees it), every record takes its slots (J2: the
             // rest are zero), so a record `note_remade` moves is placed as any new record is.
-            let mut pending = self.journal.pending.lock();
+            let mut pending = self.pending.lock();
             for &frame in &scan.frames {
                 pending.add_frame(frame);
             }
@@ -80,76 +88,67 @@ impl<L: LowerFs> Engine<L> {
             let fail =
                 |error: FsError| StartError::Replay { seq: redo.seq, frame: place.frame.0, error };
             let resolved = resolve(redo, &remade);
-            if let Some(new) = self.redo(&resolved).map_err(fail)? {
+            if let Some(new) = Self::redo(b, &resolved).map_err(fail)? {
                 // M5: the region names the object made again before it moves to its name, so
                 // a crash after that finds it (or makes it again if the lower file system lost
                 // it) instead of making a second one.
-                self.note_remade(*place, redo, &new).map_err(fail)?;
+                self.note_remade(b, *place, redo, &new).map_err(fail)?;
                 // W1 (journal mode): that note is durable before the rename.
-                self.base.group_commit();
-                self.base.fail("replay.remade");
+                b.group_commit();
+                b.fail("replay.remade");
                 remade.insert(redo.object.clone(), new);
                 let resolved = resolve(redo, &remade);
-                let parent = self.base.lower.find_object(&resolved.dir1, self.base.max_walk);
+                let parent = b.lower.find_object(&resolved.dir1, b.max_walk);
                 let parent = parent.map_err(|e| fail(e.into()))?;
-                let hidden = crate::tempfs::replay_name(redo.seq);
-                self.place(&resolved, &parent, &hidden).map_err(fail)?;
+                let hidden = crate::base::hidden::replay_name(redo.seq);
+                Self::place(b, &resolved, &parent, &hidden).map_err(fail)?;
             }
-            self.base
-                .lower
-                .setxattr(
-                    self.base.lower.root(),
-                    OsStr::new(super::MARKER),
-                    &redo.seq.to_le_bytes(),
-                    0,
-                )
+            b.lower
+                .setxattr(b.lower.root(), OsStr::new(super::MARKER), &redo.seq.to_le_bytes(), 0)
                 .map_err(|e| fail(e.into()))?;
-            self.base.fail("replay.applied");
-            Counters::add(&self.journal.counters.replayed_at_mount, 1);
+            b.fail("replay.applied");
+            Counters::add(&self.counters.replayed_at_mount, 1);
         }
         if !remade.is_empty() {
             // M4: every object made again is durable before a record that outlives the
-            // journal (temp file, directory times, cached file) names it.
+            // journal (temp file, directory times, cached file) names it; the engine re-keys
+            // those records (`engine/start.rs`), then checkpoints.
             let settle = |error: FsError| StartError::Replay { seq: 0, frame: 0, error };
-            self.base.syncfs_lower().map_err(settle)?;
-            self.rekey_refs(&remade).map_err(settle)?;
-            self.base.group_commit();
+            b.syncfs_lower().map_err(settle)?;
         }
-        self.checkpoint(super::checkpoint::Why::Recovery).map_err(StartError::Settle)?;
-        Ok(())
+        Ok(remade)
     }
 
     /// Redoes one record if its effect is missing; for an object made again (still at its
     /// hidden name) its new handle.
-    fn redo(&self, r: &Redo) -> FsResult<Option<Vec<u8>>> {
-        let exists = |h: &[u8]| self.base.lower.find_object(h, self.base.max_walk);
+    fn redo<L: LowerFs>(b: &Base<L>, r: &Redo) -> FsResult<Option<Vec<u8>>> {
+        let exists = |h: &[u8]| b.lower.find_object(h, b.max_walk);
         let holds = |dir: &L::Node, name: &OsStr, h: &[u8]| {
-            self.base
-                .lower
+            b.lower
                 .lookup(dir, name)
                 .ok()
-                .is_some_and(|(n, _)| self.base.lower.file_handle(&n).is_ok_and(|x| x == h))
+                .is_some_and(|(n, _)| b.lower.file_handle(&n).is_ok_and(|x| x == h))
         };
         match r.op() {
             Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink => {
                 let parent = exists(&r.dir1)?;
-                let hidden = crate::tempfs::replay_name(r.seq);
+                let hidden = crate::base::hidden::replay_name(r.seq);
                 if holds(&parent, &hidden, &r.object) {
                     // Made and renamed in the record by an interrupted replay: place it.
-                    self.place(r, &parent, &hidden)?;
+                    Self::place(b, r, &parent, &hidden)?;
                     return Ok(None);
                 }
                 if exists(&r.object).is_ok() {
                     return Ok(None);
                 }
-                return self.recreate(r, &parent, &hidden).map(Some);
+                return Self::recreate(b, r, &parent, &hidden).map(Some);
             }
             Op::Link => {
                 let parent = exists(&r.dir1)?;
                 if !holds(&parent, r.name1(), &r.object)
                     && let Ok(node) = exists(&r.object)
                 {
-                    match self.base.lower.link(&node, &parent, r.name1()) {
+                    match b.lower.link(&node, &parent, r.name1()) {
                         // Taken: under the prefix assumption the name was free until the link
                         // was done, so it was done and the name has gone to another object.
                         Ok(_) | Err(Errno(libc::EEXIST)) => {}
@@ -161,9 +160,9 @@ impl<L: LowerFs> Engine<L> {
                 let parent = exists(&r.dir1)?;
                 if holds(&parent, r.name1(), &r.object) {
                     if r.op() == Op::Rmdir {
-                        self.base.lower.rmdir(&parent, r.name1())?;
+                        b.lower.rmdir(&parent, r.name1())?;
                     } else {
-                        self.base.lower.unlink(&parent, r.name1())?;
+                        b.lower.unlink(&parent, r.name1())?;
                     }
                 }
             }
@@ -171,22 +170,22 @@ impl<L: LowerFs> Engine<L> {
                 let (from, to) = (exists(&r.dir1)?, exists(&r.dir2)?);
                 if holds(&from, r.name1(), &r.object) {
                     let flags = u32::from(r.flags) & libc::RENAME_EXCHANGE;
-                    self.base.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
+                    b.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
                 }
             }
             Op::Setattr => {
                 if let Ok(node) = exists(&r.object) {
-                    self.base.lower.setattr(&node, None, &attributes(r))?;
+                    b.lower.setattr(&node, None, &attributes(r))?;
                 }
             }
             Op::Setxattr => {
                 if let Ok(node) = exists(&r.object) {
-                    self.base.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
+                    b.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
                 }
             }
             Op::Removexattr => {
                 if let Ok(node) = exists(&r.object) {
-                    match self.base.lower.removexattr(&node, r.name2()) {
+                    match b.lower.removexattr(&node, r.name2()) {
                         Ok(()) | Err(Errno(libc::ENODATA)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -200,27 +199,30 @@ impl<L: LowerFs> Engine<L> {
     /// `hidden` (an interrupted replay's object there is adopted: the name is ours); the
     /// caller notes its handle in the record (M5), then `place` moves it to its name. Returns
     /// the new handle.
-    fn recreate(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<Vec<u8>> {
+    fn recreate<L: LowerFs>(
+        b: &Base<L>,
+        r: &Redo,
+        parent: &L::Node,
+        hidden: &OsStr,
+    ) -> FsResult<Vec<u8>> {
         let creds = Creds { uid: r.uid, gid: r.gid, groups: Vec::new() };
         let perm = r.mode & 0o7777;
         let made = match r.op() {
-            Op::Create => self
-                .base
-                .lower
-                .create(&creds, parent, hidden, perm, libc::O_RDWR)
-                .map(|(node, _, _)| node),
-            Op::Mknod => {
-                self.base.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
+            Op::Create => {
+                b.lower.create(&creds, parent, hidden, perm, libc::O_RDWR).map(|(node, _, _)| node)
             }
-            Op::Mkdir => self.base.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
+            Op::Mknod => {
+                b.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
+            }
+            Op::Mkdir => b.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
             _ => {
                 let target = OsStr::from_bytes(&r.payload);
-                self.base.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
+                b.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
             }
         };
         let node = match made {
             Ok(node) => node,
-            Err(Errno(libc::EEXIST)) => self.base.lower.lookup(parent, hidden)?.0,
+            Err(Errno(libc::EEXIST)) => b.lower.lookup(parent, hidden)?.0,
             Err(e) => return Err(e.into()),
         };
         if r.op() != Op::Symlink {
@@ -232,25 +234,25 @@ impl<L: LowerFs> Engine<L> {
                 gid: Some(r.gid),
                 ..SetAttr::default()
             };
-            match self.base.lower.setattr(&node, None, &set) {
+            match b.lower.setattr(&node, None, &set) {
                 Ok(_) | Err(Errno(libc::EPERM)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(self.base.lower.file_handle(&node)?)
+        Ok(b.lower.file_handle(&node)?)
     }
 
     /// Moves a recreated object from its hidden name to its name. A name taken means the
     /// creation was done and superseded (under the prefix assumption the name was free until
     /// then): the recreated object goes again.
-    fn place(&self, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<()> {
-        match self.base.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
+    fn place<L: LowerFs>(b: &Base<L>, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<()> {
+        match b.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
             Ok(()) => Ok(()),
             Err(Errno(libc::EEXIST)) => {
                 if r.op() == Op::Mkdir {
-                    self.base.lower.rmdir(parent, hidden)?;
+                    b.lower.rmdir(parent, hidden)?;
                 } else {
-                    self.base.lower.unlink(parent, hidden)?;
+                    b.lower.unlink(parent, hidden)?;
                 }
                 Ok(())
             }
@@ -265,19 +267,25 @@ impl<L: LowerFs> Engine<L> {
     /// transaction writes it there and zeroes its old slots (M6), so the region holds it in
     /// exactly one place whether the move commits or not, and the journal's view follows.
     /// A frame left without records is freed by the recovery checkpoint.
-    fn note_remade(&self, place: Place, redo: &Redo, new: &[u8]) -> FsResult<()> {
-        let pool = &self.base.pool;
+    fn note_remade<L: LowerFs>(
+        &self,
+        b: &Base<L>,
+        place: Place,
+        redo: &Redo,
+        new: &[u8],
+    ) -> FsResult<()> {
+        let pool = &b.pool;
         let off = record::slot_offset(pool, place.frame, place.slot);
         let before = redo.encode_in(place.slots);
         let noted = Redo { other: new.to_vec(), ..redo.clone() };
         if noted.slots() <= place.slots {
             let after = noted.encode_in(place.slots);
-            return self.base.atomically(|tx| rewrite(tx, off, &before, &after));
+            return b.atomically(|tx| rewrite(tx, off, &before, &after));
         }
         // As `journaled_removal`: the transaction first, then the journal's lock.
         let mut otx = OpTx::new(pool);
         otx.tx();
-        let mut pending = self.journal.pending.lock();
+        let mut pending = self.pending.lock();
         let room = pending.find_room(noted.slots());
         let written = (|| -> Result<Place, TxError> {
             let tx = otx.tx();
@@ -289,61 +297,7 @@ impl<L: LowerFs> Engine<L> {
         pending.release(place);
         pending.placed(to, room);
         pending.records.insert(redo.seq, to);
-        Counters::add(&self.journal.counters.notes_moved, 1);
-        Ok(())
-    }
-
-    /// M4: every temp-file, directory-times and cached-file record that names an object made
-    /// again names its new handle, in transactions of at most `REKEY_BATCH` frames, halved
-    /// while one does not fit (an undo slot, journal mode's log credit). Idempotent: a crash
-    /// in between leaves some records re-keyed and the map in the journal records, and the
-    /// next replay finishes.
-    fn rekey_refs(&self, remade: &HashMap<Vec<u8>, Vec<u8>>) -> FsResult<()> {
-        let pool = &self.base.pool;
-        let corrupt = |e: nvram::Error| FsError::Answer(corrupt(&e));
-        let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
-        let swap = |h: &mut Vec<u8>| match remade.get(h) {
-            Some(new) => {
-                h.clone_from(new);
-                true
-            }
-            None => false,
-        };
-        for mut t in crate::tempfs::scan(pool).map_err(corrupt)? {
-            let before = t.rec.encode().to_vec();
-            if swap(&mut t.rec.dir) {
-                writes.push((t.place.offset(pool), before, t.rec.encode().to_vec()));
-            }
-        }
-        for mut t in crate::overlay::times::scan(pool).map_err(corrupt)? {
-            let before = t.times.encode().to_vec();
-            if swap(&mut t.times.handle) {
-                writes.push((pool.frame_offset(t.frame), before, t.times.encode().to_vec()));
-            }
-        }
-        for mut c in crate::cache::scan(pool).map_err(corrupt)? {
-            let before = c.rec.encode().to_vec();
-            if swap(&mut c.rec.handle) {
-                writes.push((c.record.offset(pool), before, c.rec.encode().to_vec()));
-            }
-        }
-        let (mut size, mut rest) = (REKEY_BATCH, &writes[..]);
-        while !rest.is_empty() {
-            let batch = &rest[..size.min(rest.len())];
-            let done = self.base.atomically(|tx| {
-                batch.iter().try_for_each(|(off, before, after)| rewrite(tx, *off, before, after))
-            });
-            match done {
-                Ok(()) => {
-                    rest = &rest[batch.len()..];
-                    self.base.fail("replay.rekeyed");
-                }
-                Err(FsError::Nvram(TxError::UndoFull { .. })) if batch.len() > 1 => {
-                    size = batch.len() / 2;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        Counters::add(&self.counters.notes_moved, 1);
         Ok(())
     }
 }
@@ -364,10 +318,6 @@ fn resolve(r: &Redo, remade: &HashMap<Vec<u8>, Vec<u8>>) -> Redo {
     r
 }
 
-/// Frames re-keyed per transaction at most (see `rekey_refs`; fewer where a transaction
-/// cannot hold them).
-const REKEY_BATCH: usize = 64;
-
 /// The attributes a `Setattr` record sets, as explicit values.
 fn attributes(r: &Redo) -> SetAttr {
     let has = |bit| r.flags & bit != 0;
@@ -379,29 +329,4 @@ fn attributes(r: &Redo) -> SetAttr {
         mtime: has(record::SET_MTIME).then_some(TimeSet::At(r.mtime.0, r.mtime.1)),
         ..SetAttr::default()
     }
-}
-
-/// Stores `after` over `before` at `off`, changing (and snapshotting) only the bytes that
-/// differ: a rewrite of a handle in a record costs its length, not the record's.
-fn rewrite(tx: &mut Tx<'_>, off: u64, before: &[u8], after: &[u8]) -> Result<(), TxError> {
-    let mut i = 0;
-    while i < after.len() {
-        if before[i] == after[i] {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < after.len() && before[i] != after[i] {
-            i += 1;
-        }
-        tx.update(off + start as u64, &after[start..i])?;
-    }
-    Ok(())
-}
-
-/// A damaged record met while rewriting: reported as EIO (the mount then refuses the region
-/// through the scan of the subsystem that owns it).
-fn corrupt(e: &nvram::Error) -> Errno {
-    eprintln!("nvstack: journal replay: {e}");
-    Errno(libc::EIO)
 }

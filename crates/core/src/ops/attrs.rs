@@ -78,7 +78,7 @@ impl<L: LowerFs> Engine<L> {
                     self.base.unsynced(key);
                     return Ok(attr);
                 }
-                let attr = self.ns_setattr(tx, &node, file, set)?;
+                let attr = self.journal.ns_setattr(&self.base, tx, &node, file, set)?;
                 if set.mtime.is_some() && attr.kind() == lower::FileKind::Directory {
                     // Explicit times: pending ones (temp-file changes) follow them.
                     self.follow_dir_times(tx, key, &attr)?;
@@ -101,7 +101,7 @@ impl<L: LowerFs> Engine<L> {
         let kill = suidgid_bits(attr.mode);
         if kill != 0 {
             let set = SetAttr { mode: Some(attr.mode & !kill & 0o7777), ..SetAttr::default() };
-            self.ns_setattr(otx, node, None, &set)?;
+            self.journal.ns_setattr(&self.base, otx, node, None, &set)?;
         }
         Ok(())
     }
@@ -137,7 +137,9 @@ impl<L: LowerFs> Engine<L> {
             return Err(answer(libc::EPERM));
         }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
-        self.op(Op::Setxattr, |otx| self.ns_setxattr(otx, &node, name, value, flags))
+        self.op(Op::Setxattr, |otx| {
+            self.journal.ns_setxattr(&self.base, otx, &node, name, value, flags)
+        })
     }
 
     pub fn getxattr(&self, node_id: u64, name: &OsStr, size: usize) -> FsResult<Vec<u8>> {
@@ -184,7 +186,7 @@ impl<L: LowerFs> Engine<L> {
             return Err(answer(libc::EPERM));
         }
         let node = self.lower_object(node_id, tempfs::Trigger::Xattr)?;
-        self.op(Op::Removexattr, |otx| self.ns_removexattr(otx, &node, name))
+        self.op(Op::Removexattr, |otx| self.journal.ns_removexattr(&self.base, otx, &node, name))
     }
 }
 

@@ -119,8 +119,14 @@ impl<L: LowerFs> Engine<L> {
                 return Ok((entry, self.nvram_route(entry.node_id, fh, flags)));
             }
             self.check_new_name(&p, name)?;
-            let (node, attr, file) =
-                self.ns_create(tx, creds, &p, name, mode, flags & !libc::O_DIRECT)?;
+            let (node, attr, file) = self.journal.ns_create(
+                &self.base,
+                tx,
+                creds,
+                (&p, name),
+                mode,
+                flags & !libc::O_DIRECT,
+            )?;
             let key = self.base.lower.key(&node);
             let node = std::sync::Arc::new(node);
             let entry = self.entry_of(std::sync::Arc::clone(&node), attr);

@@ -116,7 +116,10 @@ impl<L: LowerFs> Engine<L> {
                 Ok((n, After::Nothing)) => return Ok(n),
                 Err(FsError::Nvram(TxError::NoFrames)) if !pressured => {
                     pressured = true;
-                    if let Err(e) = self.checkpoint(crate::journal::checkpoint::Why::Pressure) {
+                    if let Err(e) = self
+                        .journal
+                        .checkpoint(&self.base, crate::journal::checkpoint::Why::Pressure)
+                    {
                         eprintln!("nvstack: journal checkpoint for room failed: {e}");
                     }
                     self.relieve_pressure(true);

@@ -49,7 +49,8 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Mknod, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.ns_mknod(otx, creds, &p, name, mode, rdev)?;
+            let (node, attr) =
+                self.journal.ns_mknod(&self.base, otx, creds, (&p, name), mode, rdev)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -58,7 +59,7 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Mkdir, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.ns_mkdir(otx, creds, &p, name, mode)?;
+            let (node, attr) = self.journal.ns_mkdir(&self.base, otx, creds, (&p, name), mode)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -73,7 +74,8 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Symlink, |otx| {
             let p = self.dir(parent)?;
             self.check_new_name(&p, name)?;
-            let (node, attr) = self.ns_symlink(otx, creds, &p, name, target)?;
+            let (node, attr) =
+                self.journal.ns_symlink(&self.base, otx, creds, (&p, name), target)?;
             Ok(self.entry(node, attr))
         })
     }
@@ -84,7 +86,7 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Link, |otx| {
             let p = self.dir(newparent)?;
             self.check_new_name(&p, newname)?;
-            let attr = self.ns_link(otx, &node, &p, newname)?;
+            let attr = self.journal.ns_link(&self.base, otx, &node, &p, newname)?;
             // The kernel counts this reply as a lookup of the same node.
             let (node, _) = self.base.lower.lookup(&p, newname)?;
             Ok(self.entry(node, attr))
@@ -119,7 +121,7 @@ impl<L: LowerFs> Engine<L> {
             if tempfs::is_hidden(name) {
                 return Err(answer(libc::ENOENT));
             }
-            self.ns_unlink(tx, &p, name)
+            self.journal.ns_unlink(&self.base, tx, &p, name)
         })?;
         self.settle_if_many();
         Ok(())
@@ -141,7 +143,7 @@ impl<L: LowerFs> Engine<L> {
             {
                 return Err(answer(libc::ENOTEMPTY));
             }
-            self.ns_rmdir(otx, &p, name)
+            self.journal.ns_rmdir(&self.base, otx, &p, name)
         })
     }
 

@@ -19,9 +19,9 @@ use txn::{FrameId, FrameTag, Tx, TxError};
 use super::times::{self, DirTimes, KIND_DIR_TIMES, MAX_RECORDS};
 use super::{DirKey, Overlay};
 use crate::base::OpTx;
+use crate::base::error::StartError;
 use crate::base::error::{FsError, FsResult};
 use crate::engine::Engine;
-use crate::engine::start::StartError;
 
 /// A record written by a transaction, mirrored into the overlay after its commit.
 pub(crate) type Written = (FrameId, DirTimes);

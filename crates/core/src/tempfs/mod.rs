@@ -26,7 +26,7 @@ mod rename;
 mod transform;
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
@@ -38,28 +38,7 @@ use crate::base::slots;
 pub use crate::base::slots::Place;
 pub use record::{Record, State};
 
-/// Names starting with this prefix are nvstack's hidden transform files in the lower
-/// directory: invisible through the mount, never created by it.
-pub const HIDDEN_PREFIX: &str = ".nvstack-transform-";
-
-pub fn hidden_name(serial: u64) -> OsString {
-    OsString::from(format!("{HIDDEN_PREFIX}{serial:016x}"))
-}
-
-/// Names of objects the metadata journal's replay makes before it moves them to their name
-/// (`journal/replay.rs`): hidden too.
-pub const REPLAY_PREFIX: &str = ".nvstack-replay-";
-
-pub fn replay_name(seq: u64) -> OsString {
-    OsString::from(format!("{REPLAY_PREFIX}{seq:016x}"))
-}
-
-/// nvstack's own names in lower directories: invisible through the mount, never created by
-/// an application.
-pub fn is_hidden(name: &OsStr) -> bool {
-    let b = name.as_encoded_bytes();
-    b.starts_with(HIDDEN_PREFIX.as_bytes()) || b.starts_with(REPLAY_PREFIX.as_bytes())
-}
+pub use crate::base::hidden::{HIDDEN_PREFIX, hidden_name, is_hidden};
 
 /// Why a temp file was transformed (counted per trigger).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

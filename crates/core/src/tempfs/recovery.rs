@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 
 use lower::LowerFs;
 
+use crate::base::error::StartError;
 use crate::engine::Engine;
-use crate::engine::start::StartError;
 use crate::overlay::Overlay;
 use crate::tempfs::{self, Fate, State, TempFile, TempState, Trigger, data};
 

@@ -122,7 +122,7 @@ impl<L: LowerFs> Engine<L> {
                 return Err(answer(libc::ENOTEMPTY));
             }
         }
-        self.ns_rename(otx, (p, name), (np, newname), flags)
+        self.journal.ns_rename(&self.base, otx, (p, name), (np, newname), flags)
     }
 
     /// rename of a temp file onto a name that is not a temp file (free, or a lower object).
