@@ -10,12 +10,34 @@
 //! lock or an undo slot (`sync::assert_may_block`, checked in debug builds: every test run).
 //! A lower call may wait for a disk; holding a global lock or a slot across it would stall
 //! unrelated operations behind that disk.
+//!
+//! Rule W1 (journal consistency mode, design.md section 12.7): NVRAM state reaches the lower
+//! file system only after the group commit that makes it durable, so that a crash which loses
+//! the running group never leaves a lower change made after a lost operation. Every call that
+//! changes the lower file system takes a [`Committed`], which only
+//! [`Base::committed`](super::Base::committed) makes - by a group commit (a no-op in the other
+//! modes). A caller takes it after the NVRAM commits whose state its lower changes carry, and
+//! may use it for a batch of changes (a write-back batch, a transform group) of that state.
+//! Reads, syncs, relatime's atime (`touch_atime`) and the calls on devices and FIFOs
+//! (`write_special`) take none: they carry no NVRAM state.
 
 use std::ffi::OsStr;
 
 use lower::{Attr, Creds, DirEntry, Extent, LowerFs, Result, SetAttr, StatFs};
 
 use crate::base::sync::assert_may_block;
+
+/// Proof that the running group was committed (W1, see the module docs): the only way to
+/// change the lower file system through the facade.
+#[derive(Debug)]
+pub struct Committed(());
+
+impl Committed {
+    /// Only `Base::committed`, right after its group commit, makes one.
+    pub(super) fn after_group_commit() -> Committed {
+        Committed(())
+    }
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -50,6 +72,7 @@ impl<L: LowerFs> Lower<L> {
 
     pub fn mknod(
         &self,
+        _w1: &Committed,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -62,6 +85,7 @@ impl<L: LowerFs> Lower<L> {
 
     pub fn mkdir(
         &self,
+        _w1: &Committed,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -73,6 +97,7 @@ impl<L: LowerFs> Lower<L> {
 
     pub fn symlink(
         &self,
+        _w1: &Committed,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -84,6 +109,7 @@ impl<L: LowerFs> Lower<L> {
 
     pub fn create(
         &self,
+        _w1: &Committed,
         creds: &Creds,
         parent: &L::Node,
         name: &OsStr,
@@ -94,23 +120,30 @@ impl<L: LowerFs> Lower<L> {
         self.fs.create(creds, parent, name, mode, flags)
     }
 
-    pub fn link(&self, node: &L::Node, newparent: &L::Node, newname: &OsStr) -> Result<Attr> {
+    pub fn link(
+        &self,
+        _w1: &Committed,
+        node: &L::Node,
+        newparent: &L::Node,
+        newname: &OsStr,
+    ) -> Result<Attr> {
         assert_may_block("lower link");
         self.fs.link(node, newparent, newname)
     }
 
-    pub fn unlink(&self, parent: &L::Node, name: &OsStr) -> Result<()> {
+    pub fn unlink(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower unlink");
         self.fs.unlink(parent, name)
     }
 
-    pub fn rmdir(&self, parent: &L::Node, name: &OsStr) -> Result<()> {
+    pub fn rmdir(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower rmdir");
         self.fs.rmdir(parent, name)
     }
 
     pub fn rename(
         &self,
+        _w1: &Committed,
         parent: &L::Node,
         name: &OsStr,
         newparent: &L::Node,
@@ -121,17 +154,38 @@ impl<L: LowerFs> Lower<L> {
         self.fs.rename(parent, name, newparent, newname, flags)
     }
 
-    pub fn setattr(&self, node: &L::Node, file: Option<&L::File>, set: &SetAttr) -> Result<Attr> {
+    pub fn setattr(
+        &self,
+        _w1: &Committed,
+        node: &L::Node,
+        file: Option<&L::File>,
+        set: &SetAttr,
+    ) -> Result<Attr> {
         assert_may_block("lower setattr");
         self.fs.setattr(node, file, set)
     }
 
-    pub fn setxattr(&self, node: &L::Node, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    /// relatime's atime update of a file a read went through the page cache for: the time is
+    /// now, no NVRAM state, so no W1.
+    pub fn touch_atime(&self, node: &L::Node) -> Result<Attr> {
+        assert_may_block("lower setattr (atime)");
+        let set = SetAttr { atime: Some(lower::TimeSet::Now), ..SetAttr::default() };
+        self.fs.setattr(node, None, &set)
+    }
+
+    pub fn setxattr(
+        &self,
+        _w1: &Committed,
+        node: &L::Node,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
         assert_may_block("lower setxattr");
         self.fs.setxattr(node, name, value, flags)
     }
 
-    pub fn removexattr(&self, node: &L::Node, name: &OsStr) -> Result<()> {
+    pub fn removexattr(&self, _w1: &Committed, node: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower removexattr");
         self.fs.removexattr(node, name)
     }
@@ -243,12 +297,31 @@ impl<L: LowerFs> Lower<L> {
         Ok(got)
     }
 
-    pub fn write(&self, file: &L::File, offset: u64, data: &[u8]) -> Result<usize> {
+    pub fn write(
+        &self,
+        _w1: &Committed,
+        file: &L::File,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
         assert_may_block("lower write");
         self.fs.write(file, offset, data)
     }
 
-    pub fn fallocate(&self, file: &L::File, mode: i32, offset: u64, len: u64) -> Result<()> {
+    /// A write to a device or FIFO opened through the mount: no file-system state, so no W1.
+    pub fn write_special(&self, file: &L::File, offset: u64, data: &[u8]) -> Result<usize> {
+        assert_may_block("lower write (device or FIFO)");
+        self.fs.write(file, offset, data)
+    }
+
+    pub fn fallocate(
+        &self,
+        _w1: &Committed,
+        file: &L::File,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         assert_may_block("lower fallocate");
         self.fs.fallocate(file, mode, offset, len)
     }
@@ -260,6 +333,7 @@ impl<L: LowerFs> Lower<L> {
 
     pub fn copy_file_range(
         &self,
+        _w1: &Committed,
         input: &L::File,
         offset_in: u64,
         output: &L::File,

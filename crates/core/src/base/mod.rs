@@ -39,7 +39,7 @@ use txn::{Pool, Tx, TxError};
 use counters::Counters;
 use durability::Durability;
 use error::{FsError, FsResult, answer};
-pub use lowerfs::Lower;
+pub use lowerfs::{Committed, Lower};
 pub use optx::OpTx;
 use slots::{Place, Released, SlotList};
 use space::Space;
@@ -108,6 +108,13 @@ impl<L: LowerFs> Base<L> {
         let mut otx = OpTx::new(&self.pool);
         let result = f(otx.tx()).map_err(FsError::from);
         otx.end(result)
+    }
+
+    /// A group commit (journal consistency mode; nothing in the others) and the proof of it
+    /// that every lower change needs (W1, `lowerfs.rs`). Never with a transaction running.
+    pub(crate) fn committed(&self) -> Committed {
+        self.group_commit();
+        Committed::after_group_commit()
     }
 
     /// A time an application set, or now by the lower file system's clock.

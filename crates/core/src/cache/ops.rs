@@ -26,10 +26,10 @@ use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
 use super::state::{self, CachedFile, PageMeta};
 use super::{PAGE, Reason};
-use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::slots;
+use crate::base::{Committed, OpTx};
 use crate::engine::Engine;
 
 pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
@@ -387,8 +387,7 @@ impl<L: LowerFs> Engine<L> {
             st.atime_checked = st.rec.mtime;
             let a = self.base.lower.getattr(&cf.node)?;
             if a.atime <= st.rec.mtime || a.atime <= st.rec.ctime {
-                let set = SetAttr { atime: Some(lower::TimeSet::Now), ..SetAttr::default() };
-                self.base.lower.setattr(&cf.node, None, &set)?;
+                self.base.lower.touch_atime(&cf.node)?;
             }
         }
         let tick = self.cache.tick();
@@ -777,13 +776,14 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Runs `f` on the lower file of `key` with no record in NVRAM and none able to start
-    /// (the file's stripe held): the file is written back first if it has one.
+    /// (the file's stripe held): the file is written back first if it has one. `f` gets the
+    /// W1 proof for its lower changes.
     pub(crate) fn with_clean_lower<T>(
         &self,
         key: (u64, u64),
-        f: impl FnOnce() -> FsResult<T>,
+        f: impl FnOnce(&Committed) -> FsResult<T>,
     ) -> FsResult<T> {
-        self.base.group_commit(); // W1: `f` changes the lower file system
+        let w1 = self.base.committed();
         // A limit: a file that writers keep dirtying between its write-back and the stripe
         // gets EAGAIN after a few attempts.
         for _ in 0..8 {
@@ -792,7 +792,7 @@ impl<L: LowerFs> Engine<L> {
             }
             let stripe = self.cache.stripe(key);
             if self.cached(key).is_none() {
-                let r = f();
+                let r = f(&w1);
                 drop(stripe);
                 return r;
             }

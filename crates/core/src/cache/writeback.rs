@@ -36,6 +36,7 @@ use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
+use crate::base::Committed;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::slots;
@@ -417,8 +418,6 @@ impl<L: LowerFs> Engine<L> {
     /// transaction). A file met again in a later batch of the same call keeps the
     /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
     fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
-        // W1: the pages written are committed state (journal mode; a no-op otherwise).
-        self.base.group_commit();
         let mut seen = std::collections::HashSet::new();
         let mut written: Vec<Vec<BatchFile<L>>> = Vec::new();
         for batch in batches {
@@ -426,7 +425,11 @@ impl<L: LowerFs> Engine<L> {
             if jobs.is_empty() {
                 continue;
             }
-            self.write_lower(history, &jobs)?;
+            // W1: the pages copied are committed state, made durable now (journal mode; a
+            // no-op otherwise) - after the copy, so that a write committed between a group
+            // commit and the copy does not reach the lower file before its group does.
+            let w1 = self.base.committed();
+            self.write_lower(&w1, history, &jobs)?;
             for job in &mut jobs {
                 job.data = Vec::new(); // written: only the versions are needed now
             }
@@ -501,14 +504,19 @@ impl<L: LowerFs> Engine<L> {
         jobs
     }
 
-    fn write_lower(&self, history: &mut History, jobs: &[BatchFile<L>]) -> FsResult<()> {
+    fn write_lower(
+        &self,
+        w1: &Committed,
+        history: &mut History,
+        jobs: &[BatchFile<L>],
+    ) -> FsResult<()> {
         // Cut what lies beyond `valid` first: those bytes are zero to the application.
         for job in jobs.iter().filter(|job| job.cut) {
             let io = self.cache_io(&job.cf)?;
             let lower_size = self.base.lower.getattr(&job.cf.node)?.size;
             if lower_size > job.valid {
                 let set = SetAttr { size: Some(job.valid), ..SetAttr::default() };
-                self.base.lower.setattr(&job.cf.node, Some(&io), &set)?;
+                self.base.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
             }
         }
         // Every whole page of the batch in ascending location order; runs become one request.
@@ -540,14 +548,14 @@ impl<L: LowerFs> Engine<L> {
                 }
                 run += 1;
             }
-            self.write_run(history, &jobs[j], p, run, loc)?;
+            self.write_run(w1, history, &jobs[j], p, run, loc)?;
             i += run;
         }
         // Patched pages: only the patched bytes (the lower file system reads the rest of its
         // block if it does not hold it: the page's fetch, done by the write-back).
         for job in jobs {
             for (&index, patch) in &job.patches {
-                self.write_patch(history, job, index, patch)?;
+                self.write_patch(w1, history, job, index, patch)?;
             }
         }
         // Size and mtime as the record says, then durable.
@@ -558,7 +566,7 @@ impl<L: LowerFs> Engine<L> {
                 mtime: Some(TimeSet::At(job.mtime.0, job.mtime.1)),
                 ..SetAttr::default()
             };
-            self.base.lower.setattr(&job.cf.node, Some(&io), &set)?;
+            self.base.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
         }
         Ok(())
     }
@@ -566,6 +574,7 @@ impl<L: LowerFs> Engine<L> {
     /// One lower write request: `run` pages of `job` from position `p`, starting at `loc`.
     fn write_run(
         &self,
+        w1: &Committed,
         history: &mut History,
         job: &BatchFile<L>,
         p: usize,
@@ -588,8 +597,8 @@ impl<L: LowerFs> Engine<L> {
         while done < data.len() {
             let at = offset + done as u64;
             let result = match direct {
-                Some(d) if use_direct => self.base.lower.write(d, at, &data[done..]),
-                _ => self.base.lower.write(&*self.cache_io(cf)?, at, &data[done..]),
+                Some(d) if use_direct => self.base.lower.write(w1, d, at, &data[done..]),
+                _ => self.base.lower.write(w1, &*self.cache_io(cf)?, at, &data[done..]),
             };
             match result {
                 Ok(0) => return Err(Errno(libc::EIO).into()),
@@ -623,6 +632,7 @@ impl<L: LowerFs> Engine<L> {
     /// The byte ranges of one patched page, buffered (they are not block-aligned).
     fn write_patch(
         &self,
+        w1: &Committed,
         history: &mut History,
         job: &BatchFile<L>,
         index: u64,
@@ -635,7 +645,7 @@ impl<L: LowerFs> Engine<L> {
             let mut done = 0;
             while done < n {
                 let at = index * PAGE + (o + done) as u64;
-                match self.base.lower.write(&io, at, &piece[done..])? {
+                match self.base.lower.write(w1, &io, at, &piece[done..])? {
                     0 => return Err(Errno(libc::EIO).into()),
                     k => done += k,
                 }

@@ -43,11 +43,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use lower::{Attr, Creds, LowerFs, SetAttr};
 use txn::{FrameId, FrameTag, TxError};
 
-use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::sync::{Mutex, Rank};
+use crate::base::{Base, Committed};
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
@@ -378,11 +378,12 @@ impl Journal {
     fn journaled<L: LowerFs>(
         &self,
         b: &Base<L>,
+        w1: &Committed,
         otx: &mut OpTx<'_>,
         touched: &[(u64, u64)],
         build: impl FnOnce() -> FsResult<Redo>,
     ) -> FsResult<()> {
-        self.journaled_removal(b, otx, touched, false, build)
+        self.journaled_removal(b, w1, otx, touched, false, build)
     }
 
     /// `journaled`, for a change that may remove the last name of its `object`
@@ -399,6 +400,7 @@ impl Journal {
     fn journaled_removal<L: LowerFs>(
         &self,
         b: &Base<L>,
+        w1: &Committed,
         otx: &mut OpTx<'_>,
         touched: &[(u64, u64)],
         last_name: bool,
@@ -473,7 +475,7 @@ impl Journal {
                 drop(pending);
                 Counters::add(&self.counters.records_total, 1);
                 b.fail("journal.committed");
-                self.mark_applied(b);
+                self.mark_applied(b, w1);
             }
             Err(TxError::NoFrames) => {
                 let _ = otx.end::<()>(Err(FsError::Nvram(TxError::NoFrames)));
@@ -493,10 +495,13 @@ impl Journal {
     /// the lower root, `MARKER`) was applied before the marker was set. The lower file
     /// system commits its metadata in order (K2), so after a crash the marker it kept says
     /// which records it has for certain: replay starts after it, and at most the changes
-    /// applied since the last marker (one per thread in flight) are judged by state.
-    fn mark_applied<L: LowerFs>(&self, b: &Base<L>) {
+    /// applied since the last marker (one per thread in flight) are judged by state. The
+    /// marker carries no NVRAM state of its own, only the fact of the change it follows: the
+    /// change's own W1 proof covers it.
+    fn mark_applied<L: LowerFs>(&self, b: &Base<L>, w1: &Committed) {
         let upto = self.next_seq.load(Ordering::Relaxed) - 1;
-        if let Err(e) = b.lower.setxattr(b.lower.root(), OsStr::new(MARKER), &upto.to_le_bytes(), 0)
+        if let Err(e) =
+            b.lower.setxattr(w1, b.lower.root(), OsStr::new(MARKER), &upto.to_le_bytes(), 0)
         {
             // Replay would still be right for the change itself, but could judge more than
             // one change by state: make everything durable now instead.
@@ -536,10 +541,10 @@ impl Journal {
         mode: u32,
         rdev: u64,
     ) -> FsResult<(L::Node, Attr)> {
-        b.group_commit(); // W1
-        let (node, attr) = b.lower.mknod(creds, parent, name, mode, rdev)?;
+        let w1 = b.committed();
+        let (node, attr) = b.lower.mknod(&w1, creds, parent, name, mode, rdev)?;
         let touched = [b.lower.key(parent), b.lower.key(&node)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             Self::creation(b, Op::Mknod, parent, name, &node, &attr)
         })?;
         Ok((node, attr))
@@ -553,10 +558,10 @@ impl Journal {
         (parent, name): (&L::Node, &OsStr),
         mode: u32,
     ) -> FsResult<(L::Node, Attr)> {
-        b.group_commit(); // W1
-        let (node, attr) = b.lower.mkdir(creds, parent, name, mode)?;
+        let w1 = b.committed();
+        let (node, attr) = b.lower.mkdir(&w1, creds, parent, name, mode)?;
         let touched = [b.lower.key(parent), b.lower.key(&node)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             Self::creation(b, Op::Mkdir, parent, name, &node, &attr)
         })?;
         Ok((node, attr))
@@ -570,10 +575,10 @@ impl Journal {
         (parent, name): (&L::Node, &OsStr),
         target: &OsStr,
     ) -> FsResult<(L::Node, Attr)> {
-        b.group_commit(); // W1
-        let (node, attr) = b.lower.symlink(creds, parent, name, target)?;
+        let w1 = b.committed();
+        let (node, attr) = b.lower.symlink(&w1, creds, parent, name, target)?;
         let touched = [b.lower.key(parent), b.lower.key(&node)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             let mut redo = Self::creation(b, Op::Symlink, parent, name, &node, &attr)?;
             redo.payload = std::os::unix::ffi::OsStrExt::as_bytes(target).to_vec();
             Ok(redo)
@@ -591,10 +596,10 @@ impl Journal {
         mode: u32,
         flags: i32,
     ) -> FsResult<(L::Node, Attr, L::File)> {
-        b.group_commit(); // W1
-        let (node, attr, file) = b.lower.create(creds, parent, name, mode, flags)?;
+        let w1 = b.committed();
+        let (node, attr, file) = b.lower.create(&w1, creds, parent, name, mode, flags)?;
         let touched = [b.lower.key(parent), b.lower.key(&node)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             Self::creation(b, Op::Create, parent, name, &node, &attr)
         })?;
         Ok((node, attr, file))
@@ -608,10 +613,10 @@ impl Journal {
         parent: &L::Node,
         name: &OsStr,
     ) -> FsResult<Attr> {
-        b.group_commit(); // W1
-        let attr = b.lower.link(node, parent, name)?;
+        let w1 = b.committed();
+        let attr = b.lower.link(&w1, node, parent, name)?;
         let touched = [b.lower.key(parent), b.lower.key(node)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             Self::creation(b, Op::Link, parent, name, node, &attr)
         })?;
         Ok(attr)
@@ -636,13 +641,13 @@ impl Journal {
         } else {
             (None, false)
         };
-        b.group_commit(); // W1
+        let w1 = b.committed();
         if dir {
-            b.lower.rmdir(parent, name)?;
+            b.lower.rmdir(&w1, parent, name)?;
         } else {
-            b.lower.unlink(parent, name)?;
+            b.lower.unlink(&w1, parent, name)?;
         }
-        self.journaled_removal(b, otx, &[b.lower.key(parent)], last_name, || {
+        self.journaled_removal(b, &w1, otx, &[b.lower.key(parent)], last_name, || {
             let mut redo = Redo::new(if dir { Op::Rmdir } else { Op::Unlink });
             redo.dir1 = Self::object_handle(b, parent)?;
             redo.name1 = name.to_os_string();
@@ -693,10 +698,10 @@ impl Journal {
         } else {
             (None, None)
         };
-        b.group_commit(); // W1
-        b.lower.rename(parent, name, newparent, newname, flags)?;
+        let w1 = b.committed();
+        b.lower.rename(&w1, parent, name, newparent, newname, flags)?;
         let touched = [b.lower.key(parent), b.lower.key(newparent)];
-        self.journaled(b, otx, &touched, || {
+        self.journaled(b, &w1, otx, &touched, || {
             let mut redo = Redo::new(Op::Rename);
             // RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT: the low bits.
             redo.flags = u16::try_from(flags & 0xffff).unwrap_or(0);
@@ -721,9 +726,9 @@ impl Journal {
         set: &SetAttr,
     ) -> FsResult<Attr> {
         assert!(set.size.is_none(), "size changes are data, not journaled attributes");
-        b.group_commit(); // W1
-        let attr = b.lower.setattr(node, file, set)?;
-        self.journaled(b, otx, &[b.lower.key(node)], || {
+        let w1 = b.committed();
+        let attr = b.lower.setattr(&w1, node, file, set)?;
+        self.journaled(b, &w1, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setattr);
             redo.object = Self::object_handle(b, node)?;
             let mut mask = 0;
@@ -755,9 +760,9 @@ impl Journal {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
-        b.group_commit(); // W1
-        b.lower.setxattr(node, name, value, flags)?;
-        self.journaled(b, otx, &[b.lower.key(node)], || {
+        let w1 = b.committed();
+        b.lower.setxattr(&w1, node, name, value, flags)?;
+        self.journaled(b, &w1, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Setxattr);
             redo.object = Self::object_handle(b, node)?;
             redo.name2 = name.to_os_string();
@@ -776,9 +781,9 @@ impl Journal {
         node: &L::Node,
         name: &OsStr,
     ) -> FsResult<()> {
-        b.group_commit(); // W1
-        b.lower.removexattr(node, name)?;
-        self.journaled(b, otx, &[b.lower.key(node)], || {
+        let w1 = b.committed();
+        b.lower.removexattr(&w1, node, name)?;
+        self.journaled(b, &w1, otx, &[b.lower.key(node)], || {
             let mut redo = Redo::new(Op::Removexattr);
             redo.object = Self::object_handle(b, node)?;
             redo.name2 = name.to_os_string();

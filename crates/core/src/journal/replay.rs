@@ -33,17 +33,16 @@ use txn::TxError;
 
 use super::Journal;
 use super::record::{self, Op, Place, Redo};
-use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::StartError;
 use crate::base::error::{FsError, FsResult};
 use crate::base::optx::rewrite;
+use crate::base::{Base, Committed};
 
 impl Journal {
     /// See the module docs. Runs first at start, before the overlay and the page cache are
-    /// rebuilt from records that may name recreated objects.
-    /// Returns the objects made again (old handle -> new handle), durable in the lower file
+    /// rebuilt from records that may name recreated objects. Returns the objects made again (old handle -> new handle), durable in the lower file
     /// system: the records of the other mechanisms that name them are re-keyed next (M4).
     pub(crate) fn replay<L: LowerFs>(
         &self,
@@ -76,6 +75,9 @@ impl Journal {
         // `other` (unused by creations otherwise). Records are redone with handles resolved
         // through this map instead of being rewritten: a directory made again may be named by
         // thousands of records.
+        // W1: the records replayed are committed state; one proof covers them until a note
+        // (M5) is written, after which it is taken again.
+        let mut w1 = b.committed();
         let mut remade: HashMap<Vec<u8>, Vec<u8>> = records
             .iter()
             .filter(|(_, r)| record::is_creation(r.op()) && !r.other.is_empty())
@@ -88,23 +90,29 @@ impl Journal {
             let fail =
                 |error: FsError| StartError::Replay { seq: redo.seq, frame: place.frame.0, error };
             let resolved = resolve(redo, &remade);
-            if let Some(new) = Self::redo(b, &resolved).map_err(fail)? {
+            if let Some(new) = Self::redo(b, &w1, &resolved).map_err(fail)? {
                 // M5: the region names the object made again before it moves to its name, so
                 // a crash after that finds it (or makes it again if the lower file system lost
                 // it) instead of making a second one.
                 self.note_remade(b, *place, redo, &new).map_err(fail)?;
                 // W1 (journal mode): that note is durable before the rename.
-                b.group_commit();
+                w1 = b.committed();
                 b.fail("replay.remade");
                 remade.insert(redo.object.clone(), new);
                 let resolved = resolve(redo, &remade);
                 let parent = b.lower.find_object(&resolved.dir1, b.max_walk);
                 let parent = parent.map_err(|e| fail(e.into()))?;
                 let hidden = crate::base::hidden::replay_name(redo.seq);
-                Self::place(b, &resolved, &parent, &hidden).map_err(fail)?;
+                Self::place(b, &w1, &resolved, &parent, &hidden).map_err(fail)?;
             }
             b.lower
-                .setxattr(b.lower.root(), OsStr::new(super::MARKER), &redo.seq.to_le_bytes(), 0)
+                .setxattr(
+                    &w1,
+                    b.lower.root(),
+                    OsStr::new(super::MARKER),
+                    &redo.seq.to_le_bytes(),
+                    0,
+                )
                 .map_err(|e| fail(e.into()))?;
             b.fail("replay.applied");
             Counters::add(&self.counters.replayed_at_mount, 1);
@@ -121,7 +129,7 @@ impl Journal {
 
     /// Redoes one record if its effect is missing; for an object made again (still at its
     /// hidden name) its new handle.
-    fn redo<L: LowerFs>(b: &Base<L>, r: &Redo) -> FsResult<Option<Vec<u8>>> {
+    fn redo<L: LowerFs>(b: &Base<L>, w1: &Committed, r: &Redo) -> FsResult<Option<Vec<u8>>> {
         let exists = |h: &[u8]| b.lower.find_object(h, b.max_walk);
         let holds = |dir: &L::Node, name: &OsStr, h: &[u8]| {
             b.lower
@@ -135,20 +143,20 @@ impl Journal {
                 let hidden = crate::base::hidden::replay_name(r.seq);
                 if holds(&parent, &hidden, &r.object) {
                     // Made and renamed in the record by an interrupted replay: place it.
-                    Self::place(b, r, &parent, &hidden)?;
+                    Self::place(b, w1, r, &parent, &hidden)?;
                     return Ok(None);
                 }
                 if exists(&r.object).is_ok() {
                     return Ok(None);
                 }
-                return Self::recreate(b, r, &parent, &hidden).map(Some);
+                return Self::recreate(b, w1, r, &parent, &hidden).map(Some);
             }
             Op::Link => {
                 let parent = exists(&r.dir1)?;
                 if !holds(&parent, r.name1(), &r.object)
                     && let Ok(node) = exists(&r.object)
                 {
-                    match b.lower.link(&node, &parent, r.name1()) {
+                    match b.lower.link(w1, &node, &parent, r.name1()) {
                         // Taken: under the prefix assumption the name was free until the link
                         // was done, so it was done and the name has gone to another object.
                         Ok(_) | Err(Errno(libc::EEXIST)) => {}
@@ -160,9 +168,9 @@ impl Journal {
                 let parent = exists(&r.dir1)?;
                 if holds(&parent, r.name1(), &r.object) {
                     if r.op() == Op::Rmdir {
-                        b.lower.rmdir(&parent, r.name1())?;
+                        b.lower.rmdir(w1, &parent, r.name1())?;
                     } else {
-                        b.lower.unlink(&parent, r.name1())?;
+                        b.lower.unlink(w1, &parent, r.name1())?;
                     }
                 }
             }
@@ -170,22 +178,22 @@ impl Journal {
                 let (from, to) = (exists(&r.dir1)?, exists(&r.dir2)?);
                 if holds(&from, r.name1(), &r.object) {
                     let flags = u32::from(r.flags) & libc::RENAME_EXCHANGE;
-                    b.lower.rename(&from, r.name1(), &to, r.name2(), flags)?;
+                    b.lower.rename(w1, &from, r.name1(), &to, r.name2(), flags)?;
                 }
             }
             Op::Setattr => {
                 if let Ok(node) = exists(&r.object) {
-                    b.lower.setattr(&node, None, &attributes(r))?;
+                    b.lower.setattr(w1, &node, None, &attributes(r))?;
                 }
             }
             Op::Setxattr => {
                 if let Ok(node) = exists(&r.object) {
-                    b.lower.setxattr(&node, r.name2(), &r.payload, 0)?;
+                    b.lower.setxattr(w1, &node, r.name2(), &r.payload, 0)?;
                 }
             }
             Op::Removexattr => {
                 if let Ok(node) = exists(&r.object) {
-                    match b.lower.removexattr(&node, r.name2()) {
+                    match b.lower.removexattr(w1, &node, r.name2()) {
                         Ok(()) | Err(Errno(libc::ENODATA)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -201,6 +209,7 @@ impl Journal {
     /// the new handle.
     fn recreate<L: LowerFs>(
         b: &Base<L>,
+        w1: &Committed,
         r: &Redo,
         parent: &L::Node,
         hidden: &OsStr,
@@ -208,16 +217,17 @@ impl Journal {
         let creds = Creds { uid: r.uid, gid: r.gid, groups: Vec::new() };
         let perm = r.mode & 0o7777;
         let made = match r.op() {
-            Op::Create => {
-                b.lower.create(&creds, parent, hidden, perm, libc::O_RDWR).map(|(node, _, _)| node)
-            }
+            Op::Create => b
+                .lower
+                .create(w1, &creds, parent, hidden, perm, libc::O_RDWR)
+                .map(|(node, _, _)| node),
             Op::Mknod => {
-                b.lower.mknod(&creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
+                b.lower.mknod(w1, &creds, parent, hidden, r.mode, r.rdev).map(|(node, _)| node)
             }
-            Op::Mkdir => b.lower.mkdir(&creds, parent, hidden, perm).map(|(node, _)| node),
+            Op::Mkdir => b.lower.mkdir(w1, &creds, parent, hidden, perm).map(|(node, _)| node),
             _ => {
                 let target = OsStr::from_bytes(&r.payload);
-                b.lower.symlink(&creds, parent, hidden, target).map(|(node, _)| node)
+                b.lower.symlink(w1, &creds, parent, hidden, target).map(|(node, _)| node)
             }
         };
         let node = match made {
@@ -234,7 +244,7 @@ impl Journal {
                 gid: Some(r.gid),
                 ..SetAttr::default()
             };
-            match b.lower.setattr(&node, None, &set) {
+            match b.lower.setattr(w1, &node, None, &set) {
                 Ok(_) | Err(Errno(libc::EPERM)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -245,14 +255,20 @@ impl Journal {
     /// Moves a recreated object from its hidden name to its name. A name taken means the
     /// creation was done and superseded (under the prefix assumption the name was free until
     /// then): the recreated object goes again.
-    fn place<L: LowerFs>(b: &Base<L>, r: &Redo, parent: &L::Node, hidden: &OsStr) -> FsResult<()> {
-        match b.lower.rename(parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
+    fn place<L: LowerFs>(
+        b: &Base<L>,
+        w1: &Committed,
+        r: &Redo,
+        parent: &L::Node,
+        hidden: &OsStr,
+    ) -> FsResult<()> {
+        match b.lower.rename(w1, parent, hidden, parent, r.name1(), libc::RENAME_NOREPLACE) {
             Ok(()) => Ok(()),
             Err(Errno(libc::EEXIST)) => {
                 if r.op() == Op::Mkdir {
-                    b.lower.rmdir(parent, hidden)?;
+                    b.lower.rmdir(w1, parent, hidden)?;
                 } else {
-                    b.lower.unlink(parent, hidden)?;
+                    b.lower.unlink(w1, parent, hidden)?;
                 }
                 Ok(())
             }

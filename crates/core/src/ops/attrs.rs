@@ -72,8 +72,8 @@ impl<L: LowerFs> Engine<L> {
                 }
                 if set.size.is_some() {
                     // Changes the lower file's data: no record may start meanwhile.
-                    let attr = self.with_clean_lower(key, || {
-                        Ok(self.base.lower.setattr(&node, file, set)?)
+                    let attr = self.with_clean_lower(key, |w1| {
+                        Ok(self.base.lower.setattr(w1, &node, file, set)?)
                     })?;
                     self.base.unsynced(key);
                     return Ok(attr);

@@ -6,6 +6,7 @@ use lower::{Creds, LowerFs};
 
 use std::sync::atomic::AtomicBool;
 
+use crate::base::Committed;
 use crate::base::counters::{Counters, Op};
 use crate::base::error::{FsResult, answer};
 use crate::base::handles::Handle;
@@ -217,13 +218,16 @@ impl<L: LowerFs> Engine<L> {
             let file = self.lower_file(&h)?;
             match self.via(&h)? {
                 Via::Cache(key) | Via::Direct(key) => {
-                    self.with_clean_lower(key, || {
-                        Ok(self.base.lower.fallocate(file, mode, offset, len)?)
+                    self.with_clean_lower(key, |w1| {
+                        Ok(self.base.lower.fallocate(w1, file, mode, offset, len)?)
                     })?;
                     self.base.unsynced(key);
                     Ok(())
                 }
-                Via::Plain => Ok(self.base.lower.fallocate(file, mode, offset, len)?),
+                Via::Plain => {
+                    let w1 = self.base.committed();
+                    Ok(self.base.lower.fallocate(&w1, file, mode, offset, len)?)
+                }
             }
         })
     }
@@ -274,8 +278,9 @@ impl<L: LowerFs> Engine<L> {
             return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
         }
         self.op(Op::CopyFileRange, |_| {
-            let copy = || -> FsResult<u64> {
+            let copy = |w1: &Committed| -> FsResult<u64> {
                 Ok(self.base.lower.copy_file_range(
+                    w1,
                     self.lower_file(&input)?,
                     offset_in,
                     self.lower_file(&output)?,
@@ -289,7 +294,7 @@ impl<L: LowerFs> Engine<L> {
                     self.base.unsynced(key);
                     n
                 }
-                Via::Plain => copy()?,
+                Via::Plain => copy(&self.base.committed())?,
             };
             Counters::add(&self.base.counters.app_bytes_written, n);
             Counters::add(&self.base.counters.lower_bytes_written, n);

@@ -59,8 +59,9 @@ impl<L: LowerFs> Engine<L> {
                         }
                         self.base.lower.read(file, offset, buf)?
                     }
-                    Via::Direct(key) => self
-                        .with_clean_lower(key, || Ok(self.base.lower.read(file, offset, buf)?))?,
+                    Via::Direct(key) => self.with_clean_lower(key, |_| {
+                        Ok(self.base.lower.read(file, offset, buf)?)
+                    })?,
                     Via::Plain => self.base.lower.read(file, offset, buf)?,
                 };
                 Counters::add(&self.base.counters.app_bytes_read, n as u64);
@@ -190,12 +191,13 @@ impl<L: LowerFs> Engine<L> {
         let file = self.lower_file(&h)?;
         let n = match via {
             Via::Cache(key) | Via::Direct(key) => {
-                let n = self
-                    .with_clean_lower(key, || Ok(self.base.lower.write(file, offset, data)?))?;
+                let n = self.with_clean_lower(key, |w1| {
+                    Ok(self.base.lower.write(w1, file, offset, data)?)
+                })?;
                 self.base.unsynced(key); // written through: only as durable as the lower makes it
                 n
             }
-            Via::Plain => self.base.lower.write(file, offset, data)?,
+            Via::Plain => self.base.lower.write_special(file, offset, data)?,
         };
         Counters::add(&self.base.counters.app_bytes_written, n as u64);
         Counters::add(&self.base.counters.lower_bytes_written, n as u64);

@@ -120,7 +120,7 @@ impl<L: LowerFs> Engine<L> {
         if pending.is_empty() {
             return Ok(0);
         }
-        self.base.group_commit(); // W1: the times written are committed state
+        let w1 = self.base.committed(); // the times written are committed state
         for (_, node, (_, t)) in &pending {
             match self.base.lower.getattr(node) {
                 // A directory removed since has nothing to keep.
@@ -130,7 +130,7 @@ impl<L: LowerFs> Engine<L> {
                         mtime: Some(TimeSet::At(t.mtime.0, t.mtime.1)),
                         ..SetAttr::default()
                     };
-                    match self.base.lower.setattr(node, None, &set) {
+                    match self.base.lower.setattr(&w1, node, None, &set) {
                         Ok(_) | Err(lower::Errno(libc::ENOENT | libc::ESTALE)) => {}
                         Err(e) => return Err(e.into()),
                     }

@@ -495,8 +495,8 @@ impl<L: LowerFs> Engine<L> {
     /// away nothing would hide the lower file after a crash any more.
     pub(super) fn unlink_shadowed(&self, dir: &L::Node, rec: &Record) -> FsResult<()> {
         if rec.shadows() {
-            self.base.group_commit(); // W1: the temp file that hid it was committed
-            match self.base.lower.unlink(dir, &rec.name) {
+            let w1 = self.base.committed(); // the temp file that hid it was committed
+            match self.base.lower.unlink(&w1, dir, &rec.name) {
                 Ok(()) => self.sync_dir(dir)?,
                 Err(lower::Errno(libc::ENOENT)) => {}
                 Err(e) => return Err(e.into()),

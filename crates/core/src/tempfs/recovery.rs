@@ -92,7 +92,7 @@ impl<L: LowerFs> Engine<L> {
         }
         *self.overlay.lock() = idx;
         for f in redo {
-            self.finish_transform(&f, Trigger::Recovery)
+            self.finish_transform(&f, Trigger::Recovery, self.base.committed())
                 .map_err(|error| StartError::Redo { serial: f.serial, error })?;
         }
         Ok(())

@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 
 use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
 
+use crate::base::Committed;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::inodes::Identity;
@@ -69,18 +70,29 @@ struct TransformJob<L: LowerFs> {
     hidden: OsString,
     span: Option<u64>,
     written: u64,
+    /// W1: taken after step 1's commit; covers the record and pages this job copies.
+    w1: Committed,
 }
 
 impl<L: LowerFs> Engine<L> {
     /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
     /// when another thread did it; a file that is unlinked or freed is left alone.
     pub fn transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        if self.mark(f)? { self.finish_transform(f, trigger) } else { Ok(()) }
+        match self.mark(f)? {
+            Some(w1) => self.finish_transform(f, trigger, w1),
+            None => Ok(()),
+        }
     }
 
-    /// Steps 2-4 for a file whose record is `Transforming`.
-    pub(super) fn finish_transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        let result = self.prepare(f).and_then(|mut job| {
+    /// Steps 2-4 for a file whose record is `Transforming` (`w1`: taken after that record
+    /// committed).
+    pub(super) fn finish_transform(
+        &self,
+        f: &Arc<TempFile>,
+        trigger: Trigger,
+        w1: Committed,
+    ) -> FsResult<()> {
+        let result = self.prepare(f, w1).and_then(|mut job| {
             self.copy_step(&mut job, Sync::PerFile)?;
             let node = self.rename_step(&job, Sync::PerFile)?;
             self.free_step(&job, node, trigger)
@@ -110,7 +122,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// What steps 2-4 need, read once: the state is frozen while Transforming.
-    fn prepare(&self, f: &Arc<TempFile>) -> FsResult<TransformJob<L>> {
+    fn prepare(&self, f: &Arc<TempFile>, w1: Committed) -> FsResult<TransformJob<L>> {
         let (rec, pages, key) = {
             let st = f.lock();
             (st.rec.clone(), st.pages.clone(), st.dir)
@@ -120,19 +132,21 @@ impl<L: LowerFs> Engine<L> {
             Arc::clone(&idx.dirs.get(&key).ok_or(answer(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
-        Ok(TransformJob { f: Arc::clone(f), rec, pages, key, dir, hidden, span: None, written: 0 })
+        let f = Arc::clone(f);
+        Ok(TransformJob { f, rec, pages, key, dir, hidden, span: None, written: 0, w1 })
     }
 
     /// Step 2; the hidden file is removed again when it fails.
     fn copy_step(&self, job: &mut TransformJob<L>, sync: Sync) -> FsResult<()> {
-        match self.copy_out(&job.dir, &job.hidden, &job.rec, &job.pages, sync == Sync::PerFile) {
+        let per_file = sync == Sync::PerFile;
+        match self.copy_out(&job.w1, &job.dir, &job.hidden, &job.rec, &job.pages, per_file) {
             Ok((span, written)) => {
                 (job.span, job.written) = (span, written);
                 self.base.fail("transform.copied");
                 Ok(())
             }
             Err(e) => {
-                let _ = self.base.lower.unlink(&job.dir, &job.hidden);
+                let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
                 Err(e)
             }
         }
@@ -145,7 +159,7 @@ impl<L: LowerFs> Engine<L> {
         let renamed = self
             .base
             .lower
-            .rename(&job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
+            .rename(&job.w1, &job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
             .and_then(|()| {
                 if sync == Sync::PerFile { self.base.lower.sync_dir(&job.dir) } else { Ok(()) }
             })
@@ -158,7 +172,7 @@ impl<L: LowerFs> Engine<L> {
                 Ok(node)
             }
             Err(e) => {
-                let _ = self.base.lower.unlink(&job.dir, &job.hidden);
+                let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
                 Err(e.into())
             }
         }
@@ -202,16 +216,17 @@ impl<L: LowerFs> Engine<L> {
         Ok(())
     }
 
-    /// Step 1 for one file: `Ok(false)` when there is nothing to do (freed, unlinked,
-    /// transformed, or being transformed by another thread, which this call waits for).
-    fn mark(&self, f: &Arc<TempFile>) -> FsResult<bool> {
+    /// Step 1 for one file: `Ok(None)` when there is nothing to do (freed, unlinked,
+    /// transformed, or being transformed by another thread, which this call waits for), else
+    /// the W1 proof for its steps 2 and 3.
+    fn mark(&self, f: &Arc<TempFile>) -> FsResult<Option<Committed>> {
         let mut st = f.lock();
         if st.fate != Fate::Resident || st.rec.nlink == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         if st.rec.state == State::Transforming {
             drop(f.wait_stable(st));
-            return Ok(false);
+            return Ok(None);
         }
         let mut rec = st.rec.clone();
         rec.state = State::Transforming;
@@ -219,9 +234,9 @@ impl<L: LowerFs> Engine<L> {
         st.rec = rec;
         drop(st);
         // W1: step 1 and the data step 2 copies are durable before the lower file appears.
-        self.base.group_commit();
+        let w1 = self.base.committed();
         self.base.fail("transform.marked");
-        Ok(true)
+        Ok(Some(w1))
     }
 
     /// Transforms many files as one group (flush, unmount, pressure): every file goes through
@@ -252,7 +267,7 @@ impl<L: LowerFs> Engine<L> {
         for group in files.chunks(group_size) {
             let mut jobs = Vec::new();
             for f in group {
-                match self.mark(f).and_then(|marked| marked.then(|| self.prepare(f)).transpose()) {
+                match self.mark(f).and_then(|w1| w1.map(|w1| self.prepare(f, w1)).transpose()) {
                     Ok(Some(job)) => jobs.push(job),
                     Ok(None) => {}
                     Err(e) => {
@@ -276,7 +291,7 @@ impl<L: LowerFs> Engine<L> {
             let mut renamed = Vec::new();
             if let Err(e) = self.base.syncfs_lower() {
                 for job in &copied {
-                    let _ = self.base.lower.unlink(&job.dir, &job.hidden);
+                    let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
                     self.back_to_live(&job.f);
                     job.f.notify();
                 }
@@ -332,6 +347,7 @@ impl<L: LowerFs> Engine<L> {
     /// and the bytes written.
     fn copy_out(
         &self,
+        w1: &Committed,
         dir: &L::Node,
         hidden: &OsString,
         rec: &Record,
@@ -339,17 +355,17 @@ impl<L: LowerFs> Engine<L> {
         fsync: bool,
     ) -> FsResult<(Option<u64>, u64)> {
         let root = Creds { uid: 0, gid: 0, groups: Vec::new() };
-        let created = match self.base.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR) {
+        let created = match self.base.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR) {
             Err(lower::Errno(libc::EEXIST)) => {
                 // Left by an interrupted attempt: start over.
-                self.base.lower.unlink(dir, hidden)?;
-                self.base.lower.create(&root, dir, hidden, 0o600, libc::O_RDWR)?
+                self.base.lower.unlink(w1, dir, hidden)?;
+                self.base.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR)?
             }
             other => other?,
         };
         let (node, _, file) = created;
         if rec.size > 0 {
-            match self.base.lower.fallocate(&file, 0, 0, rec.size) {
+            match self.base.lower.fallocate(w1, &file, 0, 0, rec.size) {
                 Ok(()) | Err(lower::Errno(libc::EOPNOTSUPP | libc::ENOSYS)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -363,7 +379,7 @@ impl<L: LowerFs> Engine<L> {
             let len = (buf.len() as u64).min(rec.size.saturating_sub(offset)) as usize;
             let mut done = 0;
             while done < len {
-                done += self.base.lower.write(&file, offset + done as u64, &buf[done..len])?;
+                done += self.base.lower.write(w1, &file, offset + done as u64, &buf[done..len])?;
             }
             written.set(written.get() + done as u64);
             buf.clear();
@@ -389,9 +405,9 @@ impl<L: LowerFs> Engine<L> {
         }
         // Size (trailing holes), owner, then mode (chown clears set-ID bits), then times.
         let size = SetAttr { size: Some(rec.size), ..SetAttr::default() };
-        self.base.lower.setattr(&node, Some(&file), &size)?;
+        self.base.lower.setattr(w1, &node, Some(&file), &size)?;
         let owner = SetAttr { uid: Some(rec.uid), gid: Some(rec.gid), ..SetAttr::default() };
-        match self.base.lower.setattr(&node, Some(&file), &owner) {
+        match self.base.lower.setattr(w1, &node, Some(&file), &owner) {
             // An unprivileged daemon cannot give files away; its lower creates cannot either.
             Ok(_) | Err(lower::Errno(libc::EPERM)) => {}
             Err(e) => return Err(e.into()),
@@ -402,7 +418,7 @@ impl<L: LowerFs> Engine<L> {
             mtime: Some(TimeSet::At(rec.mtime.0, rec.mtime.1)),
             ..SetAttr::default()
         };
-        self.base.lower.setattr(&node, Some(&file), &rest)?;
+        self.base.lower.setattr(w1, &node, Some(&file), &rest)?;
         if fsync {
             self.base.lower.fsync(&file, false)?;
         }
