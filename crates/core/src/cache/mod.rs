@@ -31,6 +31,8 @@ pub mod state;
 mod writeback;
 
 use std::collections::HashSet;
+
+use lower::LowerFs;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -41,6 +43,9 @@ use policy::{Policy, ZoneTable};
 pub use record::Record;
 pub use recovery::{Found, scan};
 use state::{CachedFile, Files, Tables};
+
+/// A cached file of the lower file system `L`.
+pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
 pub const PAGE: u64 = nvram::layout::FRAME_SIZE;
 
@@ -192,11 +197,11 @@ const STRIPES: usize = 64;
 /// The page cache of an engine. Its state is private to this module and its children
 /// (`ops`, `writeback`, `recovery`); the engine asks through the methods below.
 #[derive(Debug)]
-pub struct PageCache<N, F> {
+pub struct PageCache<L: LowerFs> {
     config: CacheConfig,
     policy: Box<dyn Policy>,
     /// The cached files (rank `CacheFiles`: short, never held while taking a file's state).
-    files: Mutex<Files<N, F>>,
+    files: Mutex<Files<L::Node, L::File>>,
     /// The zone information tables (rank `ZoneTables`).
     tables: Mutex<Tables>,
     counters: CacheCounters,
@@ -230,7 +235,7 @@ pub struct PageCache<N, F> {
     fetcher_bell: Bell,
 }
 
-impl<N, F> PageCache<N, F> {
+impl<L: LowerFs> PageCache<L> {
     pub fn new(config: CacheConfig, policy: Box<dyn Policy>) -> Self {
         let zone_blocks = config.zone_blocks;
         PageCache {
@@ -266,9 +271,9 @@ impl<N, F> PageCache<N, F> {
         &self,
         key: (u64, u64),
         record: Place,
-        node: Arc<N>,
+        node: Arc<L::Node>,
         rec: Record,
-    ) -> CachedFile<N, F> {
+    ) -> Cached<L> {
         CachedFile::new(key, record, node, rec, Arc::clone(&self.held), self.config.held_files)
     }
 
@@ -299,7 +304,7 @@ impl<N, F> PageCache<N, F> {
     }
 
     /// A record was created for `cf` (its transaction committed).
-    fn insert(&self, cf: &Arc<CachedFile<N, F>>) {
+    fn insert(&self, cf: &Arc<Cached<L>>) {
         let mut files = self.files.lock();
         files.by_key.insert(cf.key, Arc::clone(cf));
         files.by_object.insert(cf.id(), Arc::clone(cf));
@@ -310,7 +315,7 @@ impl<N, F> PageCache<N, F> {
     /// `cf`'s record was freed (its transaction committed). Only this file's entries go:
     /// another thread may have created a record in the same frame (or for the same file)
     /// since.
-    fn remove(&self, cf: &CachedFile<N, F>) {
+    fn remove(&self, cf: &Cached<L>) {
         let mut files = self.files.lock();
         if files.by_key.get(&cf.key).is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), cf)) {
             files.by_key.remove(&cf.key);
@@ -322,15 +327,15 @@ impl<N, F> PageCache<N, F> {
         counters::dec(&self.counters.files);
     }
 
-    fn get(&self, key: (u64, u64)) -> Option<Arc<CachedFile<N, F>>> {
+    fn get(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
         self.files.lock().by_key.get(&key).cloned()
     }
 
-    fn by_object(&self, object: u64) -> Option<Arc<CachedFile<N, F>>> {
+    fn by_object(&self, object: u64) -> Option<Arc<Cached<L>>> {
         self.files.lock().by_object.get(&object).cloned()
     }
 
-    fn all(&self) -> Vec<Arc<CachedFile<N, F>>> {
+    fn all(&self) -> Vec<Arc<Cached<L>>> {
         self.files.lock().by_object.values().cloned().collect()
     }
 

@@ -28,7 +28,7 @@ use lower::LowerFs;
 use txn::{FrameId, FrameTag};
 
 use super::counters::{Wait, inc};
-use super::ops::Cached;
+use super::Cached;
 use super::patch::{Merged, Patch};
 use super::patchframe::PatchFrames;
 use super::policy::Loc;

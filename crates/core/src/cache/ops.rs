@@ -24,7 +24,8 @@ use lower::{Attr, LowerFs, SetAttr};
 use super::counters::inc;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
-use super::state::{self, CachedFile, PageMeta};
+use super::Cached;
+use super::state::{self, PageMeta};
 use super::{PAGE, Reason};
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
@@ -32,7 +33,6 @@ use crate::base::slots;
 use crate::base::{Committed, OpTx};
 use crate::engine::Engine;
 
-pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
 /// A cached file's lower file for one call: kept open by the entry, or opened for the call
 /// (past `CacheConfig::held_files`).

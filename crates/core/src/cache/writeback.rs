@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use lower::{Errno, LowerFs, SetAttr, TimeSet};
 
 use super::counters::inc;
-use super::ops::Cached;
+use super::Cached;
 use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;

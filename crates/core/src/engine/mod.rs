@@ -133,7 +133,7 @@ pub struct Engine<L: LowerFs> {
     pub(crate) temp: TempStore,
     /// What NVRAM adds to the lower namespace (rank `Overlay`).
     pub(crate) overlay: Mutex<Overlay<L::Node>>,
-    pub(crate) cache: PageCache<L::Node, L::File>,
+    pub(crate) cache: PageCache<L>,
     pub(crate) xattrs: bool,
     /// The route of each open file (NVRAM path or passthrough) and the route profile.
     pub(crate) routes: crate::route::Routes,
