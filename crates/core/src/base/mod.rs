@@ -13,7 +13,8 @@
 //!
 //! Files: `lowerfs.rs` (the facade; L1, W1), `optx.rs` (the one transaction idiom),
 //! `durability.rs` (unsynced lower objects, sync epochs: D1), `space.rs` (ENOSPC at write
-//! time), `counters.rs` (requests per operation, bytes), `slots.rs` (records packed in slots
+//! time), `counters.rs` (requests per operation, bytes), `pages.rs` (file data in page frames, for
+//! temp files and cached pages alike), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
 //! `error.rs` (typed errors), `hidden.rs` (nvstack's own names in lower directories).
@@ -27,6 +28,7 @@ pub mod hidden;
 pub mod inodes;
 pub mod lowerfs;
 pub mod optx;
+pub mod pages;
 pub mod slots;
 pub mod space;
 pub mod sync;
@@ -44,8 +46,7 @@ pub use optx::OpTx;
 use slots::{Place, Released, SlotList};
 use space::Space;
 
-/// Bytes of a page: a frame of the region holds one page of file data.
-pub const PAGE: u64 = nvram::layout::FRAME_SIZE;
+pub use pages::PAGE;
 
 /// A test hook: called with the name of each persistence step of the engine's protocols
 /// (e.g. `transform.copied`), so that process-level tests can kill the daemon exactly there.

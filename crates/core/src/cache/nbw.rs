@@ -27,16 +27,17 @@ use std::sync::atomic::Ordering;
 use lower::LowerFs;
 use txn::{FrameId, FrameTag};
 
-use super::counters::{Wait, inc};
 use super::Cached;
+use super::PageCache;
+use super::counters::{Wait, inc};
 use super::patch::{Merged, Patch};
 use super::patchframe::PatchFrames;
 use super::policy::Loc;
 use super::record::KIND_PAGE;
 use super::state::{self, CacheState};
 use super::{Nbw, PAGE};
+use crate::base::Base;
 use crate::base::error::FsResult;
-use crate::engine::Engine;
 
 /// Queued fetches at most (a limit on the queue; a page not queued stays a patch, as in lazy).
 pub(super) const MAX_QUEUED: usize = 1 << 16;
@@ -71,21 +72,22 @@ impl Plan {
     }
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> PageCache<L> {
     /// Phase 1 of a cached write (`ops.rs`): the plan of every page of `offset..+data` that is
     /// not a whole dirty page already. Partial pages not in NVRAM become patches where the
     /// rules allow, else are fetched (`cache.fetches`).
     pub(super) fn plan_write(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         st: &mut CacheState,
         offset: u64,
         data: &[u8],
     ) -> FsResult<Vec<Plan>> {
         let size_after = st.rec.size.max(offset + data.len() as u64);
-        let mode = self.cache.config.nbw;
+        let mode = self.config.nbw;
         let mut plans = Vec::new();
-        for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
+        for (page, in_page, done, n) in crate::base::pages::pieces(offset, data.len()) {
             let piece = &data[done..done + n];
             let base = page * PAGE;
             let limit = (size_after - base).min(PAGE) as usize;
@@ -106,7 +108,7 @@ impl<L: LowerFs> Engine<L> {
                     Merged::TooLarge => Wait::Fragmented,
                 };
                 self.wait_for(wait);
-                let mut bytes = self.fetch_page(cf, st, page)?;
+                let mut bytes = self.fetch_page(b, cf, st, page)?;
                 p.apply(&mut bytes[..]);
                 bytes[in_page..in_page + n].copy_from_slice(piece);
                 plans.push(Plan::Page { page, bytes, loc, patched: true, completed: false });
@@ -116,8 +118,8 @@ impl<L: LowerFs> Engine<L> {
                 continue; // a whole dirty page: updated in place
             }
             let loc = {
-                let extents = self.extents(cf, st);
-                state::locate(extents, cf.id(), page, &self.cache.tables().all)
+                let extents = Self::extents(b, cf, st);
+                state::locate(extents, cf.id(), page, &self.tables().all)
             };
             let mut bytes = Box::new([0u8; PAGE as usize]);
             if n < PAGE as usize && base < st.rec.valid {
@@ -142,7 +144,7 @@ impl<L: LowerFs> Engine<L> {
                     (_, _, false) => Wait::PatchLimit,
                     _ => Wait::Fragmented,
                 });
-                bytes = self.fetch_page(cf, st, page)?;
+                bytes = self.fetch_page(b, cf, st, page)?;
             }
             bytes[in_page..in_page + n].copy_from_slice(piece);
             plans.push(Plan::Page { page, bytes, loc, patched: false, completed: false });
@@ -154,28 +156,30 @@ impl<L: LowerFs> Engine<L> {
     /// is (or would be put) in the file's patch frames, or fewer than `patch_limit` frames
     /// hold patches.
     fn patch_room(&self, st: &CacheState, page: u64, slots: usize) -> bool {
-        let frames = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
-        frames < self.cache.config.patch_limit || st.patch_frames.holds(page, slots)
+        let frames = self.nbw.patch_frames.load(Ordering::Relaxed);
+        frames < self.config.patch_limit || st.patch_frames.holds(page, slots)
     }
 
     fn wait_for(&self, why: Wait) {
-        inc(&self.cache.nbw.writer_waits[why as usize]);
+        inc(&self.nbw.writer_waits[why as usize]);
     }
 
     /// The page as the lower file holds it: bytes below `valid`, zeros beyond
     /// (`cache.fetches`).
     pub(super) fn fetch_page(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         st: &CacheState,
         page: u64,
     ) -> FsResult<Box<[u8; PAGE as usize]>> {
-        self.fetch_below(cf, st.rec.valid, page)
+        self.fetch_below(b, cf, st.rec.valid, page)
     }
 
     /// `fetch_page` for a given valid size (the caller may not hold the file's lock).
     fn fetch_below(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         valid: u64,
         page: u64,
@@ -184,9 +188,9 @@ impl<L: LowerFs> Engine<L> {
         let base = page * PAGE;
         if base < valid {
             let want = (valid - base).min(PAGE) as usize;
-            let io = self.cache_io(cf)?;
-            self.base.lower.read_full(&io, base, &mut bytes[..want])?;
-            inc(&self.cache.counters.fetches);
+            let io = Self::cache_io(b, cf)?;
+            b.lower.read_full(&io, base, &mut bytes[..want])?;
+            inc(&self.counters.fetches);
         }
         Ok(bytes)
     }
@@ -194,31 +198,31 @@ impl<L: LowerFs> Engine<L> {
     /// After a write's commit: its new and changed patches wait for an asynchronous fetch
     /// (`async-fg`, `async-bg`).
     pub(super) fn queue_fetches(&self, object: u64, pages: impl IntoIterator<Item = u64>) {
-        if !matches!(self.cache.config.nbw, Nbw::AsyncFg | Nbw::AsyncBg) {
+        if !matches!(self.config.nbw, Nbw::AsyncFg | Nbw::AsyncBg) {
             return;
         }
-        let mut q = self.cache.fetches.lock();
+        let mut q = self.fetches.lock();
         let before = q.len();
         for page in pages {
             q.push(object, page);
         }
         if q.len() > before {
             drop(q);
-            self.cache.fetcher_bell.ring();
+            self.fetcher_bell.ring();
         }
     }
 
     /// Rung when a patched page is queued for a fetch: the `async-bg` fetcher sleeps on it
     /// while the queue is empty (`sync::Bell`).
     pub fn fetcher_bell(&self) -> &crate::base::sync::Bell {
-        &self.cache.fetcher_bell
+        &self.fetcher_bell
     }
 
     /// `async-fg`: called by the thread that served a write, after it answered: the patches
     /// queued so far are fetched now (the writer does not wait for them).
-    pub fn after_write_answered(&self) {
-        if self.cache.config.nbw == Nbw::AsyncFg {
-            self.fetch_patches(usize::MAX);
+    pub fn after_write_answered(&self, b: &Base<L>) {
+        if self.config.nbw == Nbw::AsyncFg {
+            self.fetch_patches(b, usize::MAX);
         }
     }
 
@@ -234,23 +238,23 @@ impl<L: LowerFs> Engine<L> {
     /// the patches stay correct and write-back writes their bytes anyway.
     /// A failed fetch leaves the patch (it is still correct), counts `nbw.fetches_failed`,
     /// and is said on stderr the first time and at every power of two after.
-    pub fn fetch_patches(&self, max: usize) -> usize {
+    pub fn fetch_patches(&self, b: &Base<L>, max: usize) -> usize {
         let mut merged = 0;
         for _ in 0..max {
-            if self.cache_frames() > self.cache.config.high_pages {
-                inc(&self.cache.nbw.fetches_paused);
+            if self.cache_frames() > self.config.high_pages {
+                inc(&self.nbw.fetches_paused);
                 break;
             }
-            let Some((object, page)) = self.cache.fetches.lock().pop() else { break };
-            let Some(cf) = self.cache.by_object(object) else { continue };
-            match self.complete_patch(&cf, page) {
+            let Some((object, page)) = self.fetches.lock().pop() else { break };
+            let Some(cf) = self.by_object(object) else { continue };
+            match self.complete_patch(b, &cf, page) {
                 Ok(true) => {
                     merged += 1;
-                    inc(&self.cache.nbw.fetches_async);
+                    inc(&self.nbw.fetches_async);
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    let n = self.cache.nbw.fetches_failed.fetch_add(1, Ordering::Relaxed) + 1;
+                    let n = self.nbw.fetches_failed.fetch_add(1, Ordering::Relaxed) + 1;
                     if n.is_power_of_two() {
                         eprintln!(
                             "nvstack: fetching a patched page (failure {n}; the patch stays): {e}"
@@ -264,7 +268,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// Patched pages waiting for an asynchronous fetch.
     pub fn fetches_queued(&self) -> usize {
-        self.cache.fetches.lock().len()
+        self.fetches.lock().len()
     }
 
     /// Reads page `page` of `cf` from the lower file, applies its patch and makes it a dirty
@@ -278,7 +282,12 @@ impl<L: LowerFs> Engine<L> {
     /// were before the read: then the patch is the one the read was for, and while a page is
     /// patched nothing writes the lower file's bytes of that page except write-back, which
     /// writes exactly the patched ranges, over which the patch is applied.
-    pub(super) fn complete_patch(&self, cf: &Arc<Cached<L>>, page: u64) -> FsResult<bool> {
+    pub(super) fn complete_patch(
+        &self,
+        b: &Base<L>,
+        cf: &Arc<Cached<L>>,
+        page: u64,
+    ) -> FsResult<bool> {
         let seen = |st: &CacheState| (st.rec.valid, st.pages.get(&page).map(|m| m.version));
         let before = {
             let st = cf.lock();
@@ -287,8 +296,8 @@ impl<L: LowerFs> Engine<L> {
             }
             seen(&st)
         };
-        let mut bytes = self.fetch_below(cf, before.0, page)?;
-        self.base.fail("nbw.fetched"); // (unlocked: writers of the file go on)
+        let mut bytes = self.fetch_below(b, cf, before.0, page)?;
+        b.fail("nbw.fetched"); // (unlocked: writers of the file go on)
         let mut st = cf.lock();
         if st.gone || seen(&st) != before {
             return Ok(false);
@@ -297,22 +306,22 @@ impl<L: LowerFs> Engine<L> {
         patch.apply(&mut bytes[..]);
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.id(), index: page };
         let frame = self.patch_tx(&mut st.patch_frames, |pf| {
-            self.base.atomically(|tx| {
+            b.atomically(|tx| {
                 let frame = tx.alloc_frame(tag)?;
-                tx.write(self.base.pool.frame_offset(frame), &bytes[..]);
-                pf.remove(tx, &self.base.pool, page)?;
+                tx.write(b.pool.frame_offset(frame), &bytes[..]);
+                pf.remove(tx, &b.pool, page)?;
                 Ok(frame)
             })
         })?;
-        let tick = self.cache.tick();
+        let tick = self.tick();
         let meta = st.pages.get_mut(&page).expect("a patched page is in NVRAM");
         meta.frame = frame;
         // The content did not change, but a write-back that copied the patch must not free
         // the page it no longer knows.
         meta.version = tick;
         st.patches.remove(&page);
-        self.cache.nbw.patch_removed(patch.len());
-        self.base.fail("nbw.merged");
+        self.nbw.patch_removed(patch.len());
+        b.fail("nbw.merged");
         Ok(true)
     }
 
@@ -333,7 +342,7 @@ impl<L: LowerFs> Engine<L> {
     /// After a transaction that may have changed `pf` (begun with `pf.begin()`) ended.
     pub(super) fn settle_patches(&self, pf: &mut PatchFrames, committed: bool) {
         let done = pf.settle(committed);
-        let nbw = &self.cache.nbw;
+        let nbw = &self.nbw;
         if done.frames >= 0 {
             nbw.patch_frames.fetch_add(done.frames.unsigned_abs(), Ordering::Relaxed);
         } else {
@@ -346,7 +355,7 @@ impl<L: LowerFs> Engine<L> {
     pub(super) fn patches_gone(&self, st: &mut CacheState, pages: impl IntoIterator<Item = u64>) {
         for page in pages {
             if let Some(p) = st.patches.remove(&page) {
-                self.cache.nbw.patch_removed(p.len());
+                self.nbw.patch_removed(p.len());
             }
         }
     }
@@ -354,13 +363,13 @@ impl<L: LowerFs> Engine<L> {
     /// Phase 2 of a cached write for its plans (inside the write's transaction, `pf` begun):
     /// for each plan in order, the frame its page or patch now lies in.
     pub(super) fn write_plans(
-        &self,
+        b: &Base<L>,
         tx: &mut txn::Tx<'_>,
         object: u64,
         plans: &[Plan],
         pf: &mut PatchFrames,
     ) -> Result<Vec<FrameId>, txn::TxError> {
-        let pool = &self.base.pool;
+        let pool = &b.pool;
         let mut frames = Vec::with_capacity(plans.len());
         for plan in plans {
             match plan {

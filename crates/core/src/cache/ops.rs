@@ -19,20 +19,20 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use lower::{Attr, LowerFs, SetAttr};
+use lower::{Attr, LowerFs};
 
+use super::Cached;
+use super::PageCache;
 use super::counters::inc;
 use super::policy::{Loc, PageKey, ZoneTable};
 use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
-use super::Cached;
 use super::state::{self, PageMeta};
 use super::{PAGE, Reason};
+use crate::base::Base;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::slots;
 use crate::base::{Committed, OpTx};
-use crate::engine::Engine;
-
 
 /// A cached file's lower file for one call: kept open by the entry, or opened for the call
 /// (past `CacheConfig::held_files`).
@@ -62,13 +62,13 @@ fn wanted(offset: u64, len: u64, p: u64) -> (usize, usize) {
     (from as usize, to as usize)
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> PageCache<L> {
     /// The cached file of `key`, if it has a record.
     pub(crate) fn cached(&self, key: (u64, u64)) -> Option<Arc<Cached<L>>> {
-        if !self.cache.config.enabled && self.cache.counters.files.load(Ordering::Relaxed) == 0 {
+        if !self.config.enabled && self.counters.files.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        self.cache.get(key)
+        self.get(key)
     }
 
     /// The cached file of `node`, creating its record (in `otx`, committed at once; so this
@@ -76,22 +76,23 @@ impl<L: LowerFs> Engine<L> {
     /// when the file has no usable handle (it is then written through).
     pub(crate) fn cache_entry(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node: &Arc<L::Node>,
         key: (u64, u64),
     ) -> FsResult<Option<Arc<Cached<L>>>> {
-        if let Some(cf) = self.cache.get(key) {
+        if let Some(cf) = self.get(key) {
             return Ok(Some(cf));
         }
         // The file's stripe keeps other creators of its record, and direct changes of its
         // lower data, out while its size is read; only this file waits for the lower calls.
-        let _stripe = self.cache.stripe(key);
-        if let Some(cf) = self.cache.get(key) {
+        let _stripe = self.stripe(key);
+        if let Some(cf) = self.get(key) {
             return Ok(Some(cf));
         }
-        let attr = self.base.lower.getattr(node)?;
+        let attr = b.lower.getattr(node)?;
         // No durable identity (a file system without file handles): written through.
-        let handle = match self.base.lower.file_handle(node) {
+        let handle = match b.lower.file_handle(node) {
             Ok(h) if !h.is_empty() && h.len() <= MAX_HANDLE => h,
             Ok(_) | Err(lower::Errno(libc::EOPNOTSUPP)) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -101,26 +102,26 @@ impl<L: LowerFs> Engine<L> {
             valid: attr.size,
             mtime: attr.mtime,
             ctime: attr.ctime,
-            serial: self.cache.next_serial.fetch_add(1, Ordering::Relaxed),
+            serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
             handle,
         };
         // The record in a reserved slot, or a fresh record frame listed after the commit (T6).
-        let reserved = self.cache.slots.lock().reserve();
+        let reserved = self.slots.lock().reserve();
         let made = slots::put_new(otx.tx(), KIND_RECORDS, reserved, &rec.encode());
         let ended = otx.end(made.map_err(FsError::from));
-        self.cache.slots.lock().settle_new(reserved, ended.as_ref().ok().copied());
+        self.slots.lock().settle_new(reserved, ended.as_ref().ok().copied());
         let place = ended?;
-        let cf = Arc::new(self.cache.new_file(key, place, Arc::clone(node), rec));
-        self.cache.insert(&cf);
+        let cf = Arc::new(self.new_file(key, place, Arc::clone(node), rec));
+        self.insert(&cf);
         Ok(Some(cf))
     }
 
     /// The lower file opened read-write for fetches and buffered write-back.
-    pub(crate) fn cache_io<'c>(&self, cf: &'c Cached<L>) -> FsResult<Io<'c, L::File>> {
+    pub(crate) fn cache_io<'c>(b: &Base<L>, cf: &'c Cached<L>) -> FsResult<Io<'c, L::File>> {
         if let Some(f) = cf.io.get() {
             return Ok(Io::Held(f));
         }
-        let f = self.base.lower.open(&cf.node, libc::O_RDWR)?;
+        let f = b.lower.open(&cf.node, libc::O_RDWR)?;
         if !cf.may_hold() {
             return Ok(Io::Own(f)); // closed after this call (the held files' limit)
         }
@@ -130,14 +131,14 @@ impl<L: LowerFs> Engine<L> {
 
     /// FIEMAP of the lower file, cached in the state until a write-back changes it.
     pub(super) fn extents<'s>(
-        &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         st: &'s mut state::CacheState,
     ) -> &'s [lower::Extent] {
         if st.extents.is_none() {
             // A file system without FIEMAP (tmpfs answers EOPNOTSUPP) places every page by
             // (file, page): location-aware policies then work on logical runs.
-            let found = self.cache_io(cf).ok().and_then(|f| self.base.lower.fiemap(&f).ok());
+            let found = Self::cache_io(b, cf).ok().and_then(|f| b.lower.fiemap(&f).ok());
             st.extents = Some(found.unwrap_or_default());
         }
         st.extents.as_deref().unwrap_or_default()
@@ -152,6 +153,7 @@ impl<L: LowerFs> Engine<L> {
     /// commits; (3) the volatile mirror.
     pub(crate) fn cached_write(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         cf: &Arc<Cached<L>>,
         offset: u64,
@@ -162,13 +164,13 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None); // written back and freed meanwhile: look it up again
         }
         let end = offset.checked_add(data.len() as u64).ok_or(answer(libc::EFBIG))?;
-        let plans = self.plan_write(cf, &mut st, offset, data)?;
+        let plans = self.plan_write(b, cf, &mut st, offset, data)?;
         let unmapped =
             plans.iter().filter(|p| p.is_new() && matches!(p.loc(), Loc::Logical { .. })).count();
-        self.base.reserve(unmapped as u64)?;
+        b.reserve(unmapped as u64)?;
         // Phase 2: NVRAM only.
-        let pool = &self.base.pool;
-        let now = self.base.lower.now();
+        let pool = &b.pool;
+        let now = b.lower.now();
         let mut rec = st.rec.clone();
         rec.size = rec.size.max(end);
         rec.mtime = now;
@@ -178,7 +180,7 @@ impl<L: LowerFs> Engine<L> {
         let frames = self.patch_tx(patch_frames, |pf| {
             let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
                 let tx = otx.tx();
-                for (page, in_page, done, n) in crate::tempfs::data::pieces(offset, data.len()) {
+                for (page, in_page, done, n) in crate::base::pages::pieces(offset, data.len()) {
                     if let Some(meta) = pages.get(&page)
                         && !patches.contains_key(&page)
                     {
@@ -189,7 +191,7 @@ impl<L: LowerFs> Engine<L> {
                         touched.push(page);
                     }
                 }
-                let frames = self.write_plans(tx, cf.id(), &plans, pf)?;
+                let frames = Self::write_plans(b, tx, cf.id(), &plans, pf)?;
                 slots::put(tx, cf.record, &rec.encode())?;
                 Ok(frames)
             })();
@@ -197,7 +199,7 @@ impl<L: LowerFs> Engine<L> {
             otx.end(written.map_err(FsError::from))
         })?;
         st.rec = rec;
-        self.base.space.add(unmapped as u64);
+        b.space.add(unmapped as u64);
         self.mirror_write(cf, &mut st, touched, plans, frames, now.0);
         Ok(Some(data.len()))
     }
@@ -213,10 +215,10 @@ impl<L: LowerFs> Engine<L> {
         now: i64,
     ) {
         use super::nbw::Plan;
-        let c = &self.cache.counters;
-        let tick = self.cache.tick();
+        let c = &self.counters;
+        let tick = self.tick();
         let mut queued = Vec::new();
-        let mut t = self.cache.tables();
+        let mut t = self.tables();
         for page in touched {
             let meta = st.pages.get_mut(&page).expect("touched page is dirty");
             meta.version = tick;
@@ -235,12 +237,12 @@ impl<L: LowerFs> Engine<L> {
                 match plan {
                     Plan::Page { completed, .. } => {
                         if completed {
-                            inc(&self.cache.nbw.pages_completed_without_fetch);
+                            inc(&self.nbw.pages_completed_without_fetch);
                         }
-                        self.cache.nbw.patch_removed(old);
+                        self.nbw.patch_removed(old);
                     }
                     Plan::Patch { patch, .. } => {
-                        self.cache.nbw.patch_resized(old, patch.len());
+                        self.nbw.patch_resized(old, patch.len());
                         st.patches.insert(page, patch);
                         queued.push(page);
                     }
@@ -271,8 +273,8 @@ impl<L: LowerFs> Engine<L> {
             st.unmapped += u64::from(meta.reserved);
             st.pages.insert(page, meta);
             if let Plan::Patch { patch, .. } = plan {
-                inc(&self.cache.nbw.patches_created);
-                self.cache.nbw.patch_added(patch.len());
+                inc(&self.nbw.patches_created);
+                self.nbw.patch_added(patch.len());
                 st.patches.insert(page, patch);
                 queued.push(page);
             }
@@ -292,6 +294,7 @@ impl<L: LowerFs> Engine<L> {
     /// in NVRAM and laid over them. Otherwise it reads again; the last attempt holds the lock.
     pub(crate) fn cached_read(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         file: &L::File,
         offset: u64,
@@ -307,16 +310,16 @@ impl<L: LowerFs> Engine<L> {
             let seen = |st: &state::CacheState| (st.rec.size, st.rec.valid, st.lower_gen);
             let before = seen(&st);
             let Some(lower) = Self::lower_part(&st, offset, buf.len()) else {
-                return self.read_nvram(cf, st, offset, buf, 0).map(Some);
+                return self.read_nvram(b, cf, st, offset, buf, 0).map(Some);
             };
             // The last attempt keeps the lock across the lower read.
             let held = (attempt >= READ_ATTEMPTS).then_some(st);
-            let from_lower = self.base.lower.read_full(file, offset, &mut buf[..lower])?;
-            Counters::add(&self.base.counters.lower_bytes_read, from_lower as u64);
+            let from_lower = b.lower.read_full(file, offset, &mut buf[..lower])?;
+            Counters::add(&b.counters.lower_bytes_read, from_lower as u64);
             let st = if let Some(st) = held {
                 st
             } else {
-                self.base.fail("cache.read_unlocked"); // (writers and write-back of the file go on)
+                b.fail("cache.read_unlocked"); // (writers and write-back of the file go on)
                 let st = cf.lock();
                 if st.gone {
                     return Ok(None);
@@ -326,7 +329,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 st
             };
-            return self.read_nvram(cf, st, offset, buf, from_lower).map(Some);
+            return self.read_nvram(b, cf, st, offset, buf, from_lower).map(Some);
         }
     }
 
@@ -357,6 +360,7 @@ impl<L: LowerFs> Engine<L> {
     /// Returns the length read.
     fn read_nvram(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         mut st: crate::base::sync::MutexGuard<'_, state::CacheState>,
         offset: u64,
@@ -371,7 +375,7 @@ impl<L: LowerFs> Engine<L> {
         let buf = &mut buf[..len];
         let first = offset / PAGE;
         let last = (offset + len as u64 - 1) / PAGE;
-        let nbw = &self.cache.nbw;
+        let nbw = &self.nbw;
         for (&p, patch) in st.patches.range(first..=last) {
             let (from, to) = wanted(offset, len as u64, p);
             inc(if patch.covers(from, to) {
@@ -385,13 +389,13 @@ impl<L: LowerFs> Engine<L> {
             // relatime against the cached mtime (the lower file's own is older): the lower
             // file system would update atime on this read.
             st.atime_checked = st.rec.mtime;
-            let a = self.base.lower.getattr(&cf.node)?;
+            let a = b.lower.getattr(&cf.node)?;
             if a.atime <= st.rec.mtime || a.atime <= st.rec.ctime {
-                self.base.lower.touch_atime(&cf.node)?;
+                b.lower.touch_atime(&cf.node)?;
             }
         }
-        let tick = self.cache.tick();
-        let c = &self.cache.counters;
+        let tick = self.tick();
+        let c = &self.counters;
         let mut t = None;
         let state::CacheState { pages, patches, .. } = &mut *st;
         for (&page, meta) in pages.range_mut(first..=last) {
@@ -405,9 +409,9 @@ impl<L: LowerFs> Engine<L> {
                 patch.apply(&mut whole);
                 out.copy_from_slice(&whole[lo..hi]);
             } else {
-                self.base.pool.read(self.base.pool.frame_offset(meta.frame) + lo as u64, out);
+                b.pool.read(b.pool.frame_offset(meta.frame) + lo as u64, out);
             }
-            let t = t.get_or_insert_with(|| self.cache.tables());
+            let t = t.get_or_insert_with(|| self.tables());
             state::accessed(t, c, meta, tick);
             inc(&c.hits);
         }
@@ -417,7 +421,7 @@ impl<L: LowerFs> Engine<L> {
     /// SEEK_DATA / SEEK_HOLE of a cached file: data is a dirty page or lower data below
     /// `valid`; everything else below the size is a hole. `None` when the record was freed.
     pub(crate) fn cached_seek(
-        &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         file: &L::File,
         offset: i64,
@@ -438,7 +442,7 @@ impl<L: LowerFs> Engine<L> {
             if at >= valid {
                 return Ok(None);
             }
-            match self.base.lower.lseek(file, i64::try_from(at).unwrap_or(i64::MAX), how) {
+            match b.lower.lseek(file, i64::try_from(at).unwrap_or(i64::MAX), how) {
                 Ok(x) => Ok(u64::try_from(x).ok()),
                 Err(lower::Errno(libc::ENXIO)) => Ok(None),
                 Err(e) => Err(e.into()),
@@ -494,6 +498,7 @@ impl<L: LowerFs> Engine<L> {
     /// write-back). `None` when the record was freed meanwhile.
     pub(crate) fn cached_truncate(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         cf: &Cached<L>,
         size: u64,
@@ -502,9 +507,9 @@ impl<L: LowerFs> Engine<L> {
         if st.gone {
             return Ok(None);
         }
-        let pool = &self.base.pool;
+        let pool = &b.pool;
         let old = st.rec.size;
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         let first_gone = size.div_ceil(PAGE);
         let mut gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
         // The last page's patch loses what lies at or beyond the new size (P5): rewritten, or
@@ -561,13 +566,13 @@ impl<L: LowerFs> Engine<L> {
         st.shrunk_to = st.shrunk_to.min(size);
         if let Some(Some(q)) = clipped {
             let old = st.patches.insert(tail, q.clone()).map_or(0, |p| p.len());
-            self.cache.nbw.patch_resized(old, q.len());
-            st.pages.get_mut(&tail).expect("patched page").version = self.cache.tick();
+            self.nbw.patch_resized(old, q.len());
+            st.pages.get_mut(&tail).expect("patched page").version = self.tick();
         }
         self.patches_gone(&mut st, gone.iter().copied());
         let gone: Vec<PageMeta> =
             gone.iter().map(|p| st.pages.remove(p).expect("page listed above")).collect();
-        self.pages_clean(&mut st, &gone);
+        self.pages_clean(b, &mut st, &gone);
         Ok(Some(()))
     }
 
@@ -575,76 +580,63 @@ impl<L: LowerFs> Engine<L> {
     /// are out of `st.pages`): out of the zone tables, their lower-space reservation released.
     pub(crate) fn pages_clean<'m>(
         &self,
+        b: &Base<L>,
         st: &mut state::CacheState,
         pages: impl IntoIterator<Item = &'m PageMeta>,
     ) {
         let mut unreserve = 0;
-        let mut t = self.cache.tables();
+        let mut t = self.tables();
         for meta in pages {
-            state::remove_page(&mut t, &self.cache.counters, meta);
+            state::remove_page(&mut t, &self.counters, meta);
             unreserve += u64::from(meta.reserved);
         }
         st.unmapped -= unreserve;
-        self.base.space.sub(unreserve);
+        b.space.sub(unreserve);
     }
 
-    /// setattr of a lower regular file with a record: the size in the cache, the rest in the
-    /// lower file system; mtime set explicitly is kept in the record too.
-    pub(crate) fn cached_setattr(
-        &self,
+    /// An mtime set explicitly on a cached file (setattr; the lower file has it too, `attr`
+    /// is what it says now): kept in the record, whose times the mount shows. `None` when the
+    /// record was freed meanwhile.
+    pub(crate) fn set_times(
         otx: &mut OpTx<'_>,
         cf: &Cached<L>,
-        node: &L::Node,
-        file: Option<&L::File>,
-        set: &SetAttr,
-    ) -> FsResult<Option<Attr>> {
-        if let Some(size) = set.size
-            && self.cached_truncate(otx, cf, size)?.is_none()
-        {
+        attr: &Attr,
+    ) -> FsResult<Option<()>> {
+        let mut st = cf.lock();
+        if st.gone {
             return Ok(None);
         }
-        let rest = SetAttr { size: None, ..*set };
-        let attr = if rest == SetAttr::default() {
-            self.base.lower.getattr(node)?
-        } else {
-            self.journal.ns_setattr(&self.base, otx, node, file, &rest)?
-        };
-        if set.mtime.is_some() {
-            let mut st = cf.lock();
-            if !st.gone {
-                let mut rec = st.rec.clone();
-                rec.mtime = attr.mtime;
-                rec.ctime = rec.ctime.max(attr.ctime);
-                let r = slots::put(otx.tx(), cf.record, &rec.encode()).map_err(FsError::from);
-                otx.end(r)?;
-                st.rec = rec;
-            }
-        }
-        Ok(Some(self.shown_attr(cf.key, attr)))
+        let mut rec = st.rec.clone();
+        rec.mtime = attr.mtime;
+        rec.ctime = rec.ctime.max(attr.ctime);
+        let r = slots::put(otx.tx(), cf.record, &rec.encode()).map_err(FsError::from);
+        otx.end(r)?;
+        st.rec = rec;
+        Ok(Some(()))
     }
 
     /// Frees the record and pages of a deleted file without writing them (the kernel forgot
     /// its last reference and the lower file has no links left).
-    pub(crate) fn drop_if_deleted(&self, key: (u64, u64)) {
+    pub(crate) fn drop_if_deleted(&self, b: &Base<L>, key: (u64, u64)) {
         let Some(cf) = self.cached(key) else { return };
-        match self.base.lower.getattr(&cf.node) {
+        match b.lower.getattr(&cf.node) {
             Ok(a) if a.nlink == 0 => {}
             _ => return,
         }
-        if let Err(e) = self.drop_cached(&cf) {
+        if let Err(e) = self.drop_cached(b, &cf) {
             eprintln!("nvstack: freeing the cached pages of a deleted file: {e}");
         }
     }
 
     /// Frees a file's record and dirty pages (one transaction) and forgets it.
-    pub(crate) fn drop_cached(&self, cf: &Cached<L>) -> FsResult<()> {
+    pub(crate) fn drop_cached(&self, b: &Base<L>, cf: &Cached<L>) -> FsResult<()> {
         let mut st = cf.lock();
         if st.gone {
             return Ok(());
         }
         let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
         self.patch_tx(patch_frames, |pf| {
-            self.base.atomically(|tx| {
+            b.atomically(|tx| {
                 for (page, meta) in pages.iter() {
                     if !patches.contains_key(page) {
                         tx.free_frame(meta.frame)?;
@@ -655,8 +647,8 @@ impl<L: LowerFs> Engine<L> {
             })
         })?;
         let pages = std::mem::take(&mut st.pages);
-        Counters::add(&self.cache.counters.pages_dropped, pages.len() as u64);
-        self.forget_cached(cf, &mut st, &pages);
+        Counters::add(&self.counters.pages_dropped, pages.len() as u64);
+        self.forget_cached(b, cf, &mut st, &pages);
         Ok(())
     }
 
@@ -664,17 +656,18 @@ impl<L: LowerFs> Engine<L> {
     /// reservation, maps. Called with the file's state locked (the map's rank is later).
     pub(crate) fn forget_cached(
         &self,
+        b: &Base<L>,
         cf: &Cached<L>,
         st: &mut state::CacheState,
         pages: &std::collections::BTreeMap<u64, PageMeta>,
     ) {
-        self.pages_clean(st, pages.values());
+        self.pages_clean(b, st, pages.values());
         let patched: Vec<u64> = st.patches.keys().copied().collect();
         self.patches_gone(st, patched);
         st.gone = true;
-        self.cache.remove(cf);
+        self.remove(cf);
         // Its record's removal committed: the slot is free again.
-        self.base.release_slot(&self.cache.slots, cf.record);
+        b.release_slot(&self.slots, cf.record);
     }
 
     /// Checks the volatile mirror against itself (tests): every dirty page of every cached
@@ -682,7 +675,7 @@ impl<L: LowerFs> Engine<L> {
     /// in either table, and the maps agree. Call it while no operation runs.
     pub fn check_cache(&self) -> Result<(), String> {
         let files: Vec<_> = {
-            let f = self.cache.files.lock();
+            let f = self.files.lock();
             if f.by_key.len() != f.by_object.len() {
                 return Err(format!(
                     "{} files by key, {} by object",
@@ -734,11 +727,11 @@ impl<L: LowerFs> Engine<L> {
                 st.pages.iter().map(|(&index, m)| (PageKey { object: cf.id(), index }, *m)),
             );
         }
-        let counted = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
+        let counted = self.nbw.patch_frames.load(Ordering::Relaxed);
         if counted != patch_frames {
             return Err(format!("nbw.patch_frames {counted} but files hold {patch_frames}"));
         }
-        let t = self.cache.tables();
+        let t = self.tables();
         let (mut all, mut inactive) = (0u64, 0u64);
         for (page, meta) in pages {
             let zone = |table: &ZoneTable| {
@@ -764,7 +757,7 @@ impl<L: LowerFs> Engine<L> {
                 t.inactive.dirty_pages()
             ));
         }
-        let c = &self.cache.counters;
+        let c = &self.counters;
         let (d, i) =
             (c.pages_dirty.load(Ordering::Relaxed), c.pages_inactive_dirty.load(Ordering::Relaxed));
         if (d, i) != (all, inactive) {
@@ -780,17 +773,18 @@ impl<L: LowerFs> Engine<L> {
     /// W1 proof for its lower changes.
     pub(crate) fn with_clean_lower<T>(
         &self,
+        b: &Base<L>,
         key: (u64, u64),
         f: impl FnOnce(&Committed) -> FsResult<T>,
     ) -> FsResult<T> {
-        let w1 = self.base.committed();
+        let w1 = b.committed();
         // A limit: a file that writers keep dirtying between its write-back and the stripe
         // gets EAGAIN after a few attempts.
         for _ in 0..8 {
             if let Some(cf) = self.cached(key) {
-                self.write_back_file(&cf, Reason::Coherence)?;
+                self.write_back_file(b, &cf, Reason::Coherence)?;
             }
-            let stripe = self.cache.stripe(key);
+            let stripe = self.stripe(key);
             if self.cached(key).is_none() {
                 let r = f(&w1);
                 drop(stripe);

@@ -10,15 +10,16 @@ use lower::{Errno, LowerFs};
 use txn::FrameId;
 
 use super::PAGE;
+use super::PageCache;
 use super::patch::{self, KIND_PATCH_V1, KIND_PATCHES, Patch};
 use super::patchframe::{PatchFrames, Place};
 use super::policy::{Loc, PageKey};
 use super::record::{self, Record};
 use super::state::{self, PageMeta};
+use crate::base::Base;
 use crate::base::counters::Counters;
 use crate::base::error::StartError;
 use crate::base::slots;
-use crate::engine::Engine;
 
 /// One cached file found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]
@@ -115,16 +116,16 @@ pub fn scan_all(pool: &txn::Pool) -> Result<(Vec<Found>, slots::FramesFound), nv
     Ok((records.into_values().collect(), record_frames))
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> PageCache<L> {
     /// At start: the cached files of the region, found again by their handles. A record of a
     /// file that no longer exists (deleted while dirty, before its pages were dropped) is
     /// freed with its pages.
-    pub(crate) fn rebuild_cache(&self) -> Result<(), StartError> {
-        let (found, record_frames) = scan_all(&self.base.pool)?;
+    pub(crate) fn rebuild_cache(&self, b: &Base<L>) -> Result<(), StartError> {
+        let (found, record_frames) = scan_all(&b.pool)?;
         {
             // T6: every record frame listed with its records' slots; empty ones beyond the
             // one kept as room (a crash can leave several) freed.
-            let mut list = self.cache.slots.lock();
+            let mut list = self.slots.lock();
             *list = slots::RecordSlots::default();
             for &(frame, taken) in &record_frames {
                 list.add_frame(frame, taken);
@@ -133,8 +134,8 @@ impl<L: LowerFs> Engine<L> {
                 list.add_whole(); // released like any record when its file goes
             }
         }
-        self.base.free_empty_slots(&self.cache.slots, 1).map_err(StartError::RecordFrames)?;
-        let now = self.base.lower.now().0;
+        b.free_empty_slots(&self.slots, 1).map_err(StartError::RecordFrames)?;
+        let now = b.lower.now().0;
         let mut next_serial = 1;
         for Found { record, rec, pages: mut frames, patches } in found {
             let object = record.owner();
@@ -147,23 +148,22 @@ impl<L: LowerFs> Engine<L> {
             }
             let patch_frames = PatchFrames::found(places);
             next_serial = next_serial.max(rec.serial + 1);
-            let node = match self.base.lower.find_file(&rec.handle, self.base.max_walk) {
+            let node = match b.lower.find_file(&rec.handle, b.max_walk) {
                 Ok(node) => node,
                 Err(Errno(libc::ENOENT | libc::ESTALE)) => {
                     // Patched pages share their patch frames: each frame once.
                     let all: std::collections::BTreeSet<FrameId> =
                         frames.values().copied().collect();
-                    self.base
-                        .atomically(|tx| {
-                            all.iter().try_for_each(|f| tx.free_frame(*f))?;
-                            slots::remove(tx, record, record::RECORD_SIZE)
-                        })
-                        .map_err(|error| StartError::DropDeleted {
-                            record: record.describe(),
-                            error,
-                        })?;
-                    self.base.release_slot(&self.cache.slots, record);
-                    Counters::add(&self.cache.counters.pages_dropped, frames.len() as u64);
+                    b.atomically(|tx| {
+                        all.iter().try_for_each(|f| tx.free_frame(*f))?;
+                        slots::remove(tx, record, record::RECORD_SIZE)
+                    })
+                    .map_err(|error| StartError::DropDeleted {
+                        record: record.describe(),
+                        error,
+                    })?;
+                    b.release_slot(&self.slots, record);
+                    Counters::add(&self.counters.pages_dropped, frames.len() as u64);
                     eprintln!(
                         "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
                         frames.len()
@@ -174,21 +174,20 @@ impl<L: LowerFs> Engine<L> {
                     return Err(StartError::CachedFile { record: record.describe(), error: e });
                 }
             };
-            let key = self.base.lower.key(&node);
-            let cf = Arc::new(self.cache.new_file(key, record, Arc::new(node), rec));
-            if self.cache.get(key).is_some() {
+            let key = b.lower.key(&node);
+            let cf = Arc::new(self.new_file(key, record, Arc::new(node), rec));
+            if self.get(key).is_some() {
                 return Err(
                     slots::damaged(record, "two cached-file records for one lower file").into()
                 );
             }
-            self.cache.insert(&cf);
+            self.insert(&cf);
             let mut st = cf.lock();
-            let extents = self
-                .cache_io(&cf)
+            let extents = Self::cache_io(b, &cf)
                 .ok()
-                .and_then(|f| self.base.lower.fiemap(&f).ok())
+                .and_then(|f| b.lower.fiemap(&f).ok())
                 .unwrap_or_default();
-            let mut t = self.cache.tables();
+            let mut t = self.tables();
             let mut reserved = 0;
             for (index, frame) in frames {
                 let loc = state::locate(&extents, object, index, &t.all);
@@ -196,21 +195,21 @@ impl<L: LowerFs> Engine<L> {
                     frame,
                     active: false,
                     referenced: false,
-                    version: self.cache.tick(),
+                    version: self.tick(),
                     last_use: 0,
                     dirtied_at: now,
                     loc,
                     reserved: matches!(loc, Loc::Logical { .. }),
                 };
                 reserved += u64::from(meta.reserved);
-                state::add_page(&mut t, &self.cache.counters, PageKey { object, index }, &meta);
+                state::add_page(&mut t, &self.counters, PageKey { object, index }, &meta);
                 st.pages.insert(index, meta);
             }
             for patch in patched.values() {
-                self.cache.nbw.patch_added(patch.len());
+                self.nbw.patch_added(patch.len());
             }
             let n = patch_frames.frame_count() as u64;
-            self.cache.nbw.patch_frames.fetch_add(n, Ordering::Relaxed);
+            self.nbw.patch_frames.fetch_add(n, Ordering::Relaxed);
             st.patch_frames = patch_frames;
             drop(t);
             // The asynchronous modes fetch what they had not fetched before the stop.
@@ -218,9 +217,9 @@ impl<L: LowerFs> Engine<L> {
             st.patches = patched;
             st.extents = Some(extents);
             st.unmapped = reserved;
-            self.base.space.add(reserved);
+            b.space.add(reserved);
         }
-        self.cache.next_serial.store(next_serial, Ordering::Relaxed);
+        self.next_serial.store(next_serial, Ordering::Relaxed);
         Ok(())
     }
 }

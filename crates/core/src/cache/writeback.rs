@@ -30,17 +30,18 @@ use std::sync::atomic::Ordering;
 
 use lower::{Errno, LowerFs, SetAttr, TimeSet};
 
-use super::counters::inc;
 use super::Cached;
+use super::PageCache;
+use super::counters::inc;
 use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
+use crate::base::Base;
 use crate::base::Committed;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::slots;
-use crate::engine::Engine;
 
 /// How long a writer waiting for room sleeps before it looks again whether a round still
 /// runs (a limit on a missed wake-up, not a pace: a freed batch wakes it at once).
@@ -90,23 +91,23 @@ fn next(loc: Loc) -> Loc {
     }
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> PageCache<L> {
     /// After a cached write: a pressure round when dirty pages passed the high watermark
     /// (one round at a time; others go on writing). With `--writeback-background` the
     /// daemon's thread runs the rounds and the writer goes on (it meets write-back only when
     /// NVRAM is full: `writeback_for_room`).
-    pub(crate) fn after_cached_write(&self) {
-        if !self.cache.config.background {
-            self.round_above_high(Reason::Pressure);
-        } else if self.cache_frames() > self.cache.config.high_pages {
-            self.cache.writer_bell.ring();
+    pub(crate) fn after_cached_write(&self, b: &Base<L>) {
+        if !self.config.background {
+            self.round_above_high(b, Reason::Pressure);
+        } else if self.cache_frames() > self.config.high_pages {
+            self.writer_bell.ring();
         }
     }
 
     /// Rung when a write leaves the cache above its high watermark (background mode): the
     /// daemon's writer sleeps on it between rounds (`sync::Bell`).
     pub fn writer_bell(&self) -> &crate::base::sync::Bell {
-        &self.cache.writer_bell
+        &self.writer_bell
     }
 
     /// `--writeback-background`: the daemon's write-back thread calls this in a loop: the
@@ -115,25 +116,25 @@ impl<L: LowerFs> Engine<L> {
     /// for the whole round - measured on the ssd model, 128-byte random writes at the nbw
     /// experiment's scale 1: one write of 11 s (`--nbw off`, 25,237 pages) and one of 41 s
     /// (`async-bg`, 25,385 pages).
-    pub fn writeback_in_background(&self) -> u64 {
-        self.round_above_high(Reason::Background)
+    pub fn writeback_in_background(&self, b: &Base<L>) -> u64 {
+        self.round_above_high(b, Reason::Background)
     }
 
     /// When the cache holds more frames than the high watermark, one pressure round down to
     /// the low one, counted under `reason`; the pages written (0: nothing due, another round
     /// runs, or the round failed - said on stderr; the next write or look tries again).
-    fn round_above_high(&self, reason: Reason) -> u64 {
-        let high = self.cache.config.high_pages;
+    fn round_above_high(&self, b: &Base<L>, reason: Reason) -> u64 {
+        let high = self.config.high_pages;
         if self.cache_frames() <= high {
             return 0;
         }
-        let Some(mut history) = self.cache.round.try_lock() else { return 0 };
+        let Some(mut history) = self.round.try_lock() else { return 0 };
         let held = self.cache_frames();
         if held <= high {
             return 0;
         }
-        let target = held - self.cache.config.low_pages.min(held);
-        self.pressure_round(&mut history, reason, target).unwrap_or_else(|e| {
+        let target = held - self.config.low_pages.min(held);
+        self.pressure_round(b, &mut history, reason, target).unwrap_or_else(|e| {
             eprintln!("nvstack: {} write-back failed: {e}", reason.name());
             0
         })
@@ -143,10 +144,10 @@ impl<L: LowerFs> Engine<L> {
     /// frames the records are packed in (the watermarks are about NVRAM). `pages_dirty` counts
     /// patched pages too, which share frames. No lock: called after every cached write.
     pub(super) fn cache_frames(&self) -> u64 {
-        let (c, n) = (&self.cache.counters, &self.cache.nbw);
+        let (c, n) = (&self.counters, &self.nbw);
         let pages = c.pages_dirty.load(Ordering::Relaxed);
         let patched = n.patches.load(Ordering::Relaxed).min(pages);
-        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.cache.slots.frames()
+        pages - patched + n.patch_frames.load(Ordering::Relaxed) + self.slots.frames()
     }
 
     /// A write found no free frame: a round down to the low watermark, at least one batch.
@@ -156,21 +157,20 @@ impl<L: LowerFs> Engine<L> {
     /// model, 4 KiB random writes at the nbw experiment's scale 1 with
     /// `--writeback-background on`: writes of 14-20 s, against 7-10 s with the round in the
     /// writer. Returns the pages this call wrote (0 after a wait).
-    pub(crate) fn writeback_for_room(&self) -> FsResult<u64> {
+    pub(crate) fn writeback_for_room(&self, b: &Base<L>) -> FsResult<u64> {
         loop {
-            if let Some(mut history) = self.cache.round.try_lock() {
+            if let Some(mut history) = self.round.try_lock() {
                 let held = self.cache_frames();
-                let target = (held - self.cache.config.low_pages.min(held))
-                    .max(self.cache.config.batch_pages);
-                return self.pressure_round(&mut history, Reason::NvramFull, target);
+                let target = (held - self.config.low_pages.min(held)).max(self.config.batch_pages);
+                return self.pressure_round(b, &mut history, Reason::NvramFull, target);
             }
             // (A batch freed between the failed try and this wait is missed; the timeout
             // bounds what that costs, and a round that ended is found by the next try.)
-            let room = self.cache.room.lock();
+            let room = self.room.lock();
             let seen = *room;
-            let room = self.cache.room_freed.wait_timeout(room, ROOM_WAIT);
+            let room = self.room_freed.wait_timeout(room, ROOM_WAIT);
             if *room != seen {
-                inc(&self.cache.counters.room_waits);
+                inc(&self.counters.room_waits);
                 return Ok(0);
             }
         }
@@ -178,13 +178,19 @@ impl<L: LowerFs> Engine<L> {
 
     /// After a batch's pages were freed: wakes the writers waiting for room.
     fn room_freed(&self) {
-        *self.cache.room.lock() += 1;
-        self.cache.room_freed.notify_all();
+        *self.room.lock() += 1;
+        self.room_freed.notify_all();
     }
 
     /// Ages, then writes back batches chosen by the policy until `target` pages went.
-    fn pressure_round(&self, history: &mut History, reason: Reason, target: u64) -> FsResult<u64> {
-        inc(&self.cache.counters.rounds[reason as usize]);
+    fn pressure_round(
+        &self,
+        b: &Base<L>,
+        history: &mut History,
+        reason: Reason,
+        target: u64,
+    ) -> FsResult<u64> {
+        inc(&self.counters.rounds[reason as usize]);
         self.age_all();
         let mut written = 0u64;
         let mut idle_passes = 0;
@@ -192,7 +198,7 @@ impl<L: LowerFs> Engine<L> {
         // meanwhile) counts; three in a row end the round.
         let mut fruitless = 0;
         while written < target && fruitless < 3 {
-            let want = (target - written).min(self.cache.config.batch_pages).max(1) as usize;
+            let want = (target - written).min(self.config.batch_pages).max(1) as usize;
             let mut chosen = self.select(want);
             if chosen.is_empty() {
                 // Every dirty page is active: age again (at most twice: the first pass clears
@@ -202,12 +208,12 @@ impl<L: LowerFs> Engine<L> {
                     self.age_all();
                     continue;
                 }
-                chosen = policy::by_zones(&self.cache.tables().all, want);
+                chosen = policy::by_zones(&self.tables().all, want);
                 if chosen.is_empty() {
                     break;
                 }
             }
-            let freed = self.write_pages(history, &chosen)?;
+            let freed = self.write_pages(b, history, &chosen)?;
             if freed == 0 {
                 fruitless += 1;
                 if std::env::var_os("NVSTACK_DEBUG_WB").is_some() {
@@ -224,7 +230,7 @@ impl<L: LowerFs> Engine<L> {
     /// Why chosen pages were not freed (debugging aid, NVSTACK_DEBUG_WB).
     fn explain(&self, chosen: &[(PageKey, Loc)]) {
         for &(page, loc) in chosen.iter().take(4) {
-            let Some(cf) = self.cache.by_object(page.object) else {
+            let Some(cf) = self.by_object(page.object) else {
                 eprintln!("nvstack: write-back chose {page:?} at {loc:?}: no such cached file");
                 continue;
             };
@@ -239,22 +245,22 @@ impl<L: LowerFs> Engine<L> {
 
     /// The clock over every dirty page (`state::age`).
     fn age_all(&self) {
-        for cf in self.cache.all() {
+        for cf in self.all() {
             let mut st = cf.lock();
-            let mut t = self.cache.tables();
+            let mut t = self.tables();
             for (&index, meta) in &mut st.pages {
-                state::age(&mut t, &self.cache.counters, PageKey { object: cf.id(), index }, meta);
+                state::age(&mut t, &self.counters, PageKey { object: cf.id(), index }, meta);
             }
         }
     }
 
     /// The policy's choice of at most about `want` pages.
     fn select(&self, want: usize) -> Vec<(PageKey, Loc)> {
-        let policy = &self.cache.policy;
+        let policy = &self.policy;
         let mut files = Vec::new();
         let mut lru = Vec::new();
         if policy.uses_files() || policy.uses_lru() {
-            let mut all = self.cache.all();
+            let mut all = self.all();
             all.sort_by_key(|cf| cf.lock().rec.serial);
             for cf in all {
                 let st = cf.lock();
@@ -269,7 +275,7 @@ impl<L: LowerFs> Engine<L> {
             }
             lru.sort_unstable();
         }
-        let mut t = self.cache.tables();
+        let mut t = self.tables();
         t.files = files;
         t.inactive_lru = lru.into_iter().map(|(_, p, l)| (p, l)).collect();
         let chosen = policy.select(&t, want);
@@ -283,9 +289,14 @@ impl<L: LowerFs> Engine<L> {
     /// A policy may choose more than asked (`file` takes whole files, `location` and `relo`
     /// whole zones, as the thesis does); they are written in location order, NR_WB pages a
     /// batch, so that a batch's copy and its freeing transaction stay bounded.
-    fn write_pages(&self, history: &mut History, chosen: &[(PageKey, Loc)]) -> FsResult<u64> {
+    fn write_pages(
+        &self,
+        b: &Base<L>,
+        history: &mut History,
+        chosen: &[(PageKey, Loc)],
+    ) -> FsResult<u64> {
         let batches = chosen
-            .chunks(self.cache.config.batch_pages.max(1) as usize)
+            .chunks(self.config.batch_pages.max(1) as usize)
             .map(|chunk| {
                 let mut by_file: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
                 for (page, _) in chunk {
@@ -293,23 +304,26 @@ impl<L: LowerFs> Engine<L> {
                 }
                 by_file
                     .into_iter()
-                    .filter_map(|(object, pages)| {
-                        self.cache.by_object(object).map(|cf| (cf, pages))
-                    })
+                    .filter_map(|(object, pages)| self.by_object(object).map(|cf| (cf, pages)))
                     .collect()
             })
             .collect();
-        self.write_batches(history, batches)
+        self.write_batches(b, history, batches)
     }
 
     /// Writes back every page of one file and frees its record (coherence: an operation
     /// needs the lower file as the application sees it).
-    pub(crate) fn write_back_file(&self, cf: &Arc<Cached<L>>, reason: Reason) -> FsResult<()> {
-        let mut history = self.cache.round.lock();
-        inc(&self.cache.counters.rounds[reason as usize]);
+    pub(crate) fn write_back_file(
+        &self,
+        b: &Base<L>,
+        cf: &Arc<Cached<L>>,
+        reason: Reason,
+    ) -> FsResult<()> {
+        let mut history = self.round.lock();
+        inc(&self.counters.rounds[reason as usize]);
         // A limit: the file's pages in batches, then a few passes for a record left by a
         // truncate meanwhile; a file rewritten without pause ends with EAGAIN.
-        let batch = self.cache.config.batch_pages.max(1);
+        let batch = self.config.batch_pages.max(1);
         let most = (cf.lock().pages.len() as u64).div_ceil(batch) + 8;
         for _ in 0..most {
             let pages: Vec<u64> = {
@@ -319,7 +333,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 st.pages.keys().take(batch as usize).copied().collect()
             };
-            self.write_batch(&mut history, vec![(Arc::clone(cf), pages)])?;
+            self.write_batch(b, &mut history, vec![(Arc::clone(cf), pages)])?;
         }
         if cf.lock().gone { Ok(()) } else { Err(FsError::Lower(Errno(libc::EAGAIN))) }
     }
@@ -328,24 +342,25 @@ impl<L: LowerFs> Engine<L> {
     /// batches by location; `progress(done, total)` after each batch.
     pub fn flush_cache(
         &self,
+        b: &Base<L>,
         reason: Reason,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        let mut history = self.cache.round.lock();
-        inc(&self.cache.counters.rounds[reason as usize]);
-        let total = self.cache.pages_dirty();
+        let mut history = self.round.lock();
+        inc(&self.counters.rounds[reason as usize]);
+        let total = self.pages_dirty();
         let mut done = 0u64;
-        let batch = self.cache.config.batch_pages.max(1) as usize;
+        let batch = self.config.batch_pages.max(1) as usize;
         // A limit: what was dirty when the flush began, twice over (writers go on meanwhile),
         // and three batches in a row that free nothing end it with an error.
         let most = 2 * total.div_ceil(batch as u64) + 16;
         let mut fruitless = 0;
         for _ in 0..most {
-            let chosen = policy::by_zones(&self.cache.tables().all, batch);
+            let chosen = policy::by_zones(&self.tables().all, batch);
             if chosen.is_empty() {
                 break;
             }
-            match self.write_pages(&mut history, &chosen) {
+            match self.write_pages(b, &mut history, &chosen) {
                 Ok(0) => {
                     fruitless += 1;
                     if fruitless == 3 {
@@ -365,13 +380,13 @@ impl<L: LowerFs> Engine<L> {
             progress(done.min(total), total.max(done));
         }
         // Records left without pages (a truncate, a failed first write): fix the lower size.
-        for cf in self.cache.all() {
-            if let Err(e) = self.write_batch(&mut history, vec![(cf, Vec::new())]) {
+        for cf in self.all() {
+            if let Err(e) = self.write_batch(b, &mut history, vec![(cf, Vec::new())]) {
                 return (done, Some(e));
             }
         }
         // Record frames left without records are not kept as room after a flush.
-        match self.base.free_empty_slots(&self.cache.slots, 0) {
+        match b.free_empty_slots(&self.slots, 0) {
             Ok(_) => (done, None),
             Err(e) => (done, Some(e)),
         }
@@ -379,14 +394,14 @@ impl<L: LowerFs> Engine<L> {
 
     /// Writes back the pages dirty for longer than `--max-dirty-age` (called about once a
     /// second by the front end's timer).
-    pub fn writeback_aged(&self) -> FsResult<u64> {
-        let age = self.cache.config.max_dirty_age;
-        if age == 0 || self.cache.pages_dirty() == 0 {
+    pub fn writeback_aged(&self, b: &Base<L>) -> FsResult<u64> {
+        let age = self.config.max_dirty_age;
+        if age == 0 || self.pages_dirty() == 0 {
             return Ok(0);
         }
-        let limit = self.base.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
+        let limit = b.lower.now().0.saturating_sub(i64::try_from(age).unwrap_or(i64::MAX));
         let mut old: Vec<(PageKey, Loc)> = Vec::new();
-        for cf in self.cache.all() {
+        for cf in self.all() {
             let st = cf.lock();
             old.extend(
                 st.pages
@@ -398,38 +413,43 @@ impl<L: LowerFs> Engine<L> {
         if old.is_empty() {
             return Ok(0);
         }
-        let mut history = self.cache.round.lock();
-        inc(&self.cache.counters.rounds[Reason::Age as usize]);
+        let mut history = self.round.lock();
+        inc(&self.counters.rounds[Reason::Age as usize]);
         policy::sort_by_location(&mut old);
         let mut written = 0;
-        for chunk in old.chunks(self.cache.config.batch_pages.max(1) as usize) {
-            written += self.write_pages(&mut history, chunk)?;
+        for chunk in old.chunks(self.config.batch_pages.max(1) as usize) {
+            written += self.write_pages(b, &mut history, chunk)?;
         }
         Ok(written)
     }
 
     /// One batch (see the module docs). Returns the pages freed.
-    fn write_batch(&self, history: &mut History, batch: Batch<L>) -> FsResult<u64> {
-        self.write_batches(history, vec![batch])
+    fn write_batch(&self, b: &Base<L>, history: &mut History, batch: Batch<L>) -> FsResult<u64> {
+        self.write_batches(b, history, vec![batch])
     }
 
     /// Steps 1 and 2 of every batch, one durability point for all of them (fsync when they
     /// are all one file, else syncfs), then step 3 batch by batch (each its own bounded
     /// transaction). A file met again in a later batch of the same call keeps the
     /// `shrunk_to` of its first snapshot, so every commit sees every truncate since the first.
-    fn write_batches(&self, history: &mut History, batches: Vec<Batch<L>>) -> FsResult<u64> {
+    fn write_batches(
+        &self,
+        b: &Base<L>,
+        history: &mut History,
+        batches: Vec<Batch<L>>,
+    ) -> FsResult<u64> {
         let mut seen = std::collections::HashSet::new();
         let mut written: Vec<Vec<BatchFile<L>>> = Vec::new();
         for batch in batches {
-            let mut jobs = self.snapshot(batch, &mut seen);
+            let mut jobs = Self::snapshot(b, batch, &mut seen);
             if jobs.is_empty() {
                 continue;
             }
             // W1: the pages copied are committed state, made durable now (journal mode; a
             // no-op otherwise) - after the copy, so that a write committed between a group
             // commit and the copy does not reach the lower file before its group does.
-            let w1 = self.base.committed();
-            self.write_lower(&w1, history, &jobs)?;
+            let w1 = b.committed();
+            self.write_lower(b, &w1, history, &jobs)?;
             for job in &mut jobs {
                 job.data = Vec::new(); // written: only the versions are needed now
             }
@@ -437,25 +457,25 @@ impl<L: LowerFs> Engine<L> {
         }
         let Some(first) = written.first().and_then(|jobs| jobs.first()) else { return Ok(0) };
         if written.iter().flatten().all(|job| Arc::ptr_eq(&job.cf, &first.cf)) {
-            self.base.lower.fsync(&*self.cache_io(&first.cf)?, false)?;
+            b.lower.fsync(&*Self::cache_io(b, &first.cf)?, false)?;
         } else {
-            self.base.syncfs_lower()?;
+            b.syncfs_lower()?;
         }
-        inc(&self.cache.counters.syncs);
-        self.base.fail("writeback.written");
+        inc(&self.counters.syncs);
+        b.fail("writeback.written");
         let mut freed = 0;
         for jobs in &written {
-            freed += self.commit_batch(jobs)?;
+            freed += self.commit_batch(b, jobs)?;
             self.room_freed();
-            self.base.fail("writeback.freed");
-            inc(&self.cache.counters.batches);
+            b.fail("writeback.freed");
+            inc(&self.counters.batches);
         }
         Ok(freed)
     }
 
     /// Step 1 for one batch.
     fn snapshot(
-        &self,
+        b: &Base<L>,
         mut batch: Batch<L>,
         seen: &mut std::collections::HashSet<u64>,
     ) -> Vec<BatchFile<L>> {
@@ -490,7 +510,7 @@ impl<L: LowerFs> Engine<L> {
                 if let Some(patch) = st.patches.get(&index) {
                     job.patches.insert(index, patch.clone());
                 } else {
-                    self.base.pool.read(self.base.pool.frame_offset(meta.frame), &mut block.0);
+                    b.pool.read(b.pool.frame_offset(meta.frame), &mut block.0);
                 }
                 job.pages.push((index, meta.loc, meta.version));
                 job.data.push(block);
@@ -506,17 +526,18 @@ impl<L: LowerFs> Engine<L> {
 
     fn write_lower(
         &self,
+        b: &Base<L>,
         w1: &Committed,
         history: &mut History,
         jobs: &[BatchFile<L>],
     ) -> FsResult<()> {
         // Cut what lies beyond `valid` first: those bytes are zero to the application.
         for job in jobs.iter().filter(|job| job.cut) {
-            let io = self.cache_io(&job.cf)?;
-            let lower_size = self.base.lower.getattr(&job.cf.node)?.size;
+            let io = Self::cache_io(b, &job.cf)?;
+            let lower_size = b.lower.getattr(&job.cf.node)?.size;
             if lower_size > job.valid {
                 let set = SetAttr { size: Some(job.valid), ..SetAttr::default() };
-                self.base.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
+                b.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
             }
         }
         // Every whole page of the batch in ascending location order; runs become one request.
@@ -548,48 +569,49 @@ impl<L: LowerFs> Engine<L> {
                 }
                 run += 1;
             }
-            self.write_run(w1, history, &jobs[j], p, run, loc)?;
+            self.write_run(b, w1, history, &jobs[j], p..p + run, loc)?;
             i += run;
         }
         // Patched pages: only the patched bytes (the lower file system reads the rest of its
         // block if it does not hold it: the page's fetch, done by the write-back).
         for job in jobs {
             for (&index, patch) in &job.patches {
-                self.write_patch(w1, history, job, index, patch)?;
+                self.write_patch(b, w1, history, job, index, patch)?;
             }
         }
         // Size and mtime as the record says, then durable.
         for job in jobs {
-            let io = self.cache_io(&job.cf)?;
+            let io = Self::cache_io(b, &job.cf)?;
             let set = SetAttr {
                 size: Some(job.size),
                 mtime: Some(TimeSet::At(job.mtime.0, job.mtime.1)),
                 ..SetAttr::default()
             };
-            self.base.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
+            b.lower.setattr(w1, &job.cf.node, Some(&io), &set)?;
         }
         Ok(())
     }
 
-    /// One lower write request: `run` pages of `job` from position `p`, starting at `loc`.
+    /// One lower write request: the pages of `job` at positions `run`, the first at `loc`.
     fn write_run(
         &self,
+        b: &Base<L>,
         w1: &Committed,
         history: &mut History,
         job: &BatchFile<L>,
-        p: usize,
-        run: usize,
+        run: std::ops::Range<usize>,
         loc: Loc,
     ) -> FsResult<()> {
+        let (p, run) = (run.start, run.len());
         let cf = &job.cf;
         let offset = job.pages[p].0 * PAGE;
         let data = bytes(&job.data[p..p + run]);
         // (A file past the held files' limit opens it for this request.)
         let own;
         let direct = if cf.may_hold() {
-            cf.direct.get_or_init(|| self.base.lower.open_direct(&cf.node, true).ok().flatten())
+            cf.direct.get_or_init(|| b.lower.open_direct(&cf.node, true).ok().flatten())
         } else {
-            own = self.base.lower.open_direct(&cf.node, true).ok().flatten();
+            own = b.lower.open_direct(&cf.node, true).ok().flatten();
             &own
         };
         let mut done = 0usize;
@@ -597,8 +619,8 @@ impl<L: LowerFs> Engine<L> {
         while done < data.len() {
             let at = offset + done as u64;
             let result = match direct {
-                Some(d) if use_direct => self.base.lower.write(w1, d, at, &data[done..]),
-                _ => self.base.lower.write(w1, &*self.cache_io(cf)?, at, &data[done..]),
+                Some(d) if use_direct => b.lower.write(w1, d, at, &data[done..]),
+                _ => b.lower.write(w1, &*Self::cache_io(b, cf)?, at, &data[done..]),
             };
             match result {
                 Ok(0) => return Err(Errno(libc::EIO).into()),
@@ -608,8 +630,8 @@ impl<L: LowerFs> Engine<L> {
                 Err(e) => return Err(e.into()),
             }
         }
-        let c = &self.cache.counters;
-        Counters::add(&self.base.counters.lower_bytes_written, data.len() as u64);
+        let c = &self.counters;
+        Counters::add(&b.counters.lower_bytes_written, data.len() as u64);
         inc(&c.requests);
         Counters::add(&c.pages_written, run as u64);
         for &(index, _, _) in &job.pages[p..p + run] {
@@ -632,29 +654,30 @@ impl<L: LowerFs> Engine<L> {
     /// The byte ranges of one patched page, buffered (they are not block-aligned).
     fn write_patch(
         &self,
+        b: &Base<L>,
         w1: &Committed,
         history: &mut History,
         job: &BatchFile<L>,
         index: u64,
         patch: &super::patch::Patch,
     ) -> FsResult<()> {
-        let io = self.cache_io(&job.cf)?;
-        let c = &self.cache.counters;
+        let io = Self::cache_io(b, &job.cf)?;
+        let c = &self.counters;
         for (o, piece) in patch.pieces() {
             let n = piece.len();
             let mut done = 0;
             while done < n {
                 let at = index * PAGE + (o + done) as u64;
-                match self.base.lower.write(w1, &io, at, &piece[done..])? {
+                match b.lower.write(w1, &io, at, &piece[done..])? {
                     0 => return Err(Errno(libc::EIO).into()),
                     k => done += k,
                 }
             }
             inc(&c.requests);
-            Counters::add(&self.base.counters.lower_bytes_written, n as u64);
+            Counters::add(&b.counters.lower_bytes_written, n as u64);
         }
         inc(&c.pages_written);
-        inc(&self.cache.nbw.fetches_on_writeback);
+        inc(&self.nbw.fetches_on_writeback);
         let id = (job.file_id, index);
         if history.written.contains(&id) {
             inc(&c.repeated_pages);
@@ -665,13 +688,13 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Step 3: one transaction over every file of the batch, all locked in object order.
-    fn commit_batch(&self, jobs: &[BatchFile<L>]) -> FsResult<u64> {
+    fn commit_batch(&self, b: &Base<L>, jobs: &[BatchFile<L>]) -> FsResult<u64> {
         // Jobs are in record-frame order (`snapshot`), the order several file locks are taken.
         let mut states: Vec<_> = jobs.iter().map(|j| j.cf.lock()).collect();
         for st in &mut states {
             st.patch_frames.begin();
         }
-        let plans = self.base.atomically(|tx| {
+        let plans = b.atomically(|tx| {
             let mut plans: Vec<(Vec<u64>, Record, bool)> = Vec::new();
             for (job, st) in jobs.iter().zip(states.iter_mut()) {
                 if st.gone {
@@ -692,7 +715,7 @@ impl<L: LowerFs> Engine<L> {
                         && below(index)
                     {
                         if patches.contains_key(&index) {
-                            patch_frames.remove(tx, &self.base.pool, index)?;
+                            patch_frames.remove(tx, &b.pool, index)?;
                         } else {
                             tx.free_frame(meta.frame)?;
                         }
@@ -736,9 +759,9 @@ impl<L: LowerFs> Engine<L> {
             st.extents = None; // the lower allocation changed
             st.lower_gen += 1; // step 2 wrote the lower file (cached_read)
             if free_record {
-                self.forget_cached(&job.cf, st, &gone_pages);
+                self.forget_cached(b, &job.cf, st, &gone_pages);
             } else {
-                self.pages_clean(st, gone_pages.values());
+                self.pages_clean(b, st, gone_pages.values());
             }
         }
         Ok(freed)

@@ -22,7 +22,7 @@ impl<L: LowerFs> Engine<L> {
         if self.journal.interval_due(b) {
             self.journal.checkpoint(b, Why::Interval)?;
         }
-        self.writeback_aged()?;
+        self.cache.writeback_aged(&self.base)?;
         Ok(())
     }
 

@@ -13,6 +13,7 @@
 //! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
 //! order: `sync.rs`.
 
+mod background;
 mod clock;
 mod durability;
 pub mod routing;
@@ -233,7 +234,7 @@ impl<L: LowerFs> Engine<L> {
     /// from its record, a directory's times with its pending ones.
     pub(crate) fn shown_attr(&self, key: (u64, u64), mut attr: Attr) -> Attr {
         match attr.kind() {
-            lower::FileKind::Regular => self.cached_attr(key, &mut attr),
+            lower::FileKind::Regular => self.cache.cached_attr(key, &mut attr),
             lower::FileKind::Directory => self.dir_times_over(key, &mut attr),
             _ => {}
         }

@@ -45,7 +45,7 @@ impl<L: LowerFs> Engine<L> {
             Some(Keep::SetId)
         } else if sync_flag(flags) {
             Some(Keep::SyncFlag)
-        } else if self.cached(key).is_some() {
+        } else if self.cache.cached(key).is_some() {
             Some(Keep::State)
         } else if self.in_profile(node, key) {
             Some(Keep::Profile)

@@ -76,13 +76,14 @@ impl<L: LowerFs> Engine<L> {
         engine.journal.checkpoint(&engine.base, Why::Recovery).map_err(StartError::Settle)?;
         engine.rebuild_tempfiles()?;
         engine.rebuild_dir_times()?;
-        engine.rebuild_cache()?;
+        engine.cache.rebuild_cache(&engine.base)?;
         engine.routes.load(crate::route::profile::scan(&engine.base.pool)?);
         if !engine.temp.config.enabled {
             engine.transform_all(Trigger::Unmount, &mut |_, _| {});
         }
         if !engine.cache.config().enabled
-            && let (_, Some(e)) = engine.flush_cache(Reason::Unmount, &mut |_, _| {})
+            && let (_, Some(e)) =
+                engine.cache.flush_cache(&engine.base, Reason::Unmount, &mut |_, _| {})
         {
             return Err(StartError::Flush(e));
         }
@@ -106,7 +107,8 @@ impl<L: LowerFs> Engine<L> {
             eprintln!("nvstack: journal checkpoint at unmount failed (replayed at mount): {e}");
         }
         if self.cache.config().writeback_on_unmount
-            && let (_, Some(e)) = self.flush_cache(Reason::Unmount, &mut |_, _| {})
+            && let (_, Some(e)) =
+                self.cache.flush_cache(&self.base, Reason::Unmount, &mut |_, _| {})
         {
             eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
         }

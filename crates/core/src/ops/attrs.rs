@@ -10,6 +10,7 @@ use crate::base::OpTx;
 use crate::base::counters::Op;
 use crate::base::error::{FsResult, answer};
 use crate::base::inodes::ROOT_ID;
+use crate::cache::Cached;
 use crate::engine::{Engine, Obj, Open, suidgid_bits};
 use crate::tempfs::{self, Fate};
 
@@ -64,7 +65,7 @@ impl<L: LowerFs> Engine<L> {
                     self.kill_suidgid(tx, &node)?;
                 }
                 let key = self.base.lower.key(&node);
-                if let Some(cf) = self.cached(key) {
+                if let Some(cf) = self.cache.cached(key) {
                     match self.cached_setattr(tx, &cf, &node, file, set)? {
                         Some(attr) => return Ok(attr),
                         None => continue, // written back meanwhile
@@ -72,7 +73,7 @@ impl<L: LowerFs> Engine<L> {
                 }
                 if set.size.is_some() {
                     // Changes the lower file's data: no record may start meanwhile.
-                    let attr = self.with_clean_lower(key, |w1| {
+                    let attr = self.cache.with_clean_lower(&self.base, key, |w1| {
                         Ok(self.base.lower.setattr(w1, &node, file, set)?)
                     })?;
                     self.base.unsynced(key);
@@ -194,4 +195,36 @@ impl<L: LowerFs> Engine<L> {
 /// mount, and not an application's to change.
 fn is_marker(node_id: u64, name: &OsStr) -> bool {
     node_id == ROOT_ID && name == crate::journal::MARKER
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// setattr of a lower regular file with a record: the size in the cache, the rest in the
+    /// lower file system (through the metadata journal); an mtime set explicitly is kept in
+    /// the record too. `None` when the record was freed meanwhile (look the file up again).
+    fn cached_setattr(
+        &self,
+        otx: &mut OpTx<'_>,
+        cf: &Cached<L>,
+        node: &L::Node,
+        file: Option<&L::File>,
+        set: &SetAttr,
+    ) -> FsResult<Option<Attr>> {
+        let b = &self.base;
+        if let Some(size) = set.size
+            && self.cache.cached_truncate(b, otx, cf, size)?.is_none()
+        {
+            return Ok(None);
+        }
+        let rest = SetAttr { size: None, ..*set };
+        let attr = if rest == SetAttr::default() {
+            b.lower.getattr(node)?
+        } else {
+            self.journal.ns_setattr(b, otx, node, file, &rest)?
+        };
+        // (Freed meanwhile: the lower file has the times, which the mount then shows.)
+        if set.mtime.is_some() {
+            crate::cache::PageCache::<L>::set_times(otx, cf, &attr)?;
+        }
+        Ok(Some(self.shown_attr(cf.key, attr)))
+    }
 }

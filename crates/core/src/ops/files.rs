@@ -218,7 +218,7 @@ impl<L: LowerFs> Engine<L> {
             let file = self.lower_file(&h)?;
             match self.via(&h)? {
                 Via::Cache(key) | Via::Direct(key) => {
-                    self.with_clean_lower(key, |w1| {
+                    self.cache.with_clean_lower(&self.base, key, |w1| {
                         Ok(self.base.lower.fallocate(w1, file, mode, offset, len)?)
                     })?;
                     self.base.unsynced(key);
@@ -248,9 +248,15 @@ impl<L: LowerFs> Engine<L> {
                 }
             }
             if let Via::Cache(key) = self.via(&h)?
-                && let Some(cf) = self.cached(key)
+                && let Some(cf) = self.cache.cached(key)
                 && matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE)
-                && let Some(found) = self.cached_seek(&cf, self.lower_file(&h)?, offset, whence)?
+                && let Some(found) = crate::cache::PageCache::cached_seek(
+                    &self.base,
+                    &cf,
+                    self.lower_file(&h)?,
+                    offset,
+                    whence,
+                )?
             {
                 return Ok(found);
             }
@@ -272,7 +278,7 @@ impl<L: LowerFs> Engine<L> {
         // cache takes: copy through the engine.
         let temp = |h: &Handle<Open<L>>| matches!(h.file, Open::Temp { .. });
         let (via_in, via_out) = (self.via(&input)?, self.via(&output)?);
-        let cached_in = matches!(via_in, Via::Cache(k) if self.cached(k).is_some());
+        let cached_in = matches!(via_in, Via::Cache(k) if self.cache.cached(k).is_some());
         let cached_out = matches!(via_out, Via::Cache(_)) && self.cache.config().enabled;
         if temp(&input) || temp(&output) || cached_in || cached_out {
             return self.copy_by_buffer(fh_in, offset_in, fh_out, offset_out, len);
@@ -290,7 +296,7 @@ impl<L: LowerFs> Engine<L> {
             };
             let n = match via_out {
                 Via::Cache(key) | Via::Direct(key) => {
-                    let n = self.with_clean_lower(key, copy)?;
+                    let n = self.cache.with_clean_lower(&self.base, key, copy)?;
                     self.base.unsynced(key);
                     n
                 }

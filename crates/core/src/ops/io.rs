@@ -48,8 +48,10 @@ impl<L: LowerFs> Engine<L> {
                 let file = self.lower_file(&h)?;
                 let n = match self.via(&h)? {
                     Via::Cache(key) => {
-                        let cached = match self.cached(key) {
-                            Some(cf) => self.cached_read(&cf, file, offset, buf)?,
+                        let cached = match self.cache.cached(key) {
+                            Some(cf) => {
+                                self.cache.cached_read(&self.base, &cf, file, offset, buf)?
+                            }
                             None => None,
                         };
                         if let Some(n) = cached {
@@ -59,7 +61,7 @@ impl<L: LowerFs> Engine<L> {
                         }
                         self.base.lower.read(file, offset, buf)?
                     }
-                    Via::Direct(key) => self.with_clean_lower(key, |_| {
+                    Via::Direct(key) => self.cache.with_clean_lower(&self.base, key, |_| {
                         Ok(self.base.lower.read(file, offset, buf)?)
                     })?,
                     Via::Plain => self.base.lower.read(file, offset, buf)?,
@@ -111,7 +113,7 @@ impl<L: LowerFs> Engine<L> {
                     return Ok(n);
                 }
                 Ok((n, After::Cached)) => {
-                    self.after_cached_write();
+                    self.cache.after_cached_write(&self.base);
                     return Ok(n);
                 }
                 Ok((n, After::Nothing)) => return Ok(n),
@@ -124,7 +126,7 @@ impl<L: LowerFs> Engine<L> {
                         eprintln!("nvstack: journal checkpoint for room failed: {e}");
                     }
                     self.relieve_pressure(true);
-                    if let Err(e) = self.writeback_for_room() {
+                    if let Err(e) = self.cache.writeback_for_room(&self.base) {
                         eprintln!("nvstack: write-back for room failed: {e}");
                     }
                 }
@@ -180,8 +182,8 @@ impl<L: LowerFs> Engine<L> {
                 {
                     small_writes.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-                while let Some(cf) = self.cache_entry(otx, &node, key)? {
-                    if let Some(n) = self.cached_write(otx, &cf, offset, data)? {
+                while let Some(cf) = self.cache.cache_entry(&self.base, otx, &node, key)? {
+                    if let Some(n) = self.cache.cached_write(&self.base, otx, &cf, offset, data)? {
                         Counters::add(&self.base.counters.app_bytes_written, n as u64);
                         return Ok((n, After::Cached));
                     }
@@ -191,7 +193,7 @@ impl<L: LowerFs> Engine<L> {
         let file = self.lower_file(&h)?;
         let n = match via {
             Via::Cache(key) | Via::Direct(key) => {
-                let n = self.with_clean_lower(key, |w1| {
+                let n = self.cache.with_clean_lower(&self.base, key, |w1| {
                     Ok(self.base.lower.write(w1, file, offset, data)?)
                 })?;
                 self.base.unsynced(key); // written through: only as durable as the lower makes it

@@ -33,7 +33,7 @@ impl<L: LowerFs> Engine<L> {
         if let Some(identity) = self.inodes.forget(node_id, nlookup) {
             self.routes.forget(node_id);
             if let Some(key) = identity.lower_key() {
-                self.drop_if_deleted(key);
+                self.cache.drop_if_deleted(&self.base, key);
             }
         }
     }

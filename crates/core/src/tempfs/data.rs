@@ -9,30 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use nvram::layout::FRAME_SIZE;
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use super::record::{KIND_DATA, RECORD_SIZE, Record};
 use crate::base::slots::{self, Place};
 
-pub const PAGE: u64 = FRAME_SIZE;
-
-/// `len` bytes at `offset`, page by page: (page number, offset in the page, offset in the
-/// data, length of the piece).
-pub fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize)> {
-    let mut done = 0usize;
-    std::iter::from_fn(move || {
-        if done >= len {
-            return None;
-        }
-        let pos = offset + done as u64;
-        let in_page = (pos % PAGE) as usize;
-        let n = (PAGE as usize - in_page).min(len - done);
-        let piece = (pos / PAGE, in_page, done, n);
-        done += n;
-        Some(piece)
-    })
-}
+pub use crate::base::pages::{PAGE, pieces};
 
 /// Writes `data` at `offset`; returns the pages it allocated (added to `pages`). On error no
 /// page was added: the caller's map stays the mirror of what the rollback leaves.

@@ -1,0 +1,63 @@
+//! What the daemon's threads and tools call between requests: the page cache's write-back and
+//! fetches, the bells its sleeping threads wait on, and the consistency checks of the tests.
+//! Each is the mechanism's own, reached through the engine that holds it and the base.
+
+use lower::LowerFs;
+
+use super::Engine;
+use crate::base::error::{FsError, FsResult};
+use crate::base::sync::Bell;
+use crate::cache::Reason;
+
+impl<L: LowerFs> Engine<L> {
+    /// Writes back every dirty page (`nvstack flush`, unmount); returns the pages written and
+    /// the first error (`progress(done, total)` after each batch).
+    pub fn flush_cache(
+        &self,
+        reason: Reason,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> (u64, Option<FsError>) {
+        self.cache.flush_cache(&self.base, reason, progress)
+    }
+
+    /// Writes back the pages dirty for longer than `--max-dirty-age`; returns how many.
+    pub fn writeback_aged(&self) -> FsResult<u64> {
+        self.cache.writeback_aged(&self.base)
+    }
+
+    /// `--writeback-background`: the daemon's write-back thread calls this in a loop
+    /// (`cache/writeback.rs`); returns the pages written.
+    pub fn writeback_in_background(&self) -> u64 {
+        self.cache.writeback_in_background(&self.base)
+    }
+
+    /// Rung when a write leaves the cache above its high watermark (background write-back).
+    pub fn writer_bell(&self) -> &Bell {
+        self.cache.writer_bell()
+    }
+
+    /// Rung when a patched page is queued for the `async-bg` fetcher.
+    pub fn fetcher_bell(&self) -> &Bell {
+        self.cache.fetcher_bell()
+    }
+
+    /// `async-fg`: the serving thread fetches the queued patches after it answered a write.
+    pub fn after_write_answered(&self) {
+        self.cache.after_write_answered(&self.base);
+    }
+
+    /// Fetches and merges up to `max` queued patched pages; returns how many were merged.
+    pub fn fetch_patches(&self, max: usize) -> usize {
+        self.cache.fetch_patches(&self.base, max)
+    }
+
+    /// Patched pages waiting for an asynchronous fetch.
+    pub fn fetches_queued(&self) -> usize {
+        self.cache.fetches_queued()
+    }
+
+    /// Checks the page cache's volatile mirror against itself (tests; no operation may run).
+    pub fn check_cache(&self) -> Result<(), String> {
+        self.cache.check_cache()
+    }
+}
