@@ -21,6 +21,8 @@
 //!   facade and accounted for (durability).
 //! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
 //!   short lock or an undo slot).
+//! - `share.rs`: limits that depend on the region (a percentage of its frames, or frames),
+//!   resolved once at start.
 //! - `slots.rs`: records packed eight to a frame (temp files' and cached files'), the
 //!   volatile list of taken slots.
 //! - `sync.rs`: the ranked locks and the one lock order, checked in debug builds.
@@ -39,15 +41,17 @@ pub mod lowerfs;
 mod ops;
 pub mod overlay;
 pub mod route;
+pub mod share;
 pub mod slots;
 pub mod stats;
 pub mod sync;
 pub mod tempfs;
 
-pub use cache::{CacheConfig, Nbw, Reason};
+pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};
 pub use engine::start::StartError;
 pub use engine::{Engine, EngineConfig, Entry, Failpoints};
 pub use error::{FsError, FsResult};
 pub use journal::JournalConfig;
+pub use share::Share;
 pub use stats::{Op, Stats};
-pub use tempfs::{TempConfig, Trigger};
+pub use tempfs::{TempConfig, TempLimits, Trigger};

@@ -12,7 +12,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::EngineConfig;
+use engine::{
+    CacheConfig, EngineConfig, JournalConfig, PatchLimit, Share, TempConfig, WritebackPolicy,
+};
 use txn::Pool;
 
 use super::rundir;
@@ -257,12 +259,12 @@ pub enum WritebackArg {
 }
 
 impl WritebackArg {
-    fn name(self) -> &'static str {
+    pub fn policy(self) -> WritebackPolicy {
         match self {
-            WritebackArg::File => "file",
-            WritebackArg::Recency => "recency",
-            WritebackArg::Location => "location",
-            WritebackArg::Relo => "relo",
+            WritebackArg::File => WritebackPolicy::File,
+            WritebackArg::Recency => WritebackPolicy::Recency,
+            WritebackArg::Location => WritebackPolicy::Location,
+            WritebackArg::Relo => WritebackPolicy::Relo,
         }
     }
 }
@@ -341,6 +343,9 @@ fn failpoints() -> Option<Arc<dyn engine::Failpoints>> {
     Some(Arc::new(EnvFailpoint { point: point.to_string(), remaining: n.into(), pause }))
 }
 
+/// The engine's configuration for this mount: the flags, and the core's defaults for what has
+/// no flag. Every field of the cache's and temp files' configurations is named here, so that
+/// a new knob in the core is a compile error until the mount decides about it.
 pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
     // A transform frees every frame of a file in one transaction (64 bytes of undo log per
     // frame); refuse a maximum the undo log cannot take.
@@ -370,44 +375,43 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
             human(layout.undo_slot_size)
         )));
     }
-    // The temp files' share of the frames; the background mark is a percentage of it.
-    let share_frames = layout.nr_frames * args.tempfile_share / 100;
+    // Made now, not when the command line was parsed: the held files' default reads the
+    // open-file limit, which the daemon has raised since.
+    let defaults = EngineConfig::default();
     Ok(EngineConfig {
-        cache: engine::CacheConfig {
+        cache: CacheConfig {
             enabled: args.cache == OnOff::On,
-            policy: args.writeback.name(),
+            policy: args.writeback.policy(),
             zone_blocks: args.zone_blocks,
-            high_pages: layout.nr_frames * args.dirty_high / 100,
-            low_pages: layout.nr_frames * args.dirty_low / 100,
+            dirty_high: Share::Percent(args.dirty_high),
+            dirty_low: Share::Percent(args.dirty_low),
             background: args.writeback_background == OnOff::On,
             batch_pages: args.writeback_batch,
             max_dirty_age: args.max_dirty_age,
             writeback_on_unmount: !args.keep_dirty,
             nbw: args.nbw.mode(),
-            patch_limit: args.nbw_patch_limit.map_or(u64::MAX, |b| (b / 4096).max(1)),
-            // Two descriptors a file: a quarter of the open-file limit (the lower nodes take
-            // half by default; the rest is for open files, the region and FUSE).
-            held_files: (lower::posix::default_node_fds() / 4).max(16),
+            patch_limit: args.nbw_patch_limit.map_or(defaults.cache.patch_limit, |bytes| {
+                PatchLimit::Frames((bytes / nvram::layout::FRAME_SIZE).max(1))
+            }),
+            held_files: defaults.cache.held_files,
         },
-        temp: engine::TempConfig {
+        temp: TempConfig {
             enabled: args.tempfiles == OnOff::On,
             max_size: args.tempfile_max_size,
             transform_on_unmount: !args.keep_tempfiles,
-            max_frames: share_frames,
+            share: Share::Percent(args.tempfile_share),
             writeback_batch: args.tempfile_writeback_batch,
-            background_frames: match args.tempfile_background {
-                0 => u64::MAX,
-                p => share_frames * p / 100,
-            },
+            background: (args.tempfile_background != 0)
+                .then_some(Share::Percent(args.tempfile_background)),
         },
-        journal: engine::JournalConfig {
+        journal: JournalConfig {
             size_max: args.journal_size,
             interval_secs: args.checkpoint_interval,
         },
         failpoints: failpoints(),
         xattrs: args.xattrs == OnOff::On,
         passthrough: args.passthrough == OnOff::On,
-        ..EngineConfig::default()
+        ..defaults
     })
 }
 

@@ -155,7 +155,7 @@ impl<L: LowerFs> Engine<L> {
     /// hold patches.
     fn patch_room(&self, st: &CacheState, page: u64, slots: usize) -> bool {
         let frames = self.cache.nbw.patch_frames.load(Ordering::Relaxed);
-        frames < self.cache.config.patch_limit || st.patch_frames.holds(page, slots)
+        frames < self.cache.limits.patch_limit || st.patch_frames.holds(page, slots)
     }
 
     fn wait_for(&self, why: Wait) {
@@ -237,7 +237,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn fetch_patches(&self, max: usize) -> usize {
         let mut merged = 0;
         for _ in 0..max {
-            if self.cache_frames() > self.cache.config.high_pages {
+            if self.cache_frames() > self.cache.limits.high_pages {
                 inc(&self.cache.nbw.fetches_paused);
                 break;
             }

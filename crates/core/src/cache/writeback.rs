@@ -97,7 +97,7 @@ impl<L: LowerFs> Engine<L> {
     pub(crate) fn after_cached_write(&self) {
         if !self.cache.config.background {
             self.round_above_high(Reason::Pressure);
-        } else if self.cache_frames() > self.cache.config.high_pages {
+        } else if self.cache_frames() > self.cache.limits.high_pages {
             self.cache.writer_bell.ring();
         }
     }
@@ -122,7 +122,7 @@ impl<L: LowerFs> Engine<L> {
     /// the low one, counted under `reason`; the pages written (0: nothing due, another round
     /// runs, or the round failed - said on stderr; the next write or look tries again).
     fn round_above_high(&self, reason: Reason) -> u64 {
-        let high = self.cache.config.high_pages;
+        let high = self.cache.limits.high_pages;
         if self.cache_frames() <= high {
             return 0;
         }
@@ -131,7 +131,7 @@ impl<L: LowerFs> Engine<L> {
         if held <= high {
             return 0;
         }
-        let target = held - self.cache.config.low_pages.min(held);
+        let target = held - self.cache.limits.low_pages.min(held);
         self.pressure_round(&mut history, reason, target).unwrap_or_else(|e| {
             eprintln!("nvstack: {} write-back failed: {e}", reason.name());
             0
@@ -159,7 +159,7 @@ impl<L: LowerFs> Engine<L> {
         loop {
             if let Some(mut history) = self.cache.round.try_lock() {
                 let held = self.cache_frames();
-                let target = (held - self.cache.config.low_pages.min(held))
+                let target = (held - self.cache.limits.low_pages.min(held))
                     .max(self.cache.config.batch_pages);
                 return self.pressure_round(&mut history, Reason::NvramFull, target);
             }
