@@ -23,7 +23,7 @@ use lower::posix::PosixLower;
 use nvram::{FormatParams, MmapOptions, MmapRegion, Region};
 use txn::{Consistency, Pool};
 
-use super::mount::{ConsistencyArg, MountArgs, engine_config, threads};
+use super::mount::{self, ConsistencyArg, MountArgs, engine_config, threads};
 use super::rundir;
 use crate::error::{CliError, CliResult};
 use crate::size::human;
@@ -61,13 +61,9 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
     };
     let mut note = String::new();
     if !args.nvram.exists() {
-        // Small regions would be mostly undo log with 16 slots: a quarter of the region at most.
-        let slots = args.undo_slots.unwrap_or_else(|| {
-            u32::try_from(args.size / 4 / args.undo_slot_size.max(1)).unwrap_or(16).clamp(2, 16)
-        });
         let params = FormatParams {
             region_size: args.size,
-            undo_slots: slots,
+            undo_slots: mount::undo_slots(args),
             undo_slot_size: args.undo_slot_size,
         };
         let layout = super::format::format(&args.nvram, params, false)?;
@@ -376,7 +372,7 @@ fn start_writer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Wo
 /// The engine over the recovered region: rebuilds the temp-file overlay and finishes
 /// interrupted transforms.
 fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<Engine<PosixLower>> {
-    let config = engine_config(args, &pool)?;
+    let config = engine_config(args, pool.layout())?;
     Engine::new(lower, pool, config).map_err(|e| match e {
         engine::StartError::Region(e) => CliError::Region(e),
         e => CliError::Other(format!("cannot start over {}: {e}", args.nvram.display())),

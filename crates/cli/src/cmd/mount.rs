@@ -9,13 +9,12 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use engine::{
     CacheConfig, EngineConfig, JournalConfig, PatchLimit, Share, TempConfig, WritebackPolicy,
 };
-use txn::Pool;
 
 use super::rundir;
 use crate::error::{CliError, CliResult};
@@ -36,9 +35,11 @@ pub enum ConsistencyArg {
     None,
 }
 
-/// Every option of `nvstack mount`. The daemon gets the words the user typed, not a copy of
-/// these fields (`start_daemon`), and `nvstack stat --json` reports them as the mount runs
-/// with them (`mount.options`, `effective_options`).
+/// Every option of `nvstack mount`. The defaults of the engine's knobs are the core's
+/// (`defaults()`: `EngineConfig::default()`), written there only; a test checks that a mount
+/// without flags runs with exactly that configuration. The daemon gets the words the user
+/// typed, not a copy of these fields (`start_daemon`), and `nvstack stat --json` reports them
+/// as the mount runs with them (`mount.options`, `effective_options`).
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[allow(clippy::struct_excessive_bools)] // command-line switches
 pub struct MountArgs {
@@ -59,7 +60,7 @@ pub struct MountArgs {
     pub undo_slots: Option<u32>,
     /// Size of each undo slot of a region created by this mount: the most NVRAM one operation
     /// may change (a 1 MiB write needs a little over 1 MiB).
-    #[arg(long, value_parser = parse_size, default_value = "1088K", value_name = "SIZE")]
+    #[arg(long, value_parser = parse_size, default_value = size_text(nvram::layout::DEFAULT_UNDO_SLOT_SIZE), value_name = "SIZE")]
     pub undo_slot_size: u64,
     /// How operations are made crash-consistent (docs/design.md section 12.1 compares them).
     #[arg(long, value_enum, default_value = "undo")]
@@ -71,7 +72,7 @@ pub struct MountArgs {
     /// serve requests at once. With the spinning reader (`--spin-us`, on by default) one of
     /// them reads requests and the others wait until every reading worker has been busy with
     /// one request for 500 us (a request waiting on the disk), then join in.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), value_name = "N")]
     pub threads: Option<u32>,
     /// What a FUSE worker's sleep and wakeup is worth, in microseconds of spinning (0 = never
     /// spin). An application waiting for durability sends its next request soon after each
@@ -86,11 +87,11 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=1_000), value_name = "US")]
     pub spin_us: u32,
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
-    #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = fusefs::Timeouts::default().attr.as_secs_f64(), value_name = "SECONDS")]
     pub attr_timeout: f64,
     /// Seconds the kernel may cache name lookups, and that a name does not exist (a negative
     /// entry: sqlite's hot-journal check or a PATH search asks once); 0 = ask every time.
-    #[arg(long, default_value_t = 86_400.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = fusefs::Timeouts::default().entry.as_secs_f64(), value_name = "SECONDS")]
     pub entry_timeout: f64,
     /// Largest write the kernel sends in one request.
     #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
@@ -108,18 +109,18 @@ pub struct MountArgs {
     /// their share of the region (least recently used first), on `nvstack flush`, and at
     /// unmount. Short-lived files never cost lower-FS IO. `off`: every file is created in the
     /// lower directory (temp files left in the region are transformed at mount).
-    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().temp.enabled), value_name = "on|off")]
     pub tempfiles: OnOff,
     /// A temp file growing beyond this size is transformed into the lower directory.
-    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
+    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().temp.max_size), value_name = "SIZE")]
     pub tempfile_max_size: u64,
     /// Percent of the region's frames temp files may hold before the least recently used are
     /// transformed (NVRAM pressure).
-    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
+    #[arg(long, default_value_t = percent(defaults().temp.share), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
     pub tempfile_share: u64,
     /// NR_WB of the thesis' pressure rule: pages of temp files transformed per pressure round
     /// (N = NR_WB x NR_TempFFS / NR_Dirty); each round ends with one syncfs of the lower FS.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES")]
+    #[arg(long, default_value_t = defaults().temp.writeback_batch, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES")]
     pub tempfile_writeback_batch: u64,
     /// Background transforms: above this percent of the temp files' share (--tempfile-share),
     /// a daemon thread moves the least recently used temp files into the lower directory (8 x
@@ -129,13 +130,13 @@ pub struct MountArgs {
     /// For files that outlive the region (mail delivery); it costs files that would have died
     /// in NVRAM. Measured with 80 on the showcase (hdd-7200, 256 MiB region): Maildir
     /// deliveries 1.10x, asynchronous Postmark 10 % slower with 15 % more written to disk.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
+    #[arg(long, default_value_t = defaults().temp.background.map_or(0, percent), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
     pub tempfile_background: u64,
     /// Extended attributes (and with them ACLs set through the mount). `off` answers every
     /// xattr request with "not supported" once, after which the kernel stops asking: it
     /// otherwise asks for security.capability before every write(2) (one FUSE round trip per
     /// write; Postmark: ~2 per file).
-    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().xattrs), value_name = "on|off")]
     pub xattrs: OnOff,
     /// Kernel passthrough for lower files NVRAM cannot help: an open of a lower file with
     /// nothing in NVRAM (no dirty pages, no patches) that was never fsynced, opened O_SYNC or
@@ -145,7 +146,7 @@ pub struct MountArgs {
     /// from its next open on (also after a remount: the route profile in NVRAM remembers it)
     /// it takes the NVRAM path. Needs Linux 6.9+ and root; without them, `off` silently.
     /// docs/design.md section 14.
-    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().passthrough), value_name = "on|off")]
     pub passthrough: OnOff,
     /// Which opens of files that live in NVRAM (temp files) bypass the kernel's page cache
     /// (FUSE direct IO; mmap still works). Such an open keeps no second copy of the bytes in
@@ -168,30 +169,30 @@ pub struct MountArgs {
     /// (durable and atomic when the write returns; no lower IO) and are written back late, by
     /// the --writeback policy. `off`: writes go straight to the lower file (pages left in the
     /// region are written back at mount).
-    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.enabled), value_name = "on|off")]
     pub cache: OnOff,
     /// Which dirty pages go when write-back runs (thesis 3.1.2): `file` - dirty files in order,
     /// all their pages (Linux); `recency` - inactive pages only, least recently used first;
     /// `location` - the zone whose dirty pages form the longest runs (max ASL), all pages;
     /// `relo` - inactive pages of the zone with max ASL, then the next zone.
-    #[arg(long, value_enum, default_value = "relo")]
+    #[arg(long, value_enum, default_value = defaults().cache.policy.name())]
     pub writeback: WritebackArg,
     /// Blocks (4 KiB) per zone of the lower device for the location-aware policies.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..), value_name = "BLOCKS")]
+    #[arg(long, default_value_t = defaults().cache.zone_blocks, value_parser = clap::value_parser!(u64).range(1..), value_name = "BLOCKS")]
     pub zone_blocks: u64,
     /// Write-back starts when dirty pages exceed this percent of the region's frames ...
-    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
+    #[arg(long, default_value_t = percent(defaults().cache.dirty_high), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
     pub dirty_high: u64,
     /// ... and stops when they are down to this percent.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
+    #[arg(long, default_value_t = percent(defaults().cache.dirty_low), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
     pub dirty_low: u64,
     /// NR_WB: dirty pages per write-back batch (each batch: one sync of the lower file system,
     /// one NVRAM transaction).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096), value_name = "PAGES")]
+    #[arg(long, default_value_t = defaults().cache.batch_pages, value_parser = clap::value_parser!(u64).range(1..=4096), value_name = "PAGES")]
     pub writeback_batch: u64,
     /// Dirty pages older than this are written back even without pressure, so that the lower
     /// directory alone is never older than this (0 = never).
-    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    #[arg(long, default_value_t = defaults().cache.max_dirty_age, value_name = "SECONDS")]
     pub max_dirty_age: u64,
     /// Keep dirty pages in NVRAM across unmount instead of writing them back (the lower
     /// directory alone then lacks those writes until the next mount).
@@ -204,7 +205,7 @@ pub struct MountArgs {
     /// before its write returns (on the modeled ssd one write waited 11-41 s for a round of
     /// ~25,000 pages; on hdd-7200 Postmark ran 4x and Zipf rewrites 1.3x longer than with
     /// `on`: docs/benchmarks.md "The background writer by default").
-    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.background), value_name = "on|off")]
     pub writeback_background: OnOff,
     /// The metadata journal: namespace and attribute changes of lower files and directories
     /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
@@ -212,12 +213,12 @@ pub struct MountArgs {
     /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
     /// them durable there and frees the records when they take this much NVRAM (records are
     /// packed 8-16 to a 4 KiB frame; at most a quarter of the region) ...
-    #[arg(long, value_parser = parse_size, default_value = "32M", value_name = "SIZE")]
+    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().journal.size_max), value_name = "SIZE")]
     pub journal_size: u64,
     /// ... or when they are this many seconds old (0: only by size, at unmount, and when a
     /// durability call must reach the lower file system anyway). Not used with
     /// `--consistency none`, which has no journal.
-    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    #[arg(long, default_value_t = defaults().journal.interval_secs, value_name = "SECONDS")]
     pub checkpoint_interval: u64,
     /// Non-blocking writes (FAST'15): a write to part of a page that is not in NVRAM becomes a
     /// *patch* in NVRAM (durable and atomic when the write returns) instead of waiting for the
@@ -236,7 +237,7 @@ pub struct MountArgs {
     /// elevator order and sleeps while none are queued.
     /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
     /// is served by the kernel.
-    #[arg(long, value_enum, default_value = "async-bg")]
+    #[arg(long, value_enum, default_value = defaults().cache.nbw.name())]
     pub nbw: NbwArg,
     /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
     /// bytes, 7 share a frame); beyond, a partial write reads its page first, as with --nbw
@@ -249,6 +250,41 @@ pub struct MountArgs {
     pub daemon: bool,
 }
 
+/// What the engine runs with where a flag is not given: the core's defaults
+/// (`EngineConfig::default()` and the configurations it nests), the one place they are
+/// written; the flags above take theirs from here. Made once, when the command line is parsed.
+fn defaults() -> &'static EngineConfig {
+    static DEFAULTS: LazyLock<EngineConfig> = LazyLock::new(EngineConfig::default);
+    &DEFAULTS
+}
+
+/// A percent flag's default, from the core's share of the region.
+fn percent(share: Share) -> u64 {
+    match share {
+        Share::Percent(p) => p,
+        Share::Frames(_) => panic!("the default of a percent flag is a frame count: {share:?}"),
+    }
+}
+
+/// `bytes` as a size flag's text (`32M`, `1088K`: the largest unit it is a whole number of),
+/// for clap's `[default: ...]`. Clap parses a default as if it were typed, so it must read back
+/// through `parse_size` to `bytes` (a test checks); it keeps defaults as `&'static str`, hence
+/// the leak, a few bytes each time the command line is built.
+fn size_text(bytes: u64) -> &'static str {
+    let text = match ["K", "M", "G", "T"]
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|&(i, _)| bytes != 0 && bytes % (1 << (10 * (i + 1))) == 0)
+    {
+        Some((i, unit)) => format!("{}{unit}", bytes >> (10 * (i + 1))),
+        None => bytes.to_string(),
+    };
+    Box::leak(text.into_boxed_str())
+}
+
+/// `--writeback`: the core's policies (`WritebackPolicy`), spelled as their `name()`s (a test
+/// checks), which `stat --json` shows too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WritebackArg {
@@ -269,6 +305,7 @@ impl WritebackArg {
     }
 }
 
+/// `--nbw`: the core's modes (`Nbw`), spelled as their `name()`s (a test checks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NbwArg {
@@ -294,6 +331,12 @@ impl NbwArg {
 pub enum OnOff {
     On,
     Off,
+}
+
+impl From<bool> for OnOff {
+    fn from(on: bool) -> OnOff {
+        if on { OnOff::On } else { OnOff::Off }
+    }
 }
 
 /// `--direct-io`: which opens bypass the kernel's page cache.
@@ -346,10 +389,9 @@ fn failpoints() -> Option<Arc<dyn engine::Failpoints>> {
 /// The engine's configuration for this mount: the flags, and the core's defaults for what has
 /// no flag. Every field of the cache's and temp files' configurations is named here, so that
 /// a new knob in the core is a compile error until the mount decides about it.
-pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineConfig> {
+pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResult<EngineConfig> {
     // A transform frees every frame of a file in one transaction (64 bytes of undo log per
     // frame); refuse a maximum the undo log cannot take.
-    let layout = pool.layout();
     let frames = (args.tempfile_max_size + args.max_write).div_ceil(nvram::layout::FRAME_SIZE);
     if frames * 64 + 4096 > layout.undo_slot_size {
         let most = (layout.undo_slot_size - 4096) / 64 * nvram::layout::FRAME_SIZE;
@@ -412,6 +454,14 @@ pub(super) fn engine_config(args: &MountArgs, pool: &Pool) -> CliResult<EngineCo
         xattrs: args.xattrs == OnOff::On,
         passthrough: args.passthrough == OnOff::On,
         ..defaults
+    })
+}
+
+/// Undo slots of a region this mount formats: as given, or a quarter of the region's size in
+/// slots, 2 to 16 (small regions would be mostly undo log with 16).
+pub(super) fn undo_slots(args: &MountArgs) -> u32 {
+    args.undo_slots.unwrap_or_else(|| {
+        u32::try_from(args.size / 4 / args.undo_slot_size.max(1)).unwrap_or(16).clamp(2, 16)
     })
 }
 
@@ -491,4 +541,112 @@ pub(super) fn threads(args: &MountArgs) -> u32 {
     args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(4, |n| n.get() as u32).clamp(4, 64)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser, ValueEnum};
+    use engine::EngineConfig;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    #[command(name = "nvstack")]
+    enum Words {
+        Mount(MountArgs),
+    }
+
+    fn parse(words: &str) -> MountArgs {
+        let Words::Mount(args) = Words::try_parse_from(words.split(' ')).expect("parses");
+        args
+    }
+
+    /// The layout of the region a mount with `args` formats.
+    fn layout(args: &MountArgs) -> nvram::Layout {
+        nvram::Layout::compute(nvram::FormatParams {
+            region_size: args.size,
+            undo_slots: undo_slots(args),
+            undo_slot_size: args.undo_slot_size,
+        })
+        .expect("a valid layout")
+    }
+
+    /// One place for defaults: a mount without flags runs with exactly the core's defaults,
+    /// field by field, and so with the same limits in its region.
+    #[test]
+    fn a_mount_without_flags_runs_with_the_engine_defaults() {
+        let args = parse("nvstack mount L M --nvram X");
+        let layout = layout(&args);
+        let built = engine_config(&args, &layout).expect("a configuration");
+        let default = EngineConfig::default();
+        // Exhaustive: a new field of EngineConfig fails to compile here until it is compared.
+        let EngineConfig {
+            max_handles,
+            temp,
+            max_walk,
+            failpoints,
+            xattrs,
+            cache,
+            journal,
+            passthrough,
+        } = built;
+        assert_eq!(max_handles, default.max_handles);
+        assert_eq!(max_walk, default.max_walk);
+        assert!(failpoints.is_none() && default.failpoints.is_none());
+        assert_eq!(xattrs, default.xattrs);
+        assert_eq!(passthrough, default.passthrough);
+        assert_eq!(cache, default.cache);
+        assert_eq!(temp, default.temp);
+        assert_eq!(journal, default.journal);
+        let frames = layout.nr_frames;
+        assert_eq!(cache.limits(frames), default.cache.limits(frames));
+        assert_eq!(temp.limits(frames), default.temp.limits(frames));
+        // What the region-relative defaults come to in the default 256 MiB region.
+        let limits = cache.limits(frames);
+        assert_eq!(
+            (limits.high_pages, limits.low_pages, limits.patch_limit),
+            (frames * 8 / 10, frames * 6 / 10, frames / 8),
+            "{frames} frames"
+        );
+        assert_eq!(temp.limits(frames).max_frames, frames * 9 / 10);
+        assert_eq!(temp.limits(frames).background_frames, u64::MAX, "no background transforms");
+    }
+
+    /// Flags given reach the configuration as shares of the region, resolved by the core.
+    #[test]
+    fn percent_flags_become_shares_of_the_region() {
+        let args = parse(
+            "nvstack mount L M --nvram X --dirty-high 50 --dirty-low 10 --tempfile-share 40 \
+             --tempfile-background 50 --nbw-patch-limit 1M",
+        );
+        let config = engine_config(&args, &layout(&args)).expect("a configuration");
+        let limits = config.cache.limits(1000);
+        assert_eq!((limits.high_pages, limits.low_pages, limits.patch_limit), (500, 100, 256));
+        let temp = config.temp.limits(1000);
+        assert_eq!((temp.max_frames, temp.background_frames), (400, 200));
+        let args = parse("nvstack mount L M --nvram X --dirty-high 50 --dirty-low 60");
+        assert!(engine_config(&args, &layout(&args)).is_err(), "--dirty-low above --dirty-high");
+    }
+
+    /// The CLI's spellings of the core's enums are the core's names (`stat --json` shows
+    /// those), and every size default reads back to its value.
+    #[test]
+    fn value_names_are_the_cores_and_size_defaults_read_back() {
+        for arg in WritebackArg::value_variants() {
+            let name = arg.to_possible_value().expect("visible");
+            assert_eq!(name.get_name(), arg.policy().name());
+            assert_eq!(serde_json::to_value(arg).unwrap(), arg.policy().name());
+        }
+        for arg in NbwArg::value_variants() {
+            let name = arg.to_possible_value().expect("visible");
+            assert_eq!(name.get_name(), arg.mode().name());
+            assert_eq!(serde_json::to_value(arg).unwrap(), arg.mode().name());
+        }
+        for bytes in [1 << 20, 32 << 20, nvram::layout::DEFAULT_UNDO_SLOT_SIZE, 4096, 1000, 3 << 30]
+        {
+            assert_eq!(parse_size(size_text(bytes)), Ok(bytes), "{}", size_text(bytes));
+        }
+        assert_eq!(size_text(nvram::layout::DEFAULT_UNDO_SLOT_SIZE), "1088K");
+        Words::command().debug_assert();
+    }
 }
