@@ -35,11 +35,21 @@ pub enum ConsistencyArg {
     None,
 }
 
-/// Every option of `nvstack mount`. The defaults of the engine's knobs are the core's
-/// (`defaults()`: `EngineConfig::default()`), written there only; a test checks that a mount
-/// without flags runs with exactly that configuration. The daemon gets the words the user
-/// typed, not a copy of these fields (`start_daemon`), and `nvstack stat --json` reports them
-/// as the mount runs with them (`mount.options`, `effective_options`).
+// The headings of `nvstack mount --help`: one per mechanism, in this order.
+const REGION: &str = "Region and consistency";
+const TEMPFFS: &str = "TempFFS (temp files)";
+const CACHE: &str = "Page cache and write-back";
+const NBW: &str = "Non-blocking writes";
+const JOURNAL: &str = "Metadata journal";
+const TRANSPORT: &str = "Routes and FUSE transport";
+const DAEMON: &str = "Daemon";
+
+/// Every option of `nvstack mount`, grouped by mechanism as `--help` shows them. The defaults
+/// of the engine's knobs are the core's (`defaults()`: `EngineConfig::default()`), written
+/// there only; a test checks that a mount without flags runs with exactly that configuration.
+/// The daemon gets the words the user typed, not a copy of these fields (`start_daemon`), and
+/// `nvstack stat --json` reports them as the mount runs with them (`mount.options`,
+/// `effective_options`).
 #[derive(Clone, Debug, clap::Args, serde::Serialize)]
 #[allow(clippy::struct_excessive_bools)] // command-line switches
 pub struct MountArgs {
@@ -47,32 +57,179 @@ pub struct MountArgs {
     pub lower: PathBuf,
     /// Where to mount.
     pub mountpoint: PathBuf,
+
     /// The NVRAM region file; created (formatted) if missing, recovered if it was not unmounted
     /// cleanly. A region belongs to the first lower directory it was mounted over.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = REGION)]
     pub nvram: PathBuf,
-    /// Size of a region created by this mount (ignored for an existing region).
-    #[arg(long, value_parser = parse_size, default_value = "256M", value_name = "SIZE")]
+    /// Size in bytes (suffixes K, M, G, T) of a region created by this mount (ignored for an
+    /// existing region).
+    #[arg(long, value_parser = parse_size, default_value = "256M", value_name = "SIZE", help_heading = REGION)]
     pub size: u64,
     /// Undo-log slots of a region created by this mount (at most this many operations change
     /// NVRAM at once; others wait). Default: a quarter of the region's size in slots, 2 to 16.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), value_name = "N")]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), value_name = "N", help_heading = REGION)]
     pub undo_slots: Option<u32>,
-    /// Size of each undo slot of a region created by this mount: the most NVRAM one operation
-    /// may change (a 1 MiB write needs a little over 1 MiB).
-    #[arg(long, value_parser = parse_size, default_value = size_text(nvram::layout::DEFAULT_UNDO_SLOT_SIZE), value_name = "SIZE")]
+    /// Size in bytes of each undo slot of a region created by this mount: the most NVRAM one
+    /// operation may change (a 1 MiB write needs a little over 1 MiB).
+    #[arg(long, value_parser = parse_size, default_value = size_text(nvram::layout::DEFAULT_UNDO_SLOT_SIZE), value_name = "SIZE", help_heading = REGION)]
     pub undo_slot_size: u64,
     /// How operations are made crash-consistent (docs/design.md section 12.1 compares them).
-    #[arg(long, value_enum, default_value = "undo")]
+    #[arg(long, value_enum, default_value = "undo", help_heading = REGION)]
     pub consistency: ConsistencyArg,
-    /// Stay in the foreground (log to stderr) instead of starting a daemon.
-    #[arg(long, short = 'f')]
-    pub foreground: bool,
-    /// FUSE worker threads (default: 4, or one per CPU when there are more): the most that
-    /// serve requests at once. With the spinning reader (`--spin-us`, on by default) one of
-    /// them reads requests and the others wait until every reading worker has been busy with
-    /// one request for 500 us (a request waiting on the disk), then join in.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), value_name = "N")]
+
+    /// New regular files live only in NVRAM (TempFFS) until they are transformed into the
+    /// lower directory: when they grow beyond --tempfile-max-size, when temp files exceed
+    /// their share of the region (least recently used first), on `nvstack flush`, and at
+    /// unmount. Short-lived files never cost lower-FS IO. `off`: every file is created in the
+    /// lower directory (temp files left in the region are transformed at mount).
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().temp.enabled), value_name = "on|off", help_heading = TEMPFFS)]
+    pub tempfiles: OnOff,
+    /// A temp file growing beyond this size in bytes is transformed into the lower directory.
+    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().temp.max_size), value_name = "SIZE", help_heading = TEMPFFS)]
+    pub tempfile_max_size: u64,
+    /// Percent of the region's frames temp files may hold before the least recently used are
+    /// transformed (NVRAM pressure).
+    #[arg(long, default_value_t = percent(defaults().temp.share), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT", help_heading = TEMPFFS)]
+    pub tempfile_share: u64,
+    /// NR_WB of the thesis' pressure rule, in pages: pages of temp files transformed per
+    /// pressure round (N = NR_WB x NR_TempFFS / NR_Dirty); each round ends with one syncfs of
+    /// the lower FS.
+    #[arg(long, default_value_t = defaults().temp.writeback_batch, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES", help_heading = TEMPFFS)]
+    pub tempfile_writeback_batch: u64,
+    /// Background transforms: above this percent of the temp files' share (--tempfile-share),
+    /// a daemon thread moves the least recently used temp files into the lower directory (8 x
+    /// --tempfile-writeback-batch frames, at most 1,024 files, one group and its syncfs a
+    /// round), so that writers rarely fill the share and wait for a transform in their own
+    /// requests. 0: only writers relieve pressure, as in the thesis' TempFFS. For files that
+    /// outlive the region (mail delivery); it costs files that would have died in NVRAM.
+    /// Measured with 80 on the showcase (hdd-7200, 256 MiB region): Maildir deliveries 1.10x,
+    /// asynchronous Postmark 10 % slower with 15 % more written to disk.
+    #[arg(long, default_value_t = defaults().temp.background.map_or(0, percent), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT", help_heading = TEMPFFS)]
+    pub tempfile_background: u64,
+    /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
+    /// directory alone then lacks them until the next mount). Off unless given.
+    #[arg(long, help_heading = TEMPFFS)]
+    pub keep_tempfiles: bool,
+
+    /// The NVRAM page cache: writes to existing lower files land in NVRAM as dirty pages
+    /// (durable and atomic when the write returns; no lower IO) and are written back late, by
+    /// the --writeback policy. `off`: writes go straight to the lower file (pages left in the
+    /// region are written back at mount).
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.enabled), value_name = "on|off", help_heading = CACHE)]
+    pub cache: OnOff,
+    /// Which dirty pages go when write-back runs (thesis 3.1.2): `file` - dirty files in order,
+    /// all their pages (Linux); `recency` - inactive pages only, least recently used first;
+    /// `location` - the zone whose dirty pages form the longest runs (max ASL), all pages;
+    /// `relo` - inactive pages of the zone with max ASL, then the next zone.
+    #[arg(long, value_enum, default_value = defaults().cache.policy.name(), help_heading = CACHE)]
+    pub writeback: WritebackArg,
+    /// Blocks (4 KiB) per zone of the lower device for the location-aware policies.
+    #[arg(long, default_value_t = defaults().cache.zone_blocks, value_parser = clap::value_parser!(u64).range(1..), value_name = "BLOCKS", help_heading = CACHE)]
+    pub zone_blocks: u64,
+    /// Write-back starts when dirty pages exceed this percent of the region's frames ...
+    #[arg(long, default_value_t = percent(defaults().cache.dirty_high), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT", help_heading = CACHE)]
+    pub dirty_high: u64,
+    /// ... and stops when they are down to this percent (at most --dirty-high).
+    #[arg(long, default_value_t = percent(defaults().cache.dirty_low), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT", help_heading = CACHE)]
+    pub dirty_low: u64,
+    /// NR_WB: dirty pages per write-back batch (each batch: one sync of the lower file system,
+    /// one NVRAM transaction).
+    #[arg(long, default_value_t = defaults().cache.batch_pages, value_parser = clap::value_parser!(u64).range(1..=4096), value_name = "PAGES", help_heading = CACHE)]
+    pub writeback_batch: u64,
+    /// `on`: write-back above --dirty-high runs in a background thread of the daemon, so no
+    /// writer waits for a whole round in its own request (a writer waits for write-back only
+    /// when NVRAM is full, and then for the round's next freed batch, not the round). `off`:
+    /// the writer that passes --dirty-high writes back down to --dirty-low before its write
+    /// returns (on the modeled ssd one write waited 11-41 s for a round of ~25,000 pages; on
+    /// hdd-7200 Postmark ran 4x and Zipf rewrites 1.3x longer than with `on`:
+    /// docs/benchmarks.md "The background writer by default").
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.background), value_name = "on|off", help_heading = CACHE)]
+    pub writeback_background: OnOff,
+    /// Seconds after which a dirty page is written back even without pressure, so that the
+    /// lower directory alone is never older than this (0 = never).
+    #[arg(long, default_value_t = defaults().cache.max_dirty_age, value_name = "SECONDS", help_heading = CACHE)]
+    pub max_dirty_age: u64,
+    /// Keep dirty pages in NVRAM across unmount instead of writing them back (the lower
+    /// directory alone then lacks those writes until the next mount). Off unless given.
+    #[arg(long, help_heading = CACHE)]
+    pub keep_dirty: bool,
+
+    /// Non-blocking writes (FAST'15): a write to part of a page that is not in NVRAM becomes a
+    /// *patch* in NVRAM (durable and atomic when the write returns) instead of waiting for the
+    /// page to be read from the disk. When the page is read and merged: `lazy` - only when
+    /// needed (a read the patch does not cover reads the lower file; write-back writes just
+    /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
+    /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
+    /// (the blocking baseline). Why `async-bg` by default: at the paper's scale (60 s of
+    /// random writes to a cold 5 GiB file, docs/benchmarks.md "Non-blocking writes") it made
+    /// the most operations in every random row on both disk models - 62x ext4's 128-byte
+    /// random writes on hdd-7200 (`lazy` 58x); on ssd 5.4x (`lazy` 4.7x) and 2.45x ext4 on
+    /// average over 128 B-2 KiB (`lazy` 2.22x) - because its fetcher frees patch memory past
+    /// the limit, where `lazy` makes each writer read its page. `lazy` makes no disk reads of
+    /// its own: a random reader of the same ssd ran 1.15-1.64x faster beside it - choose it
+    /// when readers share the disk with sub-page writers. The fetcher drains patches in
+    /// elevator order and sleeps while none are queued.
+    /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
+    /// is served by the kernel.
+    #[arg(long, value_enum, default_value = defaults().cache.nbw.name(), help_heading = NBW)]
+    pub nbw: NbwArg,
+    /// Bytes of NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch
+    /// takes 576 bytes, 7 share a frame); beyond, a partial write reads its page first, as with
+    /// --nbw off. Default: 64M or an eighth of the region, the smaller.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", help_heading = NBW)]
+    pub nbw_patch_limit: Option<u64>,
+
+    /// The metadata journal: namespace and attribute changes of lower files and directories
+    /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
+    /// durable by a record in NVRAM, so fsync of a directory, and a rename an application
+    /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
+    /// them durable there and frees the records when they take this many bytes of NVRAM
+    /// (records are packed 8-16 to a 4 KiB frame; at most a quarter of the region) ... (journal
+    /// mode's group commits take this limit too).
+    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().journal.size_max), value_name = "SIZE", help_heading = JOURNAL)]
+    pub journal_size: u64,
+    /// ... or when they are this many seconds old (0: only by size, at unmount, and when a
+    /// durability call must reach the lower file system anyway). Not used with
+    /// `--consistency none`, which has no journal; journal mode's group commits take this
+    /// interval too.
+    #[arg(long, default_value_t = defaults().journal.interval_secs, value_name = "SECONDS", help_heading = JOURNAL)]
+    pub checkpoint_interval: u64,
+
+    /// Kernel passthrough for lower files NVRAM cannot help: an open of a lower file with
+    /// nothing in NVRAM (no dirty pages, no patches) that was never fsynced, opened O_SYNC or
+    /// written in small pieces is served by the kernel straight from the lower file (read,
+    /// write, mmap at the lower FS's speed, no FUSE round trip per IO). Such a file's writes
+    /// are then as durable as the lower FS makes them: its fsync waits for the disk once, and
+    /// from its next open on (also after a remount: the route profile in NVRAM remembers it)
+    /// it takes the NVRAM path. Needs Linux 6.9+ and root; without them, `off` silently.
+    /// docs/design.md section 14.
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().passthrough), value_name = "on|off", help_heading = TRANSPORT)]
+    pub passthrough: OnOff,
+    /// Which opens of files that live in NVRAM (temp files) bypass the kernel's page cache
+    /// (FUSE direct IO; mmap still works). Such an open keeps no second copy of the bytes in
+    /// the mount's page cache, a write(2) through it is one request (through the page cache,
+    /// a write starting inside a page the kernel does not hold is split after that page), and
+    /// the kernel does not ask for security.capability before its first write (nvstack
+    /// removes set-ID bits itself). `write-only`: opens that cannot read (tar, cp, mail
+    /// delivery, a log): a created file costs one request less (a created, written and
+    /// fsynced file 10 % faster, a mail delivery 11 %, untar 18 % fewer requests), 512 B
+    /// appends with fdatasync unchanged; `nvram`: every open, so every read(2) is a request
+    /// too (cold reads 1.5x slower, no readahead); `never`: the kernel caches them as any
+    /// file (docs/design.md section 14.6).
+    #[arg(long, value_enum, default_value = "write-only", value_name = "never|write-only|nvram", help_heading = TRANSPORT)]
+    pub direct_io: DirectIoArg,
+    /// Extended attributes (and with them ACLs set through the mount). `off` answers every
+    /// xattr request with "not supported" once, after which the kernel stops asking: it
+    /// otherwise asks for security.capability before every write(2) (one FUSE round trip per
+    /// write; Postmark: ~2 per file).
+    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().xattrs), value_name = "on|off", help_heading = TRANSPORT)]
+    pub xattrs: OnOff,
+    /// FUSE worker threads: the most that serve requests at once. With the spinning reader
+    /// (`--spin-us`, on by default) one of them reads requests and the others wait until every
+    /// reading worker has been busy with one request for 500 us (a request waiting on the
+    /// disk), then join in. Default: 4, or one per CPU when there are more (at most 64).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), value_name = "N", help_heading = TRANSPORT)]
     pub threads: Option<u32>,
     /// What a FUSE worker's sleep and wakeup is worth, in microseconds of spinning (0 = never
     /// spin). An application waiting for durability sends its next request soon after each
@@ -84,166 +241,31 @@ pub struct MountArgs {
     /// Requests 40-60 us apart get a 60 us window, requests more than this apart none (but for
     /// one sample window in 64). The price is at most the window of CPU per request, none when
     /// the mount is idle.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=1_000), value_name = "US")]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=1_000), value_name = "US", help_heading = TRANSPORT)]
     pub spin_us: u32,
     /// Seconds the kernel may cache attributes (0 = ask every time; strict atime).
-    #[arg(long, default_value_t = fusefs::Timeouts::default().attr.as_secs_f64(), value_name = "SECONDS")]
+    #[arg(long, default_value_t = fusefs::Timeouts::default().attr.as_secs_f64(), value_name = "SECONDS", help_heading = TRANSPORT)]
     pub attr_timeout: f64,
     /// Seconds the kernel may cache name lookups, and that a name does not exist (a negative
     /// entry: sqlite's hot-journal check or a PATH search asks once); 0 = ask every time.
-    #[arg(long, default_value_t = fusefs::Timeouts::default().entry.as_secs_f64(), value_name = "SECONDS")]
+    #[arg(long, default_value_t = fusefs::Timeouts::default().entry.as_secs_f64(), value_name = "SECONDS", help_heading = TRANSPORT)]
     pub entry_timeout: f64,
-    /// Largest write the kernel sends in one request.
-    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
+    /// Largest write in bytes the kernel sends in one request.
+    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE", help_heading = TRANSPORT)]
     pub max_write: u64,
+
+    /// Stay in the foreground (log to stderr) instead of starting a daemon. Off unless given.
+    #[arg(long, short = 'f', help_heading = DAEMON)]
+    pub foreground: bool,
     /// Most lower descriptors held for the objects the kernel knows (it keeps one inode per
-    /// cached name, each held by an O_PATH descriptor; default: half the open-file limit).
-    /// Past it the least recently used release theirs and reopen by file handle when used
-    /// again, so a walk over more files than the open-file limit works. Releasing needs file
-    /// handles (ext4, xfs, btrfs and tmpfs have them) and CAP_DAC_READ_SEARCH (root);
-    /// without them nodes keep their descriptors. `nvstack stat` shows the counts.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
+    /// cached name, each held by an O_PATH descriptor). Past it the least recently used
+    /// release theirs and reopen by file handle when used again, so a walk over more files
+    /// than the open-file limit works. Releasing needs file handles (ext4, xfs, btrfs and
+    /// tmpfs have them) and CAP_DAC_READ_SEARCH (root); without them nodes keep their
+    /// descriptors. `nvstack stat` shows the counts. Default: half the open-file limit (which
+    /// the daemon raises to its hard limit).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..), help_heading = DAEMON)]
     pub node_fds: Option<u64>,
-    /// New regular files live only in NVRAM (TempFFS) until they are transformed into the
-    /// lower directory: when they grow beyond --tempfile-max-size, when temp files exceed
-    /// their share of the region (least recently used first), on `nvstack flush`, and at
-    /// unmount. Short-lived files never cost lower-FS IO. `off`: every file is created in the
-    /// lower directory (temp files left in the region are transformed at mount).
-    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().temp.enabled), value_name = "on|off")]
-    pub tempfiles: OnOff,
-    /// A temp file growing beyond this size is transformed into the lower directory.
-    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().temp.max_size), value_name = "SIZE")]
-    pub tempfile_max_size: u64,
-    /// Percent of the region's frames temp files may hold before the least recently used are
-    /// transformed (NVRAM pressure).
-    #[arg(long, default_value_t = percent(defaults().temp.share), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
-    pub tempfile_share: u64,
-    /// NR_WB of the thesis' pressure rule: pages of temp files transformed per pressure round
-    /// (N = NR_WB x NR_TempFFS / NR_Dirty); each round ends with one syncfs of the lower FS.
-    #[arg(long, default_value_t = defaults().temp.writeback_batch, value_parser = clap::value_parser!(u64).range(1..), value_name = "PAGES")]
-    pub tempfile_writeback_batch: u64,
-    /// Background transforms: above this percent of the temp files' share (--tempfile-share),
-    /// a daemon thread moves the least recently used temp files into the lower directory (8 x
-    /// --tempfile-writeback-batch frames, at most 1,024 files, one group and its syncfs a
-    /// round), so that writers rarely fill the share and wait for a transform in their own
-    /// requests. 0 (the default): only writers relieve pressure, as in the thesis' TempFFS.
-    /// For files that outlive the region (mail delivery); it costs files that would have died
-    /// in NVRAM. Measured with 80 on the showcase (hdd-7200, 256 MiB region): Maildir
-    /// deliveries 1.10x, asynchronous Postmark 10 % slower with 15 % more written to disk.
-    #[arg(long, default_value_t = defaults().temp.background.map_or(0, percent), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
-    pub tempfile_background: u64,
-    /// Extended attributes (and with them ACLs set through the mount). `off` answers every
-    /// xattr request with "not supported" once, after which the kernel stops asking: it
-    /// otherwise asks for security.capability before every write(2) (one FUSE round trip per
-    /// write; Postmark: ~2 per file).
-    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().xattrs), value_name = "on|off")]
-    pub xattrs: OnOff,
-    /// Kernel passthrough for lower files NVRAM cannot help: an open of a lower file with
-    /// nothing in NVRAM (no dirty pages, no patches) that was never fsynced, opened O_SYNC or
-    /// written in small pieces is served by the kernel straight from the lower file (read,
-    /// write, mmap at the lower FS's speed, no FUSE round trip per IO). Such a file's writes
-    /// are then as durable as the lower FS makes them: its fsync waits for the disk once, and
-    /// from its next open on (also after a remount: the route profile in NVRAM remembers it)
-    /// it takes the NVRAM path. Needs Linux 6.9+ and root; without them, `off` silently.
-    /// docs/design.md section 14.
-    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().passthrough), value_name = "on|off")]
-    pub passthrough: OnOff,
-    /// Which opens of files that live in NVRAM (temp files) bypass the kernel's page cache
-    /// (FUSE direct IO; mmap still works). Such an open keeps no second copy of the bytes in
-    /// the mount's page cache, a write(2) through it is one request (through the page cache,
-    /// a write starting inside a page the kernel does not hold is split after that page), and
-    /// the kernel does not ask for security.capability before its first write (nvstack
-    /// removes set-ID bits itself). `write-only` (the default): opens that cannot read (tar,
-    /// cp, mail delivery, a log): a created file costs one request less (a created, written
-    /// and fsynced file 10 % faster, a mail delivery 11 %, untar 18 % fewer requests), 512 B
-    /// appends with fdatasync unchanged; `nvram`: every open, so every read(2) is a request
-    /// too (cold reads 1.5x slower, no readahead); `never`: the kernel caches them as any
-    /// file (docs/design.md section 14.6).
-    #[arg(long, value_enum, default_value = "write-only", value_name = "never|write-only|nvram")]
-    pub direct_io: DirectIoArg,
-    /// Keep temp files in NVRAM across unmount instead of transforming them (the lower
-    /// directory alone then lacks them until the next mount).
-    #[arg(long)]
-    pub keep_tempfiles: bool,
-    /// The NVRAM page cache: writes to existing lower files land in NVRAM as dirty pages
-    /// (durable and atomic when the write returns; no lower IO) and are written back late, by
-    /// the --writeback policy. `off`: writes go straight to the lower file (pages left in the
-    /// region are written back at mount).
-    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.enabled), value_name = "on|off")]
-    pub cache: OnOff,
-    /// Which dirty pages go when write-back runs (thesis 3.1.2): `file` - dirty files in order,
-    /// all their pages (Linux); `recency` - inactive pages only, least recently used first;
-    /// `location` - the zone whose dirty pages form the longest runs (max ASL), all pages;
-    /// `relo` - inactive pages of the zone with max ASL, then the next zone.
-    #[arg(long, value_enum, default_value = defaults().cache.policy.name())]
-    pub writeback: WritebackArg,
-    /// Blocks (4 KiB) per zone of the lower device for the location-aware policies.
-    #[arg(long, default_value_t = defaults().cache.zone_blocks, value_parser = clap::value_parser!(u64).range(1..), value_name = "BLOCKS")]
-    pub zone_blocks: u64,
-    /// Write-back starts when dirty pages exceed this percent of the region's frames ...
-    #[arg(long, default_value_t = percent(defaults().cache.dirty_high), value_parser = clap::value_parser!(u64).range(1..=100), value_name = "PERCENT")]
-    pub dirty_high: u64,
-    /// ... and stops when they are down to this percent.
-    #[arg(long, default_value_t = percent(defaults().cache.dirty_low), value_parser = clap::value_parser!(u64).range(0..=100), value_name = "PERCENT")]
-    pub dirty_low: u64,
-    /// NR_WB: dirty pages per write-back batch (each batch: one sync of the lower file system,
-    /// one NVRAM transaction).
-    #[arg(long, default_value_t = defaults().cache.batch_pages, value_parser = clap::value_parser!(u64).range(1..=4096), value_name = "PAGES")]
-    pub writeback_batch: u64,
-    /// Dirty pages older than this are written back even without pressure, so that the lower
-    /// directory alone is never older than this (0 = never).
-    #[arg(long, default_value_t = defaults().cache.max_dirty_age, value_name = "SECONDS")]
-    pub max_dirty_age: u64,
-    /// Keep dirty pages in NVRAM across unmount instead of writing them back (the lower
-    /// directory alone then lacks those writes until the next mount).
-    #[arg(long)]
-    pub keep_dirty: bool,
-    /// `on` (the default): write-back above --dirty-high runs in a background thread of the
-    /// daemon, so no writer waits for a whole round in its own request (a writer waits for
-    /// write-back only when NVRAM is full, and then for the round's next freed batch, not the
-    /// round). `off`: the writer that passes --dirty-high writes back down to --dirty-low
-    /// before its write returns (on the modeled ssd one write waited 11-41 s for a round of
-    /// ~25,000 pages; on hdd-7200 Postmark ran 4x and Zipf rewrites 1.3x longer than with
-    /// `on`: docs/benchmarks.md "The background writer by default").
-    #[arg(long, value_enum, default_value_t = OnOff::from(defaults().cache.background), value_name = "on|off")]
-    pub writeback_background: OnOff,
-    /// The metadata journal: namespace and attribute changes of lower files and directories
-    /// (mkdir, rename, unlink, chmod ...) are applied to the lower directory at once and made
-    /// durable by a record in NVRAM, so fsync of a directory, and a rename an application
-    /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
-    /// them durable there and frees the records when they take this much NVRAM (records are
-    /// packed 8-16 to a 4 KiB frame; at most a quarter of the region) ...
-    #[arg(long, value_parser = parse_size, default_value = size_text(defaults().journal.size_max), value_name = "SIZE")]
-    pub journal_size: u64,
-    /// ... or when they are this many seconds old (0: only by size, at unmount, and when a
-    /// durability call must reach the lower file system anyway). Not used with
-    /// `--consistency none`, which has no journal.
-    #[arg(long, default_value_t = defaults().journal.interval_secs, value_name = "SECONDS")]
-    pub checkpoint_interval: u64,
-    /// Non-blocking writes (FAST'15): a write to part of a page that is not in NVRAM becomes a
-    /// *patch* in NVRAM (durable and atomic when the write returns) instead of waiting for the
-    /// page to be read from the disk. When the page is read and merged: `lazy` - only when
-    /// needed (a read the patch does not cover reads the lower file; write-back writes just
-    /// the patched bytes); `async-fg` - right after the write is answered, by the thread that
-    /// served it; `async-bg` - by a background fetcher; `off` - before the write, which waits
-    /// (the blocking baseline). `async-bg` is the default: at the paper's scale (60 s of
-    /// random writes to a cold 5 GiB file, docs/benchmarks.md "Non-blocking writes") it made
-    /// the most operations in every random row on both disk models - 62x ext4's 128-byte
-    /// random writes on hdd-7200 (`lazy` 58x); on ssd 5.4x (`lazy` 4.7x) and 2.45x ext4 on
-    /// average over 128 B-2 KiB (`lazy` 2.22x) - because its fetcher frees patch memory past
-    /// the limit, where `lazy` makes each writer read its page. `lazy` makes no disk reads of
-    /// its own: a random reader of the same ssd ran 1.15-1.64x faster beside it - choose it
-    /// when readers share the disk with sub-page writers. The fetcher drains patches in
-    /// elevator order and sleeps while none are queued.
-    /// Only files on the NVRAM path make patches: with --passthrough on, a file never fsynced
-    /// is served by the kernel.
-    #[arg(long, value_enum, default_value = defaults().cache.nbw.name())]
-    pub nbw: NbwArg,
-    /// NVRAM that patches may take (4 KiB frames of 64-byte slots: a 512-byte patch takes 576
-    /// bytes, 7 share a frame); beyond, a partial write reads its page first, as with --nbw
-    /// off. Default: 64M or an eighth of the region, the smaller.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
-    pub nbw_patch_limit: Option<u64>,
     /// (internal) report readiness on stdout and then write to the log file.
     #[arg(long, hide = true)]
     #[serde(skip)]
