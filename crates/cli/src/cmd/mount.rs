@@ -26,10 +26,10 @@ pub enum ConsistencyArg {
     /// Every completed operation is atomic and durable (per-operation undo log in NVRAM).
     Undo,
     /// VM-aware journaling: every operation is atomic, and durable at the next group commit -
-    /// on fsync, fdatasync, O_SYNC writes and `nvstack flush`, every --checkpoint-interval
-    /// seconds and at --journal-size of changed NVRAM - never later than the interval (the ext3
-    /// contract). Committed NVRAM is write-protected between commits: a stray store is trapped
-    /// and counted (`stat`: journal.trapped_writes) instead of corrupting it.
+    /// on fsync, fdatasync, O_SYNC writes and `nvstack flush`, every --group-commit-interval
+    /// seconds and at --group-commit-size of changed NVRAM - never later than the interval
+    /// (the ext3 contract). Committed NVRAM is write-protected between commits: a stray store
+    /// is trapped and counted (`stat`: journal.trapped_writes) instead of corrupting it.
     Journal,
     /// No undo log: the ext2-like baseline for benchmarks.
     None,
@@ -77,6 +77,17 @@ pub struct MountArgs {
     /// How operations are made crash-consistent (docs/design.md section 12.1 compares them).
     #[arg(long, value_enum, default_value = "undo", help_heading = REGION)]
     pub consistency: ConsistencyArg,
+    /// `--consistency journal`: the running group is committed (made durable) when its
+    /// operations have changed this many bytes of NVRAM (whole pages; the group log's capacity
+    /// bounds a group too). Default: --journal-size's value, which set it before it had a flag
+    /// of its own.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", help_heading = REGION)]
+    pub group_commit_size: Option<u64>,
+    /// `--consistency journal`: ... or at the latest this many seconds after the group's first
+    /// operation (0: only by size and on durability calls). Default: --checkpoint-interval's
+    /// value, which set it before it had a flag of its own.
+    #[arg(long, value_name = "SECONDS", help_heading = REGION)]
+    pub group_commit_interval: Option<u64>,
 
     /// New regular files live only in NVRAM (TempFFS) until they are transformed into the
     /// lower directory: when they grow beyond --tempfile-max-size, when temp files exceed
@@ -185,14 +196,14 @@ pub struct MountArgs {
     /// durable by a record in NVRAM, so fsync of a directory, and a rename an application
     /// waits for, cost no disk wait. A checkpoint (one syncfs of the lower file system) makes
     /// them durable there and frees the records when they take this many bytes of NVRAM
-    /// (records are packed 8-16 to a 4 KiB frame; at most a quarter of the region) ... (journal
-    /// mode's group commits take this limit too).
+    /// (records are packed 8-16 to a 4 KiB frame; at most a quarter of the region) ... Also
+    /// journal mode's --group-commit-size unless that is given.
     #[arg(long, value_parser = parse_size, default_value = size_text(defaults().journal.size_max), value_name = "SIZE", help_heading = JOURNAL)]
     pub journal_size: u64,
     /// ... or when they are this many seconds old (0: only by size, at unmount, and when a
     /// durability call must reach the lower file system anyway). Not used with
-    /// `--consistency none`, which has no journal; journal mode's group commits take this
-    /// interval too.
+    /// `--consistency none`, which has no journal. Also journal mode's --group-commit-interval
+    /// unless that is given.
     #[arg(long, default_value_t = defaults().journal.interval_secs, value_name = "SECONDS", help_heading = JOURNAL)]
     pub checkpoint_interval: u64,
 
@@ -479,6 +490,30 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
     })
 }
 
+/// `--group-commit-size`, or `--journal-size`'s value.
+pub(super) fn group_commit_size(args: &MountArgs) -> u64 {
+    args.group_commit_size.unwrap_or(args.journal_size)
+}
+
+/// `--group-commit-interval`, or `--checkpoint-interval`'s value.
+pub(super) fn group_commit_interval(args: &MountArgs) -> u64 {
+    args.group_commit_interval.unwrap_or(args.checkpoint_interval)
+}
+
+/// Journal mode's group commits (the pool's options; the other modes ignore them). Without
+/// their own flags they take the metadata journal's limits, as they did before they had flags:
+/// a command line means what it meant.
+pub(super) fn pool_options(args: &MountArgs) -> txn::OpenOptions {
+    txn::OpenOptions {
+        group_bytes_max: group_commit_size(args),
+        group_interval_ns: match group_commit_interval(args) {
+            0 => u64::MAX,
+            secs => secs.saturating_mul(1_000_000_000),
+        },
+        ..txn::OpenOptions::default()
+    }
+}
+
 /// Undo slots of a region this mount formats: as given, or a quarter of the region's size in
 /// slots, 2 to 16 (small regions would be mostly undo log with 16).
 pub(super) fn undo_slots(args: &MountArgs) -> u32 {
@@ -670,5 +705,24 @@ mod tests {
         }
         assert_eq!(size_text(nvram::layout::DEFAULT_UNDO_SLOT_SIZE), "1088K");
         Words::command().debug_assert();
+    }
+
+    /// Journal mode's group commits follow the metadata journal's flags unless given their own
+    /// (a command line from before they had flags means what it meant).
+    #[test]
+    fn group_commits_follow_the_journal_flags_unless_given() {
+        let ns = |args: &MountArgs| pool_options(args).group_interval_ns;
+        let args = parse("nvstack mount L M --nvram X");
+        let default = JournalConfig::default();
+        assert_eq!(pool_options(&args).group_bytes_max, default.size_max);
+        assert_eq!(ns(&args), default.interval_secs * 1_000_000_000);
+        let args = parse("nvstack mount L M --nvram X --journal-size 8M --checkpoint-interval 0");
+        assert_eq!((pool_options(&args).group_bytes_max, ns(&args)), (8 << 20, u64::MAX));
+        let args = parse(
+            "nvstack mount L M --nvram X --journal-size 8M --checkpoint-interval 3600 \
+             --group-commit-size 2M --group-commit-interval 1",
+        );
+        assert_eq!((pool_options(&args).group_bytes_max, ns(&args)), (2 << 20, 1_000_000_000));
+        assert_eq!((args.journal_size, args.checkpoint_interval), (8 << 20, 3600));
     }
 }
