@@ -1169,7 +1169,9 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("keep-dirty", None, json!(true)),
         ("journal-size", Some("4M"), json!(4 << 20)),
         ("checkpoint-interval", Some("9"), json!(9)),
-        ("nbw", Some("async-bg"), json!("async-bg")),
+        ("group-commit-size", Some("2M"), json!(2 << 20)),
+        ("group-commit-interval", Some("3"), json!(3)),
+        ("nbw", Some("lazy"), json!("lazy")),
         ("nbw-patch-limit", Some("8M"), json!(8 << 20)),
         ("node-fds", Some("100"), json!(100)),
         ("spin-us", Some("35"), json!(35)),
@@ -1227,4 +1229,29 @@ fn the_daemon_gets_every_option_as_given_and_stat_reports_them() {
     assert_eq!(v["writeback"]["policy"], "file");
     assert_eq!(v["writeback"]["zone_blocks"], 512);
     assert_eq!(v["fuse"]["spin_us"], 35, "the FUSE session's window");
+}
+
+/// Without flags the engine runs with its defaults (one place: the core's), and `stat --json`
+/// shows what they came to in the region: the watermarks at 80 % and 60 % of its frames, the
+/// patch limit an eighth of them; journal mode's group commits take the metadata journal's
+/// limits when not given their own.
+#[test]
+fn stat_shows_the_effective_defaults_and_group_commits_follow_the_journal() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--consistency", "journal", "--journal-size", "4M"]);
+    assert!(out.status.success(), "mount: {}", text(&out));
+    let v = stat_json(&f.mnt());
+    f.umount();
+    let frames = v["nvram"]["frames_total"].as_u64().unwrap();
+    assert_eq!(v["writeback"]["high_pages"], frames * 80 / 100, "{}", v["writeback"]);
+    assert_eq!(v["writeback"]["low_pages"], frames * 60 / 100, "{}", v["writeback"]);
+    assert_eq!(v["writeback"]["policy"], "relo");
+    assert_eq!(v["nbw"]["mode"], "async-bg");
+    assert_eq!(v["nbw"]["patch_limit"], frames / 8, "{}", v["nbw"]);
+    let options = &v["mount"]["options"];
+    assert_eq!(options["group_commit_size"], 4 << 20, "{options}");
+    assert_eq!(options["group_commit_interval"], 5, "{options}");
 }

@@ -21,6 +21,8 @@
 //!   facade and accounted for (durability).
 //! - `lowerfs.rs`: the one facade through which every lower call goes (L1: never under a
 //!   short lock or an undo slot).
+//! - `share.rs`: limits that depend on the region (a percentage of its frames, or frames),
+//!   resolved once at start.
 //! - `slots.rs`: records packed eight to a frame (temp files' and cached files'), the
 //!   volatile list of taken slots.
 //! - `sync.rs`: the ranked locks and the one lock order, checked in debug builds.
@@ -41,9 +43,10 @@ pub use base::binding;
 pub use base::counters::Op;
 pub use base::error::StartError;
 pub use base::error::{FsError, FsResult};
+pub use base::share::Share;
 pub use base::{Failpoints, sync};
-pub use cache::{CacheConfig, Nbw, Reason};
+pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};
 pub use engine::stats::Stats;
 pub use engine::{Engine, EngineConfig, Entry};
 pub use journal::JournalConfig;
-pub use tempfs::{TempConfig, Trigger};
+pub use tempfs::{TempConfig, TempLimits, Trigger};

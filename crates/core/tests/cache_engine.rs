@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use common::region;
-use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, Share, TempConfig, WritebackPolicy};
 use lower::{Creds, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
 use nvram::SimRegion;
 use rand::{Rng, SeedableRng};
@@ -22,12 +22,22 @@ use txn::{Consistency, Pool};
 const ROOT: Creds = Creds { uid: 0, gid: 0, groups: Vec::new() };
 const PAGE: usize = 4096;
 
+/// Temp files off, and every open on the NVRAM path (no kernel passthrough, which would take
+/// the IO of a lower file away from the cache).
 fn config(cache: CacheConfig) -> EngineConfig {
     EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache,
+        passthrough: false,
         ..EngineConfig::default()
     }
+}
+
+/// The cache these tests are written against, where the mount's defaults differ: a writer
+/// past the high watermark writes back in its own request (no background writer), and a
+/// partial write to a page not in NVRAM becomes a patch fetched only when needed (`lazy`).
+fn cache() -> CacheConfig {
+    CacheConfig { background: false, nbw: Nbw::Lazy, ..CacheConfig::default() }
 }
 
 fn start(lower: &MemLower, region: &Arc<SimRegion>, cache: CacheConfig) -> Engine<MemLower> {
@@ -91,7 +101,7 @@ fn a_partial_write_fetches_the_page_and_reads_see_the_cache_over_the_lower_file(
     let lower = MemLower::default();
     let base = pattern(10_000, 1);
     lower_file(&lower, "f", &base);
-    let e = start(&lower, &region(64), CacheConfig { nbw: Nbw::Off, ..CacheConfig::default() });
+    let e = start(&lower, &region(64), CacheConfig { nbw: Nbw::Off, ..cache() });
     let (id, fh) = open(&e, "f", libc::O_RDWR);
 
     assert_eq!(e.write(fh, 5000, &[0xee; 100], false).unwrap(), 100);
@@ -129,7 +139,7 @@ fn a_partial_write_fetches_the_page_and_reads_see_the_cache_over_the_lower_file(
 fn a_truncate_hides_lower_bytes_until_the_write_back_cuts_the_lower_file() {
     let lower = MemLower::default();
     lower_file(&lower, "f", &[b'x'; 3 * PAGE]);
-    let e = start(&lower, &region(64), CacheConfig::default());
+    let e = start(&lower, &region(64), cache());
     let (id, fh) = open(&e, "f", libc::O_RDWR);
     e.write(fh, 0, b"head", false).unwrap();
     let set = |size| SetAttr { size: Some(size), ..SetAttr::default() };
@@ -155,7 +165,8 @@ fn a_truncate_hides_lower_bytes_until_the_write_back_cuts_the_lower_file() {
 /// and after the final flush so does the lower directory alone.
 #[test]
 fn under_pressure_every_policy_writes_back_and_no_byte_is_lost() {
-    for policy in ["file", "recency", "location", "relo"] {
+    for chosen in WritebackPolicy::ALL {
+        let policy = chosen.name();
         let lower = MemLower::default();
         let files = ["a", "b", "c", "d"];
         let mut model: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
@@ -165,12 +176,12 @@ fn under_pressure_every_policy_writes_back_and_no_byte_is_lost() {
             model.insert(f, content);
         }
         let cache = CacheConfig {
-            policy,
-            high_pages: 16,
-            low_pages: 8,
+            policy: chosen,
+            dirty_high: Share::Frames(16),
+            dirty_low: Share::Frames(8),
             batch_pages: 4,
             zone_blocks: 8,
-            ..CacheConfig::default()
+            ..cache()
         };
         let e = start(&lower, &region(48), cache);
         let handles: Vec<(u64, u64)> = files.iter().map(|f| open(&e, f, libc::O_RDWR)).collect();
@@ -245,7 +256,7 @@ fn under_pressure_every_policy_writes_back_and_no_byte_is_lost() {
 fn the_dirty_pages_of_a_deleted_file_are_dropped_when_the_kernel_forgets_it() {
     let lower = MemLower::default();
     lower_file(&lower, "gone", &[1; PAGE]);
-    let e = start(&lower, &region(64), CacheConfig::default());
+    let e = start(&lower, &region(64), cache());
     let (id, fh) = open(&e, "gone", libc::O_RDWR);
     e.write(fh, 0, &[2; 3 * PAGE], false).unwrap();
     e.unlink(e.root_id(), name("gone")).unwrap();
@@ -264,7 +275,7 @@ fn dirty_pages_survive_a_restart_and_are_written_back_later() {
     let lower = MemLower::default();
     lower_file(&lower, "f", &pattern(2 * PAGE, 3));
     let reg = region(64);
-    let keep = CacheConfig { writeback_on_unmount: false, ..CacheConfig::default() };
+    let keep = CacheConfig { writeback_on_unmount: false, ..cache() };
     let e = start(&lower, &reg, keep.clone());
     let (_, fh) = open(&e, "f", libc::O_RDWR);
     e.write(fh, 100, b"kept in NVRAM", false).unwrap();
@@ -292,7 +303,7 @@ fn o_direct_fallocate_and_copy_file_range_see_what_the_application_wrote() {
     let lower = MemLower::default();
     lower_file(&lower, "src", &[b's'; 2 * PAGE]);
     lower_file(&lower, "dst", &[b'd'; 2 * PAGE]);
-    let e = start(&lower, &region(64), CacheConfig::default());
+    let e = start(&lower, &region(64), cache());
     let (_, src) = open(&e, "src", libc::O_RDWR);
     e.write(src, 0, &[b'S'; PAGE], false).unwrap();
     // copy_file_range from a cached file copies the cached bytes.
@@ -327,7 +338,7 @@ fn pages_older_than_max_dirty_age_are_written_back() {
     let clock = Arc::new(LogicalClock::default());
     let lower = MemLower::new(MemConfig { clock: clock.clone(), ..MemConfig::default() });
     lower_file(&lower, "f", &[0; PAGE]);
-    let cache = CacheConfig { max_dirty_age: 30, ..CacheConfig::default() };
+    let cache = CacheConfig { max_dirty_age: 30, ..cache() };
     let e = start(&lower, &region(64), cache);
     let (_, fh) = open(&e, "f", libc::O_RDWR);
     e.write(fh, 0, b"old", false).unwrap();
@@ -348,10 +359,10 @@ fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
     lower_file(&lower, "big", &[]);
     // 24 frames and watermarks the writer never reaches: only "no free frame" makes room.
     let cache = CacheConfig {
-        high_pages: u64::MAX - 1,
-        low_pages: 0,
+        dirty_high: Share::Frames(u64::MAX - 1),
+        dirty_low: Share::Frames(0),
         batch_pages: 8,
-        ..CacheConfig::default()
+        ..cache()
     };
     let e = start(&lower, &region(24), cache);
     let (_, fh) = open(&e, "big", libc::O_RDWR);
@@ -372,11 +383,11 @@ fn a_full_nvram_writes_back_or_writes_through_never_fails_a_write() {
 /// in batches of 4.
 fn background_cache() -> CacheConfig {
     CacheConfig {
-        high_pages: 12,
-        low_pages: 4,
+        dirty_high: Share::Frames(12),
+        dirty_low: Share::Frames(4),
         batch_pages: 4,
         background: true,
-        ..CacheConfig::default()
+        ..cache()
     }
 }
 
@@ -624,7 +635,7 @@ fn pages_changed_during_a_write_back_stay_dirty() {
     lower_file(&lower, "f", &[b'a'; 2 * PAGE]);
     let hook = Arc::new(Hook { at: "writeback.written", run: std::sync::Mutex::new(None) });
     let pool = Pool::open(region(64), Consistency::Undo).unwrap().0;
-    let config = EngineConfig { failpoints: Some(hook.clone()), ..config(CacheConfig::default()) };
+    let config = EngineConfig { failpoints: Some(hook.clone()), ..config(cache()) };
     let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
     let (id, fh) = open(&e, "f", libc::O_RDWR);
     e.write(fh, 0, &[b'b'; PAGE], false).unwrap();
@@ -669,12 +680,12 @@ fn concurrent_writers_and_write_back_keep_the_mirror_consistent() {
     }
     lower_file(&lower, "shared", &vec![0; 8 * PAGE]);
     let cache = CacheConfig {
-        policy: "relo",
-        high_pages: 6,
-        low_pages: 2,
+        policy: WritebackPolicy::Relo,
+        dirty_high: Share::Frames(6),
+        dirty_low: Share::Frames(2),
         batch_pages: 3,
         zone_blocks: 4,
-        ..CacheConfig::default()
+        ..cache()
     };
     let e = Arc::new(start(&lower, &region(96), cache));
     let threads: Vec<_> = (0..4u8)
@@ -752,7 +763,7 @@ fn a_truncate_during_a_write_back_keeps_the_tail_hidden() {
     lower_file(&lower, "f", &[]);
     let hook = Arc::new(Hook { at: "writeback.written", run: std::sync::Mutex::new(None) });
     let pool = Pool::open(region(64), Consistency::Undo).unwrap().0;
-    let config = EngineConfig { failpoints: Some(hook.clone()), ..config(CacheConfig::default()) };
+    let config = EngineConfig { failpoints: Some(hook.clone()), ..config(cache()) };
     let e = Arc::new(Engine::new(lower.clone(), pool, config).unwrap());
     let (id, fh) = open(&e, "f", libc::O_RDWR);
     e.write(fh, 0, &[b'x'; 3 * PAGE], false).unwrap();
@@ -783,7 +794,7 @@ fn a_truncate_during_a_write_back_keeps_the_tail_hidden() {
 fn repeated_pages_count_one_file_not_a_reused_inode_number() {
     let lower = MemLower::default();
     lower_file(&lower, "a", &pattern(2 * PAGE, 1));
-    let e = start(&lower, &region(64), CacheConfig::default());
+    let e = start(&lower, &region(64), cache());
     let flush = |e: &Engine<MemLower>| {
         assert_eq!(e.flush_cache(Reason::Flush, &mut |_, _| {}).1, None);
         let st = e.stats().writeback;
@@ -815,7 +826,7 @@ fn cached_files_records_are_packed_eight_to_a_frame_and_their_frames_freed() {
         lower_file(&lower, &format!("f{i}"), &pattern(PAGE, i));
     }
     let reg = region(64);
-    let e = start(&lower, &reg, CacheConfig::default());
+    let e = start(&lower, &reg, cache());
     let free0 = e.stats().nvram.frames_free;
     for i in 0..17 {
         let (id, fh) = open(&e, &format!("f{i}"), libc::O_RDWR);
@@ -864,7 +875,7 @@ fn a_record_in_a_whole_frame_from_before_the_packing_is_recovered_and_written_ba
     tx.write(pool.frame_offset(page), &pattern(PAGE, 77));
     tx.commit();
     drop(pool);
-    let e = start(&lower, &reg, CacheConfig::default());
+    let e = start(&lower, &reg, cache());
     let s = e.stats();
     assert_eq!((s.cache.files, s.cache.record_frames, s.writeback.pages_dirty), (1, 1, 1));
     let (_, fh) = open(&e, "old", libc::O_RDWR);

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 
-use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, Share, TempConfig, WritebackPolicy};
 use lower::{Creds, FileKind, LowerFs, MemLower, SetAttr};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -39,23 +39,24 @@ fn params() -> FormatParams {
     }
 }
 
-const POLICIES: [&str; 4] = ["file", "recency", "location", "relo"];
-
-/// Small watermarks, so that pressure write-back rounds run often.
+/// Small watermarks, so that pressure write-back rounds run often - in the writers' requests
+/// (no background writer), and every open on the NVRAM path (no kernel passthrough), where the
+/// mount's defaults differ.
 fn config(seed: u64) -> EngineConfig {
     EngineConfig {
         // A background mark far below the share, so that the "flush" step's background
         // rounds (every other one) have files to move.
         temp: TempConfig {
             max_size: MAX_SIZE,
-            max_frames: 120,
-            background_frames: 4,
+            share: Share::Frames(120),
+            background: Some(Share::Frames(4)),
             ..TempConfig::default()
         },
         cache: CacheConfig {
-            policy: POLICIES[(seed % 4) as usize],
-            high_pages: 12,
-            low_pages: 4,
+            policy: WritebackPolicy::ALL[(seed % 4) as usize],
+            dirty_high: Share::Frames(12),
+            dirty_low: Share::Frames(4),
+            background: false,
             batch_pages: 4,
             zone_blocks: 4,
             // Non-blocking writes in every mode that makes patches (seed mod 3); the
@@ -63,6 +64,7 @@ fn config(seed: u64) -> EngineConfig {
             nbw: [Nbw::Lazy, Nbw::AsyncBg, Nbw::AsyncFg][(seed % 3) as usize],
             ..CacheConfig::default()
         },
+        passthrough: false,
         ..EngineConfig::default()
     }
 }

@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use engine::{CacheConfig, Engine, EngineConfig, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, Share, TempConfig};
 use lower::{Creds, LowerFs, MemLower};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -60,14 +60,25 @@ fn waited(e: &Engine<MemLower>) -> u64 {
     e.stats().fsync.waited_on_lower
 }
 
+/// Temp files and the page cache on, where the mount's defaults differ as these scenarios were
+/// written: temp files may take the whole region, a writer past the high watermark writes back
+/// in its own request (no background writer), partial writes patch lazily, and every open is
+/// on the NVRAM path (no kernel passthrough: its fsync would wait for the lower file system).
 fn temp_and_cache() -> EngineConfig {
-    EngineConfig::default()
+    EngineConfig {
+        temp: TempConfig { share: Share::Percent(100), ..TempConfig::default() },
+        cache: CacheConfig { background: false, nbw: Nbw::Lazy, ..CacheConfig::default() },
+        passthrough: false,
+        ..EngineConfig::default()
+    }
 }
 
+/// Temp files and the page cache off, every open on the NVRAM path.
 fn write_through() -> EngineConfig {
     EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache: CacheConfig { enabled: false, ..CacheConfig::default() },
+        passthrough: false,
         ..EngineConfig::default()
     }
 }

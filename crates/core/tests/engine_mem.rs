@@ -19,11 +19,13 @@ fn pool() -> Pool {
 }
 
 /// Tempfiles and the page cache off, and `--consistency none` (no metadata journal): these
-/// tests are about passing through to the lower file system.
+/// tests are about passing through to the lower file system - through the engine, so no open
+/// takes kernel passthrough (the mount's default).
 fn passthrough() -> EngineConfig {
     EngineConfig {
         temp: engine::TempConfig { enabled: false, ..engine::TempConfig::default() },
         cache: engine::CacheConfig { enabled: false, ..engine::CacheConfig::default() },
+        passthrough: false,
         ..EngineConfig::default()
     }
 }

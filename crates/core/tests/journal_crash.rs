@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use engine::journal::checkpoint::Why;
-use engine::{CacheConfig, Engine, EngineConfig, Failpoints, JournalConfig, TempConfig};
+use engine::{
+    CacheConfig, Engine, EngineConfig, Failpoints, JournalConfig, Nbw, Share, TempConfig,
+};
 use lower::{Creds, FileKind, LowerFs, MemLower, SetAttr, TimeSet};
 use nvram::{CrashMode, FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -37,18 +39,24 @@ fn params() -> FormatParams {
     }
 }
 
+/// Where the mount's defaults differ: every open on the NVRAM path (no kernel passthrough), a
+/// writer past the high watermark writes back in its own request (no background writer), and
+/// partial writes patch lazily.
 fn config() -> EngineConfig {
     EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache: CacheConfig {
-            high_pages: 40,
-            low_pages: 20,
+            dirty_high: Share::Frames(40),
+            dirty_low: Share::Frames(20),
+            background: false,
+            nbw: Nbw::Lazy,
             batch_pages: 4,
             ..CacheConfig::default()
         },
         // Two frames (16 slots each; a record takes 1-2 here): a checkpoint every few dozen
         // operations, most of them zeroing records of the frame still taking new ones.
         journal: JournalConfig { size_max: 2 * 4096, interval_secs: 0 },
+        passthrough: false,
         ..EngineConfig::default()
     }
 }

@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use common::region;
-use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, Nbw, PatchLimit, Reason, Share, TempConfig};
 use lower::{Creds, LowerFs, MemLower, SetAttr};
 use nvram::SimRegion;
 use rand::{Rng, SeedableRng};
@@ -28,13 +28,22 @@ fn start(lower: &MemLower, region: &Arc<SimRegion>, cache: CacheConfig) -> Engin
     let config = EngineConfig {
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache,
+        passthrough: false,
         ..EngineConfig::default()
     };
     Engine::new(lower.clone(), pool, config).unwrap()
 }
 
+/// Every open on the NVRAM path (`start`: no kernel passthrough), and a writer past the high
+/// watermark writes back in its own request (no background writer), where the mount's
+/// defaults differ.
 fn nbw(mode: Nbw) -> CacheConfig {
-    CacheConfig { nbw: mode, writeback_on_unmount: false, ..CacheConfig::default() }
+    CacheConfig {
+        nbw: mode,
+        writeback_on_unmount: false,
+        background: false,
+        ..CacheConfig::default()
+    }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -161,7 +170,11 @@ fn the_asynchronous_fetcher_pauses_while_the_cache_is_above_its_high_watermark()
     let lower = MemLower::default();
     let mut model = pattern(4 * PAGE, 5);
     lower_file(&lower, &model);
-    let config = CacheConfig { high_pages: 2, low_pages: 0, ..nbw(Nbw::AsyncBg) };
+    let config = CacheConfig {
+        dirty_high: Share::Frames(2),
+        dirty_low: Share::Frames(0),
+        ..nbw(Nbw::AsyncBg)
+    };
     let e = start(&lower, &region(128), config);
     let (_, fh) = open(&e);
     for page in 0..3 {
@@ -220,7 +233,11 @@ fn at_the_patch_limit_and_when_fragmented_the_writer_reads_the_page() {
     let lower = MemLower::default();
     let mut model = pattern(16 * PAGE, 4);
     lower_file(&lower, &model);
-    let e = start(&lower, &region(128), CacheConfig { patch_limit: 1, ..nbw(Nbw::Lazy) });
+    let e = start(
+        &lower,
+        &region(128),
+        CacheConfig { patch_limit: PatchLimit::Frames(1), ..nbw(Nbw::Lazy) },
+    );
     let (_, fh) = open(&e);
     // Four small patches share the one frame the limit allows (a slot each)...
     for p in 0..4 {
@@ -258,7 +275,11 @@ fn scattered_512_byte_patches_pack_seven_to_a_frame() {
     let e = start(
         &lower,
         &region(512),
-        CacheConfig { high_pages: 50, low_pages: 30, ..nbw(Nbw::Lazy) },
+        CacheConfig {
+            dirty_high: Share::Frames(50),
+            dirty_low: Share::Frames(30),
+            ..nbw(Nbw::Lazy)
+        },
     );
     let (_, fh) = open(&e);
     // 100 pages in a scattered order: frames fill to 63 of 64 slots, and the one slot left in
@@ -283,7 +304,8 @@ fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
         let mut model = pattern(64 * PAGE, seed as u8);
         lower_file(&lower, &model);
         let r = region(256);
-        let mut e = start(&lower, &r, CacheConfig { patch_limit: 24, ..nbw(mode) });
+        let mut e =
+            start(&lower, &r, CacheConfig { patch_limit: PatchLimit::Frames(24), ..nbw(mode) });
         let (mut id, mut fh) = open(&e);
         // Counters of the engines before the last restart.
         let (mut created, mut fetched) = (0, 0);
@@ -323,7 +345,11 @@ fn small_unaligned_writes_agree_with_a_model_in_every_mode() {
                     e.release(fh).unwrap();
                     e.forget(id, 1);
                     e.shutdown();
-                    e = start(&lower, &r, CacheConfig { patch_limit: 24, ..nbw(mode) });
+                    e = start(
+                        &lower,
+                        &r,
+                        CacheConfig { patch_limit: PatchLimit::Frames(24), ..nbw(mode) },
+                    );
                     (id, fh) = open(&e);
                 }
             }
@@ -354,6 +380,7 @@ fn start_lingering(lower: &MemLower, cache: CacheConfig, linger: Linger) -> Engi
         temp: TempConfig { enabled: false, ..TempConfig::default() },
         cache,
         failpoints: Some(Arc::new(linger)),
+        passthrough: false,
         ..EngineConfig::default()
     };
     Engine::new(lower.clone(), pool, config).unwrap()
@@ -384,7 +411,7 @@ fn a_fetch_racing_writes_truncates_and_write_back_never_loses_a_byte() {
     let lower = MemLower::default();
     let mut model = pattern(32 * PAGE, 7);
     lower_file(&lower, &model);
-    let cache = CacheConfig { patch_limit: 64, ..nbw(Nbw::AsyncBg) };
+    let cache = CacheConfig { patch_limit: PatchLimit::Frames(64), ..nbw(Nbw::AsyncBg) };
     let e = start_lingering(&lower, cache, Linger("nbw.fetched", 50));
     let (id, fh) = open(&e);
     let done = std::sync::atomic::AtomicBool::new(false);

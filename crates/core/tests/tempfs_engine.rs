@@ -6,7 +6,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use engine::{Engine, EngineConfig, FsError, TempConfig};
+use engine::{Engine, EngineConfig, FsError, Share, TempConfig};
 use lower::{Creds, Errno, LowerFs, MemConfig, MemLower};
 use nvram::{FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -24,8 +24,21 @@ fn pool(frames: u64) -> Pool {
     Pool::open(region, Consistency::Undo).unwrap().0
 }
 
+/// Every open on the NVRAM path (no kernel passthrough for the transformed files), where the
+/// mount's default differs.
+fn config(temp: TempConfig) -> EngineConfig {
+    EngineConfig { temp, passthrough: false, ..EngineConfig::default() }
+}
+
 fn engine(lower: MemLower, frames: u64, temp: TempConfig) -> Engine<MemLower> {
-    Engine::new(lower, pool(frames), EngineConfig { temp, ..EngineConfig::default() }).unwrap()
+    Engine::new(lower, pool(frames), config(temp)).unwrap()
+}
+
+/// The temp-file store these tests are written against, where the mount's default differs:
+/// no share (temp files may take the whole region), so only a write that finds no free frame
+/// transforms - unless a test sets one.
+fn temp() -> TempConfig {
+    TempConfig { share: Share::Percent(100), ..TempConfig::default() }
 }
 
 fn name(s: &str) -> &OsStr {
@@ -69,7 +82,7 @@ fn a_full_lower_file_system_says_enospc_at_write_time_and_every_accepted_byte_la
     // 64 blocks of 4 KiB: room for the root directory and some data.
     let lower = MemLower::new(MemConfig { blocks: 64, ..MemConfig::default() });
     let view = lower.clone();
-    let e = engine(lower, 256, TempConfig::default());
+    let e = engine(lower, 256, temp());
     let root = e.root_id();
     let mut accepted = Vec::new();
     let mut refused = None;
@@ -115,7 +128,7 @@ fn a_full_nvram_transforms_the_least_recently_used_instead_of_failing() {
     let lower = MemLower::default();
     let view = lower.clone();
     // 48 frames for everything; writes of 60 files x 12 KiB need 240.
-    let temp = TempConfig { max_frames: 40, writeback_batch: 8, ..TempConfig::default() };
+    let temp = TempConfig { share: Share::Frames(40), writeback_batch: 8, ..temp() };
     let e = engine(lower, 48, temp);
     let root = e.root_id();
     make_files(&e, "g", 0..60, 12288);
@@ -138,10 +151,10 @@ fn the_background_transformer_moves_the_least_recently_used_out_before_any_write
     let view = lower.clone();
     // The share is 160 frames, the background mark 90; a round takes 8 x NR_WB = 64 frames.
     let temp = TempConfig {
-        max_frames: 160,
+        share: Share::Frames(160),
         writeback_batch: 8,
-        background_frames: 90,
-        ..TempConfig::default()
+        background: Some(Share::Frames(90)),
+        ..temp()
     };
     let e = engine(lower, 256, temp);
     let root = e.root_id();
@@ -175,7 +188,7 @@ fn the_background_transformer_moves_the_least_recently_used_out_before_any_write
 
 #[test]
 fn the_background_transformer_is_off_by_default_in_the_engine() {
-    let e = engine(MemLower::default(), 64, TempConfig { max_frames: 40, ..TempConfig::default() });
+    let e = engine(MemLower::default(), 64, TempConfig { share: Share::Frames(40), ..temp() });
     make_files(&e, "h", 0..10, 4096);
     assert_eq!(e.transform_in_background(), 0);
     assert_eq!(e.stats().tempfiles.transformed["background"], 0);
@@ -184,7 +197,7 @@ fn the_background_transformer_is_off_by_default_in_the_engine() {
 #[test]
 fn every_aborted_transaction_is_a_write_retry_an_unjournaled_record_or_a_create_sent_down() {
     // No share: nothing relieves pressure until a write finds the region full.
-    let e = engine(MemLower::default(), 24, TempConfig::default());
+    let e = engine(MemLower::default(), 24, temp());
     let root = e.root_id();
     // One write takes every free frame; the next create finds none and goes to the lower
     // directory (its journal record finds none either).
@@ -223,7 +236,7 @@ fn every_aborted_transaction_is_a_write_retry_an_unjournaled_record_or_a_create_
 
 #[test]
 fn an_unlinked_open_temp_file_stays_usable_until_closed_then_its_frames_are_free() {
-    let e = engine(MemLower::default(), 64, TempConfig::default());
+    let e = engine(MemLower::default(), 64, temp());
     let root = e.root_id();
     let free0 = e.stats().nvram.frames_free;
     let (entry, fh) = e.create(&ROOT, root, name("t"), 0o644, libc::O_RDWR).unwrap();
@@ -263,7 +276,7 @@ fn renames_over_lower_files_shadow_them_until_the_transform_replaces_them() {
         let (n, _) = lower.lookup(lower.root(), name("linked")).unwrap();
         lower.link(&n, lower.root(), name("linked2")).unwrap();
     }
-    let e = engine(lower, 64, TempConfig::default());
+    let e = engine(lower, 64, temp());
     let root = e.root_id();
     let (a, fh) = e.create(&ROOT, root, name("new"), 0o644, libc::O_RDWR).unwrap();
     e.write(fh, 0, b"new content", false).unwrap();
@@ -300,7 +313,7 @@ fn renames_over_lower_files_shadow_them_until_the_transform_replaces_them() {
 fn links_and_xattrs_move_a_temp_file_to_the_lower_file_system_first() {
     let lower = MemLower::default();
     let view = lower.clone();
-    let eng = engine(lower, 64, TempConfig::default());
+    let eng = engine(lower, 64, temp());
     let e = &eng;
     let root = e.root_id();
     let (x_entry, fh) = e.create(&ROOT, root, name("x"), 0o640, libc::O_RDWR).unwrap();
@@ -332,7 +345,7 @@ fn links_and_xattrs_move_a_temp_file_to_the_lower_file_system_first() {
 #[test]
 fn a_directory_holding_only_temp_files_is_not_empty() {
     let lower = MemLower::default();
-    let e = engine(lower, 64, TempConfig::default());
+    let e = engine(lower, 64, temp());
     let root = e.root_id();
     let d = e.mkdir(&ROOT, root, name("d"), 0o755).unwrap();
     let (f, fh) = e.create(&ROOT, d.node_id, name("inside"), 0o644, libc::O_RDWR).unwrap();
@@ -354,7 +367,7 @@ fn a_directory_holding_only_temp_files_is_not_empty() {
 
 #[test]
 fn a_small_file_costs_its_data_frames_and_an_eighth_of_a_record_frame() {
-    let e = engine(MemLower::default(), 256, TempConfig::default());
+    let e = engine(MemLower::default(), 256, temp());
     make_files(&e, "x", 0..1, 0); // the root's pending-times frame and a record frame
     let free0 = e.stats().nvram.frames_free;
     make_files(&e, "m", 0..63, 4096);
@@ -404,7 +417,7 @@ fn a_record_in_a_whole_object_frame_from_before_the_packing_is_read_changed_and_
     bytes[..5].copy_from_slice(b"hello");
     tx.write(p.frame_offset(page), &bytes);
     tx.commit();
-    let e = Engine::new(lower, p, EngineConfig::default()).unwrap();
+    let e = Engine::new(lower, p, config(temp())).unwrap();
     let root = e.root_id();
     assert_eq!(read_all(&e, root, "old"), b"hello");
     let id = e.lookup(root, name("old")).unwrap().node_id;

@@ -23,7 +23,7 @@ use lower::posix::PosixLower;
 use nvram::{FormatParams, MmapOptions, MmapRegion, Region};
 use txn::{Consistency, Pool};
 
-use super::mount::{ConsistencyArg, MountArgs, engine_config, threads};
+use super::mount::{self, ConsistencyArg, MountArgs, engine_config, threads};
 use super::rundir;
 use crate::error::{CliError, CliResult};
 use crate::size::human;
@@ -50,24 +50,12 @@ fn open_region(args: &MountArgs) -> CliResult<(Pool, String)> {
         ConsistencyArg::None => Consistency::None,
         ConsistencyArg::Journal => Consistency::Journal,
     };
-    // Journal mode's group commits share the metadata journal's limits.
-    let options = txn::OpenOptions {
-        group_bytes_max: args.journal_size,
-        group_interval_ns: match args.checkpoint_interval {
-            0 => u64::MAX,
-            secs => secs.saturating_mul(1_000_000_000),
-        },
-        ..txn::OpenOptions::default()
-    };
+    let options = mount::pool_options(args);
     let mut note = String::new();
     if !args.nvram.exists() {
-        // Small regions would be mostly undo log with 16 slots: a quarter of the region at most.
-        let slots = args.undo_slots.unwrap_or_else(|| {
-            u32::try_from(args.size / 4 / args.undo_slot_size.max(1)).unwrap_or(16).clamp(2, 16)
-        });
         let params = FormatParams {
             region_size: args.size,
-            undo_slots: slots,
+            undo_slots: mount::undo_slots(args),
             undo_slot_size: args.undo_slot_size,
         };
         let layout = super::format::format(&args.nvram, params, false)?;
@@ -310,7 +298,8 @@ fn spawn_loop(
 }
 
 /// The engine's clock: about twice a second (the first time at mount) `Engine::tick` commits
-/// a due group (journal mode), checkpoints the metadata journal past `--checkpoint-interval`
+/// a due group (journal mode: `--group-commit-interval`), checkpoints the metadata journal past
+/// `--checkpoint-interval`
 /// and writes back pages dirty for longer than `--max-dirty-age`.
 fn start_aging(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Worker> {
     let groups = args.consistency == ConsistencyArg::Journal;
@@ -376,7 +365,7 @@ fn start_writer(args: &MountArgs, engine: &Arc<Engine<PosixLower>>) -> Option<Wo
 /// The engine over the recovered region: rebuilds the temp-file overlay and finishes
 /// interrupted transforms.
 fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<Engine<PosixLower>> {
-    let config = engine_config(args, &pool)?;
+    let config = engine_config(args, pool.layout())?;
     Engine::new(lower, pool, config).map_err(|e| match e {
         engine::StartError::Region(e) => CliError::Region(e),
         e => CliError::Other(format!("cannot start over {}: {e}", args.nvram.display())),
@@ -385,7 +374,8 @@ fn start_engine(args: &MountArgs, lower: PosixLower, pool: Pool) -> CliResult<En
 
 /// The options the mount runs with, for `stat --json` (`mount.options`): every option of
 /// `nvstack mount` as given, with the ones decided at mount filled in - the worker threads,
-/// and the region's size and undo slots (an existing region keeps its own).
+/// the region's size and undo slots (an existing region keeps its own), the lower nodes'
+/// descriptors and journal mode's group commits.
 fn effective_options(args: &MountArgs, layout: &nvram::Layout) -> serde_json::Value {
     let mut options = serde_json::to_value(args).expect("options serialise");
     options["threads"] = threads(args).into();
@@ -393,6 +383,8 @@ fn effective_options(args: &MountArgs, layout: &nvram::Layout) -> serde_json::Va
     options["undo_slots"] = layout.undo_slots.into();
     options["undo_slot_size"] = layout.undo_slot_size.into();
     options["node_fds"] = node_fds(args).into();
+    options["group_commit_size"] = mount::group_commit_size(args).into();
+    options["group_commit_interval"] = mount::group_commit_interval(args).into();
     options
 }
 

@@ -29,6 +29,7 @@ pub mod inodes;
 pub mod lowerfs;
 pub mod optx;
 pub mod pages;
+pub mod share;
 pub mod slots;
 pub mod space;
 pub mod sync;

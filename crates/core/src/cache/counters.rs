@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{CacheConfig, REASONS};
+use super::{CacheConfig, CacheLimits, REASONS};
 
 /// Counters of the page cache and of write-back (`nvstack stat`: `cache`, `writeback`).
 #[derive(Debug, Default)]
@@ -82,7 +82,12 @@ pub struct WritebackStats {
 }
 
 impl CacheCounters {
-    pub fn snapshot(&self, config: &CacheConfig, policy: &str) -> (CacheStats, WritebackStats) {
+    pub fn snapshot(
+        &self,
+        config: &CacheConfig,
+        limits: &CacheLimits,
+        policy: &str,
+    ) -> (CacheStats, WritebackStats) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         (
             CacheStats {
@@ -106,8 +111,8 @@ impl CacheCounters {
                 room_waits: get(&self.room_waits),
                 pages_dirty: get(&self.pages_dirty),
                 pages_inactive_dirty: get(&self.pages_inactive_dirty),
-                high_pages: config.high_pages,
-                low_pages: config.low_pages,
+                high_pages: limits.high_pages,
+                low_pages: limits.low_pages,
                 rounds: REASONS
                     .iter()
                     .map(|&r| (r.name(), get(&self.rounds[r as usize])))
@@ -201,13 +206,13 @@ pub struct NbwStats {
 }
 
 impl NbwCounters {
-    pub fn snapshot(&self, config: &CacheConfig) -> NbwStats {
+    pub fn snapshot(&self, config: &CacheConfig, limits: &CacheLimits) -> NbwStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let reasons: BTreeMap<&'static str, u64> =
             WAITS.iter().map(|&w| (w.name(), get(&self.writer_waits[w as usize]))).collect();
         NbwStats {
             mode: config.nbw.name().to_string(),
-            patch_limit: config.patch_limit,
+            patch_limit: limits.patch_limit,
             patches_created: get(&self.patches_created),
             patches: get(&self.patches),
             patch_bytes: get(&self.patch_bytes),

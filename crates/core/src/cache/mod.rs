@@ -36,6 +36,7 @@ use lower::LowerFs;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::base::share::Share;
 use crate::base::slots::{Place, SlotList};
 use crate::base::sync::{Bell, Condvar, Mutex, MutexGuard, Rank};
 use counters::CacheCounters;
@@ -49,19 +50,22 @@ pub type Cached<L> = CachedFile<<L as LowerFs>::Node, <L as LowerFs>::File>;
 
 pub const PAGE: u64 = nvram::layout::FRAME_SIZE;
 
-/// Knobs of the page cache, fixed at mount.
-#[derive(Clone, Debug)]
+/// Knobs of the page cache, fixed at mount. The default is what `nvstack mount` runs with when
+/// no flag is given: the mount's flags take their defaults from it, so each is written here
+/// only.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
     /// Writes to existing lower files are cached in NVRAM (`--cache on`).
     pub enabled: bool,
     /// The write-back policy (`--writeback`).
-    pub policy: &'static str,
+    pub policy: WritebackPolicy,
     /// Blocks (4 KiB) per zone (`--zone-blocks`).
     pub zone_blocks: u64,
-    /// Write-back starts when dirty pages exceed this many ...
-    pub high_pages: u64,
-    /// ... and stops at this many.
-    pub low_pages: u64,
+    /// Write-back starts when dirty pages exceed this share of the region's frames
+    /// (`--dirty-high`) ...
+    pub dirty_high: Share,
+    /// ... and stops when they are down to this share (`--dirty-low`).
+    pub dirty_low: Share,
     /// Pressure rounds run in a background thread (`--writeback-background`, the daemon's
     /// writer calling `Engine::writeback_in_background`), not in the request of the writer that
     /// passed the high watermark; a writer meets write-back only when NVRAM is full.
@@ -75,16 +79,121 @@ pub struct CacheConfig {
     pub writeback_on_unmount: bool,
     /// Non-blocking writes (`--nbw`): what a partial write to a page not in NVRAM does.
     pub nbw: Nbw,
-    /// Frames that may hold patches (`--nbw-patch-limit`, in frames; a frame holds several
-    /// patches of one file); beyond it a partial write fetches its page, as with `--nbw off`.
-    pub patch_limit: u64,
+    /// NVRAM that may hold patches (`--nbw-patch-limit`; a frame holds several patches of one
+    /// file); beyond it a partial write fetches its page, as with `--nbw off`.
+    pub patch_limit: PatchLimit,
     /// Cached files that may keep their lower file open between calls (two descriptors each:
     /// buffered and O_DIRECT); the others open it for each fetch and write-back call. Why a
     /// limit: one descriptor pair per file with pages in NVRAM, beside the lower nodes' half
     /// of the open-file limit, took the daemon past that limit - creating the 9,991st file of
-    /// Postmark with `--passthrough off` failed with EMFILE (the daemon gives them a quarter
-    /// of the limit's descriptors).
+    /// Postmark with `--passthrough off` failed with EMFILE. Default: [`default_held_files`].
     pub held_files: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            policy: WritebackPolicy::Relo,
+            zone_blocks: 1024,
+            dirty_high: Share::Percent(80),
+            dirty_low: Share::Percent(60),
+            background: true,
+            batch_pages: 256,
+            max_dirty_age: 1800,
+            writeback_on_unmount: true,
+            nbw: Nbw::AsyncBg,
+            patch_limit: PatchLimit::OfRegion,
+            held_files: default_held_files(),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// The limits this configuration comes to in a region of `frames` frames: the watermarks
+    /// are their shares of the frames ([`Share::of`]), the patch limit [`PatchLimit::frames`].
+    pub fn limits(&self, frames: u64) -> CacheLimits {
+        CacheLimits {
+            high_pages: self.dirty_high.of(frames),
+            low_pages: self.dirty_low.of(frames),
+            patch_limit: self.patch_limit.frames(frames),
+        }
+    }
+}
+
+/// The page cache's limits in its region (`CacheConfig::limits`, resolved once by
+/// `Engine::new`): what write-back and patches run with, and what `nvstack stat --json` shows
+/// (`writeback.high_pages`, `writeback.low_pages`, `nbw.patch_limit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Write-back starts when dirty pages exceed this many ...
+    pub high_pages: u64,
+    /// ... and stops at this many (at most `high_pages`: `Engine::new` checks).
+    pub low_pages: u64,
+    /// Frames that may hold patches.
+    pub patch_limit: u64,
+}
+
+/// The default of `CacheConfig::held_files`: a quarter of the open-file limit's descriptors
+/// (two a file: an eighth of the limit in files), at least 16 files. The lower nodes take half
+/// the limit by default (`lower::posix::default_node_fds`); the rest is for open files, the
+/// region and FUSE. It reads the limit now: the daemon makes its configuration after raising
+/// the soft limit to the hard one.
+pub fn default_held_files() -> usize {
+    (lower::posix::default_node_fds() / 4).max(16)
+}
+
+/// NVRAM that patches may take (`--nbw-patch-limit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchLimit {
+    /// The paper's 64 MiB of patch memory, at most an eighth of the region (the default).
+    OfRegion,
+    /// This many frames.
+    Frames(u64),
+}
+
+impl PatchLimit {
+    /// The frames patches may take in a region of `region_frames` frames.
+    pub fn frames(self, region_frames: u64) -> u64 {
+        match self {
+            PatchLimit::OfRegion => (region_frames / 8).min((64 << 20) / PAGE),
+            PatchLimit::Frames(n) => n,
+        }
+    }
+}
+
+/// Which dirty pages write-back takes (`--writeback`; thesis 3.1.2): the four policies of
+/// `policy/`, one file each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritebackPolicy {
+    /// Dirty files in the order they became dirty, all their pages (Linux).
+    File,
+    /// Inactive pages only, least recently used first.
+    Recency,
+    /// The zone whose dirty pages form the longest runs (max ASL), all its pages.
+    Location,
+    /// Inactive pages of the zone with max ASL, then the next zone.
+    Relo,
+}
+
+impl WritebackPolicy {
+    pub const ALL: [WritebackPolicy; 4] = [
+        WritebackPolicy::File,
+        WritebackPolicy::Recency,
+        WritebackPolicy::Location,
+        WritebackPolicy::Relo,
+    ];
+
+    /// Its name: on the command line (`--writeback relo`), in `nvstack stat --json`
+    /// (`writeback.policy`) and of its implementation (`policy::by_name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WritebackPolicy::File => "file",
+            WritebackPolicy::Recency => "recency",
+            WritebackPolicy::Location => "location",
+            WritebackPolicy::Relo => "relo",
+        }
+    }
 }
 
 /// Non-blocking writes (the FAST'15 paper; design.md section 11.8): a partial write to a page
@@ -110,25 +219,6 @@ impl Nbw {
             Nbw::AsyncFg => "async-fg",
             Nbw::AsyncBg => "async-bg",
             Nbw::Lazy => "lazy",
-        }
-    }
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig {
-            enabled: true,
-            policy: "relo",
-            zone_blocks: 1024,
-            high_pages: u64::MAX,
-            low_pages: u64::MAX,
-            background: false,
-            batch_pages: 256,
-            max_dirty_age: 0,
-            writeback_on_unmount: true,
-            nbw: Nbw::Lazy,
-            patch_limit: u64::MAX,
-            held_files: 256,
         }
     }
 }
@@ -199,6 +289,7 @@ const STRIPES: usize = 64;
 #[derive(Debug)]
 pub struct PageCache<L: LowerFs> {
     config: CacheConfig,
+    limits: CacheLimits,
     policy: Box<dyn Policy>,
     /// The cached files (rank `CacheFiles`: short, never held while taking a file's state).
     files: Mutex<Files<L::Node, L::File>>,
@@ -236,10 +327,11 @@ pub struct PageCache<L: LowerFs> {
 }
 
 impl<L: LowerFs> PageCache<L> {
-    pub fn new(config: CacheConfig, policy: Box<dyn Policy>) -> Self {
+    pub fn new(config: CacheConfig, limits: CacheLimits, policy: Box<dyn Policy>) -> Self {
         let zone_blocks = config.zone_blocks;
         PageCache {
             config,
+            limits,
             policy,
             files: Mutex::new(Rank::CacheFiles, Files::default()),
             tables: Mutex::new(
@@ -281,6 +373,10 @@ impl<L: LowerFs> PageCache<L> {
         &self.config
     }
 
+    pub fn limits(&self) -> &CacheLimits {
+        &self.limits
+    }
+
     /// Dirty pages in NVRAM now.
     pub fn pages_dirty(&self) -> u64 {
         self.counters.pages_dirty.load(Ordering::Relaxed)
@@ -293,14 +389,15 @@ impl<L: LowerFs> PageCache<L> {
 
     /// `nvstack stat`: the `cache` and `writeback` objects.
     pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
-        let (mut cache, wb) = self.counters.snapshot(&self.config, self.policy.name());
+        let (mut cache, wb) =
+            self.counters.snapshot(&self.config, &self.limits, self.policy.name());
         cache.record_frames = self.slots.frames();
         (cache, wb)
     }
 
     /// `nvstack stat`: the `nbw` object.
     pub fn nbw_stats(&self) -> counters::NbwStats {
-        self.nbw.snapshot(&self.config)
+        self.nbw.snapshot(&self.config, &self.limits)
     }
 
     /// A record was created for `cf` (its transaction committed).
@@ -350,5 +447,18 @@ impl<L: LowerFs> PageCache<L> {
 
     fn tables(&self) -> MutexGuard<'_, Tables> {
         self.tables.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WritebackPolicy, policy};
+
+    /// `Engine::new` finds each policy's implementation by its name, the name `stat` shows.
+    #[test]
+    fn every_write_back_policy_has_an_implementation_of_its_name() {
+        for p in WritebackPolicy::ALL {
+            assert_eq!(policy::by_name(p.name()).expect("implemented").name(), p.name());
+        }
     }
 }

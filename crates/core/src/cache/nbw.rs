@@ -157,7 +157,7 @@ impl<L: LowerFs> PageCache<L> {
     /// hold patches.
     fn patch_room(&self, st: &CacheState, page: u64, slots: usize) -> bool {
         let frames = self.nbw.patch_frames.load(Ordering::Relaxed);
-        frames < self.config.patch_limit || st.patch_frames.holds(page, slots)
+        frames < self.limits.patch_limit || st.patch_frames.holds(page, slots)
     }
 
     fn wait_for(&self, why: Wait) {
@@ -241,7 +241,7 @@ impl<L: LowerFs> PageCache<L> {
     pub fn fetch_patches(&self, b: &Base<L>, max: usize) -> usize {
         let mut merged = 0;
         for _ in 0..max {
-            if self.cache_frames() > self.config.high_pages {
+            if self.cache_frames() > self.limits.high_pages {
                 inc(&self.nbw.fetches_paused);
                 break;
             }

@@ -99,7 +99,7 @@ impl<L: LowerFs> PageCache<L> {
     pub(crate) fn after_cached_write(&self, b: &Base<L>) {
         if !self.config.background {
             self.round_above_high(b, Reason::Pressure);
-        } else if self.cache_frames() > self.config.high_pages {
+        } else if self.cache_frames() > self.limits.high_pages {
             self.writer_bell.ring();
         }
     }
@@ -124,7 +124,7 @@ impl<L: LowerFs> PageCache<L> {
     /// the low one, counted under `reason`; the pages written (0: nothing due, another round
     /// runs, or the round failed - said on stderr; the next write or look tries again).
     fn round_above_high(&self, b: &Base<L>, reason: Reason) -> u64 {
-        let high = self.config.high_pages;
+        let high = self.limits.high_pages;
         if self.cache_frames() <= high {
             return 0;
         }
@@ -133,7 +133,7 @@ impl<L: LowerFs> PageCache<L> {
         if held <= high {
             return 0;
         }
-        let target = held - self.config.low_pages.min(held);
+        let target = held - self.limits.low_pages.min(held);
         self.pressure_round(b, &mut history, reason, target).unwrap_or_else(|e| {
             eprintln!("nvstack: {} write-back failed: {e}", reason.name());
             0
@@ -161,7 +161,7 @@ impl<L: LowerFs> PageCache<L> {
         loop {
             if let Some(mut history) = self.round.try_lock() {
                 let held = self.cache_frames();
-                let target = (held - self.config.low_pages.min(held)).max(self.config.batch_pages);
+                let target = (held - self.limits.low_pages.min(held)).max(self.config.batch_pages);
                 return self.pressure_round(b, &mut history, Reason::NvramFull, target);
             }
             // (A batch freed between the failed try and this wait is missed; the timeout

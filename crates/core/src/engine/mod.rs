@@ -35,7 +35,10 @@ use crate::cache::{CacheConfig, PageCache};
 use crate::overlay::{DirKey, Listed, Overlay};
 use crate::tempfs::{TempConfig, TempFile, TempState, TempStore, data};
 
-/// Limits and knobs of an engine, fixed at mount.
+/// Limits and knobs of an engine, fixed at mount. The default (with the nested configurations'
+/// defaults) is what `nvstack mount` runs with when no flag is given: the mount's flags take
+/// their defaults from here, so each is written once. Knobs that depend on the region are
+/// shares of it, resolved by `Engine::new` (`CacheConfig::limits`, `TempConfig::limits`).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Most open files and directories at once.
@@ -54,8 +57,8 @@ pub struct EngineConfig {
     pub cache: CacheConfig,
     /// The metadata journal's checkpoints.
     pub journal: crate::journal::JournalConfig,
-    /// Opens of lower files may take kernel passthrough (`route/`); the front end turns it off
-    /// when the kernel or the privilege is missing.
+    /// Opens of lower files may take kernel passthrough (`route/`, `--passthrough`); the front
+    /// end turns it off when the kernel or the privilege is missing.
     pub passthrough: bool,
 }
 
@@ -69,7 +72,7 @@ impl Default for EngineConfig {
             xattrs: true,
             cache: CacheConfig::default(),
             journal: crate::journal::JournalConfig::default(),
-            passthrough: false,
+            passthrough: true,
         }
     }
 }

@@ -30,22 +30,20 @@ impl<L: LowerFs> Engine<L> {
     /// files that were unlinked while open, finishes interrupted transforms, and with
     /// tempfiles off moves every temp file to the lower file system.
     pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
+        let policy = crate::cache::policy::by_name(config.cache.policy.name())
+            .expect("an implementation for every write-back policy");
+        // The knobs that depend on the region, resolved against its frames once.
+        let frames = pool.stats().frames_total;
+        let cache_limits = config.cache.limits(frames);
+        if cache_limits.low_pages > cache_limits.high_pages {
+            return Err(StartError::Config(format!(
+                "the low watermark ({} pages) is above the high one ({} pages)",
+                cache_limits.low_pages, cache_limits.high_pages
+            )));
+        }
+        let temp_limits = config.temp.limits(frames);
         // The root node is borrowed from the adapter; the table holds its own reference by
         // looking the root up again ("." of the root).
-        let policy = crate::cache::policy::by_name(config.cache.policy).ok_or_else(|| {
-            StartError::Config(format!("unknown write-back policy {}", config.cache.policy))
-        })?;
-        let mut config = config;
-        let frames = pool.stats().frames_total;
-        if config.cache.high_pages == u64::MAX {
-            // Defaults: write back from 80 % of the region's frames down to 60 %.
-            config.cache.high_pages = frames * 8 / 10;
-            config.cache.low_pages = frames * 6 / 10;
-        }
-        if config.cache.patch_limit == u64::MAX {
-            // The paper's 64 MiB of patch memory, at most an eighth of the region.
-            config.cache.patch_limit = (frames / 8).min(16_384);
-        }
         let root_key = lower.key(lower.root());
         // The journal names objects by file handle; without handles, changes are synced in
         // the lower file system instead.
@@ -59,9 +57,9 @@ impl<L: LowerFs> Engine<L> {
             inodes: InodeTable::new(Obj::Lower(Arc::new(root)), Identity::lower(root_key)),
             handles: HandleTable::new(config.max_handles),
             journal: Journal::new(journal_on, config.journal, frames),
-            temp: TempStore::new(config.temp),
+            temp: TempStore::new(config.temp, temp_limits),
             overlay: Mutex::new(Rank::Overlay, Overlay::default()),
-            cache: PageCache::new(config.cache, policy),
+            cache: PageCache::new(config.cache, cache_limits, policy),
             xattrs: config.xattrs,
             routes: crate::route::Routes::new(config.passthrough),
             base: Base::new(lower, pool, config.failpoints, config.max_walk),

@@ -64,10 +64,13 @@ pub fn read_marker<L: LowerFs>(lower: &L) -> Option<u64> {
     }
 }
 
-/// Knobs of the metadata journal, fixed at mount.
-#[derive(Clone, Copy, Debug)]
+/// Knobs of the metadata journal, fixed at mount. The default is what `nvstack mount` runs with
+/// when no flag is given: the mount's flags take their defaults from it (ext3's 32 MiB and 5 s,
+/// as the paper's journal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JournalConfig {
-    /// Checkpoint when the records take this many bytes of NVRAM (`--journal-size`).
+    /// Checkpoint when the records take this many bytes of NVRAM (`--journal-size`; at most a
+    /// quarter of the region: `Journal::new`).
     pub size_max: u64,
     /// Checkpoint when records are this many seconds old (`--checkpoint-interval`; 0: only by
     /// size, at unmount, and when a durability call must reach the lower file system).

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
 
+use crate::base::share::Share;
 use crate::base::sync::{Condvar, Mutex, MutexGuard, Rank};
 use crate::overlay::DirKey;
 
@@ -100,8 +101,10 @@ impl Trigger {
     }
 }
 
-/// Knobs of the temp-file store, fixed at mount.
-#[derive(Clone, Copy, Debug)]
+/// Knobs of the temp-file store, fixed at mount. The default is what `nvstack mount` runs with
+/// when no flag is given: the mount's flags take their defaults from it, so each is written
+/// here only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TempConfig {
     /// New regular files become temp files (`--tempfiles on`).
     pub enabled: bool,
@@ -109,17 +112,18 @@ pub struct TempConfig {
     pub max_size: u64,
     /// Transform every temp file at unmount (default) or keep them in NVRAM.
     pub transform_on_unmount: bool,
-    /// Temp files may hold at most this many frames (their share of the region); beyond it
+    /// Temp files may hold this share of the region's frames (`--tempfile-share`); beyond it
     /// the least recently used are transformed.
-    pub max_frames: u64,
+    pub share: Share,
     /// NR_WB: pages the pressure trigger frees at a time (thesis: N = NR_WB * NR_TempFFS /
     /// NR_Dirty temp files' worth of pages; without the page cache NR_TempFFS = NR_Dirty).
     pub writeback_batch: u64,
-    /// Above this many frames the background transformer moves the least recently used temp
-    /// files out (`Engine::transform_in_background`, larger rounds than a writer's), so that
-    /// writers rarely meet `max_frames` and its transforms in their own requests
-    /// (`--tempfile-background`; `u64::MAX`: never).
-    pub background_frames: u64,
+    /// Above this share of their share (a percentage is of `share`'s frames, not of the
+    /// region's) the background transformer moves the least recently used temp files out
+    /// (`Engine::transform_in_background`, larger rounds than a writer's), so that writers
+    /// rarely meet the share and its transforms in their own requests
+    /// (`--tempfile-background`; `None`: never).
+    pub background: Option<Share>,
 }
 
 impl Default for TempConfig {
@@ -128,11 +132,34 @@ impl Default for TempConfig {
             enabled: true,
             max_size: 1 << 20,
             transform_on_unmount: true,
-            max_frames: u64::MAX,
+            share: Share::Percent(90),
             writeback_batch: 256,
-            background_frames: u64::MAX,
+            background: None,
         }
     }
+}
+
+impl TempConfig {
+    /// The limits this configuration comes to in a region of `frames` frames: the share of
+    /// the frames, and the background mark as a share of that ([`Share::of`] both).
+    pub fn limits(&self, frames: u64) -> TempLimits {
+        let max_frames = self.share.of(frames);
+        TempLimits {
+            max_frames,
+            background_frames: self.background.map_or(u64::MAX, |b| b.of(max_frames)),
+        }
+    }
+}
+
+/// The temp-file store's limits in its region (`TempConfig::limits`, resolved once by
+/// `Engine::new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TempLimits {
+    /// Temp files may hold at most this many frames; beyond it the least recently used are
+    /// transformed.
+    pub max_frames: u64,
+    /// Above this many frames the background transformer runs (`u64::MAX`: never).
+    pub background_frames: u64,
 }
 
 /// What became of a temp file object.
@@ -219,6 +246,7 @@ impl TempFile {
 #[derive(Debug)]
 pub struct TempStore {
     pub config: TempConfig,
+    pub limits: TempLimits,
     pub counters: TempCounters,
     pub lru: Clock,
     /// One pressure relief or background round at a time.
@@ -228,9 +256,10 @@ pub struct TempStore {
 }
 
 impl TempStore {
-    pub fn new(config: TempConfig) -> Self {
+    pub fn new(config: TempConfig, limits: TempLimits) -> Self {
         TempStore {
             config,
+            limits,
             counters: TempCounters::default(),
             lru: Clock::default(),
             relieving: AtomicBool::new(false),

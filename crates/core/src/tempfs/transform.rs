@@ -458,7 +458,7 @@ impl<L: LowerFs> Engine<L> {
     /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed, NR_Dirty counting the page
     /// cache's dirty pages too (the rest of the room comes from write-back).
     pub(crate) fn relieve_pressure(&self, force: bool) {
-        if !force && self.temp_frames() <= self.temp.config.max_frames {
+        if !force && self.temp_frames() <= self.temp.limits.max_frames {
             return;
         }
         let nr_tempffs = self.temp.pages_resident();
@@ -477,7 +477,7 @@ impl<L: LowerFs> Engine<L> {
     /// runs, or when nothing could be transformed (the caller then waits before it looks
     /// again).
     pub fn transform_in_background(&self) -> u64 {
-        if self.temp_frames() <= self.temp.config.background_frames {
+        if self.temp_frames() <= self.temp.limits.background_frames {
             return 0;
         }
         let frames = BACKGROUND_BATCHES * self.temp.config.writeback_batch.max(1);
