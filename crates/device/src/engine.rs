@@ -110,7 +110,7 @@ pub enum Timing {
 }
 
 impl Timing {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Timing::Sleep => "sleep",
             Timing::Account => "account",
@@ -120,11 +120,11 @@ impl Timing {
 
 /// A pending automatic cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ArmedCut {
-    pub flushes: u64,
-    pub writes: u64,
-    pub seed: u64,
-    pub mode: CutMode,
+pub(crate) struct ArmedCut {
+    pub(crate) flushes: u64,
+    pub(crate) writes: u64,
+    pub(crate) seed: u64,
+    pub(crate) mode: CutMode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,46 +136,46 @@ enum Power {
 
 /// Counters; everything `stat.json` reports.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Counters {
-    pub reads: u64,
-    pub writes: u64,
-    pub flushes: u64,
-    pub discards: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub bytes_discarded: u64,
+pub(crate) struct Counters {
+    pub(crate) reads: u64,
+    pub(crate) writes: u64,
+    pub(crate) flushes: u64,
+    pub(crate) discards: u64,
+    pub(crate) bytes_read: u64,
+    pub(crate) bytes_written: u64,
+    pub(crate) bytes_discarded: u64,
     /// Writes that arrived after a power cut and went nowhere.
-    pub writes_after_cut: u64,
+    pub(crate) writes_after_cut: u64,
 }
 
 /// The `stat.json` document.
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
-    pub model: String,
-    pub timing: Timing,
-    pub size_bytes: u64,
+    pub(crate) model: String,
+    pub(crate) timing: Timing,
+    pub(crate) size_bytes: u64,
     /// Every request on the device file: reads + writes + flushes + discards.
-    pub requests: u64,
+    pub(crate) requests: u64,
     #[serde(flatten)]
-    pub counters: Counters,
+    pub(crate) counters: Counters,
     /// Modeled busy time of the actuator.
-    pub busy_ns: u64,
-    pub busy_ms: f64,
+    pub(crate) busy_ns: u64,
+    pub(crate) busy_ms: f64,
     /// The modeled clock when the last request completed.
-    pub clock_ns: u64,
-    pub seek_distance_sectors: u64,
+    pub(crate) clock_ns: u64,
+    pub(crate) seek_distance_sectors: u64,
     /// Requests that needed positioning (seek and/or rotation).
-    pub positionings: u64,
-    pub volatile_bytes: u64,
-    pub volatile_bytes_max: u64,
-    pub forced_writeback_bytes: u64,
-    pub flushed_bytes: u64,
-    pub armed: Option<ArmedCut>,
-    pub cut: Option<CutReport>,
-    pub trace_records: u64,
+    pub(crate) positionings: u64,
+    pub(crate) volatile_bytes: u64,
+    pub(crate) volatile_bytes_max: u64,
+    pub(crate) forced_writeback_bytes: u64,
+    pub(crate) flushed_bytes: u64,
+    pub(crate) armed: Option<ArmedCut>,
+    pub(crate) cut: Option<CutReport>,
+    pub(crate) trace_records: u64,
     /// The flash model's NAND and FTL counters (`--model flash` only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flash: Option<FlashStats>,
+    pub(crate) flash: Option<FlashStats>,
     /// The NVRAM block cache's counters (`--nvram` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nvcache: Option<NvCacheStats>,
@@ -184,35 +184,35 @@ pub struct Stats {
 /// The `nvcache` object of `stat.json`. Units: sectors of 512 bytes unless named bytes.
 #[derive(Debug, Clone, Serialize)]
 pub struct NvCacheStats {
-    pub mode: CacheMode,
+    pub(crate) mode: CacheMode,
     /// The file system the classifier recognized ("ext4", "fat16", "none", ...).
-    pub filesystem: &'static str,
-    pub region: String,
-    pub capacity_sectors: u64,
+    pub(crate) filesystem: &'static str,
+    pub(crate) region: String,
+    pub(crate) capacity_sectors: u64,
     /// Sectors read from NVRAM.
-    pub hits: u64,
+    pub(crate) hits: u64,
     /// Sectors written into NVRAM.
-    pub writes_absorbed: u64,
+    pub(crate) writes_absorbed: u64,
     /// Sectors that left NVRAM for the image.
-    pub destaged: u64,
-    pub bytes_resident: u64,
+    pub(crate) destaged: u64,
+    pub(crate) bytes_resident: u64,
     pub sectors_resident: u64,
     /// Read requests served from NVRAM entirely (no model time).
-    pub read_requests_hit: u64,
+    pub(crate) read_requests_hit: u64,
     /// Write requests absorbed entirely (no model time unless a destage was needed).
-    pub write_requests_absorbed: u64,
+    pub(crate) write_requests_absorbed: u64,
     /// Write requests absorbed in part (the rest went to the volatile cache and the model).
-    pub write_requests_partly_absorbed: u64,
+    pub(crate) write_requests_partly_absorbed: u64,
     /// Volatile sectors moved into NVRAM when the classifier learned they are metadata
     /// (FAT: a directory cluster written before its directory was known).
     pub promoted: u64,
     #[serde(flatten)]
-    pub cache: nvcache::Counters,
-    pub resident_by_class: std::collections::BTreeMap<&'static str, u64>,
+    pub(crate) cache: nvcache::Counters,
+    pub(crate) resident_by_class: std::collections::BTreeMap<&'static str, u64>,
     /// Sectors found resident when the cache was opened (recovered from a previous run).
     pub recovered_sectors: u64,
     /// Unfinished transactions rolled back when the cache was opened.
-    pub recovered_rollbacks: u32,
+    pub(crate) recovered_rollbacks: u32,
 }
 
 /// Settings of one engine.
@@ -383,23 +383,15 @@ impl Engine {
         Ok(())
     }
 
-    /// The NVRAM cache, if one is attached.
-    pub fn nvcache(&self) -> Option<&NvCache> {
-        self.nv.as_ref().map(|n| &n.cache)
-    }
-
     /// The file system the classifier recognized ("none" without an NVRAM cache).
     pub fn filesystem(&self) -> &'static str {
         self.nv.as_ref().map_or("none", |n| n.classifier.fs_name())
     }
 
-    pub fn size_bytes(&self) -> u64 {
+    pub(crate) fn size_bytes(&self) -> u64 {
         self.cache.len_bytes()
     }
-    pub fn timing(&self) -> Timing {
-        self.timing
-    }
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         matches!(self.power, Power::Off(_))
     }
 
@@ -650,7 +642,7 @@ impl Engine {
 
     /// Destages every resident NVRAM sector to the image (`nvstack device flush`, detach).
     /// Returns the number of sectors destaged; 0 without an NVRAM cache or after a cut.
-    pub fn drain(&mut self) -> io::Result<u64> {
+    pub(crate) fn drain(&mut self) -> io::Result<u64> {
         if self.is_off() {
             return Ok(0);
         }
@@ -693,7 +685,7 @@ impl Engine {
 
     /// A discard (FUSE fallocate punch-hole / zero-range). The model hears of the whole
     /// sectors inside the range (a flash FTL trims them); it costs no modeled time.
-    pub fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
         let len = len.min(self.size_bytes().saturating_sub(offset));
         if self.is_off() || len == 0 {
             return Ok(());
@@ -780,7 +772,7 @@ impl Engine {
     }
 
     /// Arms an automatic cut (see the module docs). Refused when the power is already off.
-    pub fn arm_cut(&mut self, a: ArmedCut) -> Result<(), &'static str> {
+    pub(crate) fn arm_cut(&mut self, a: ArmedCut) -> Result<(), &'static str> {
         if self.is_off() {
             return Err("the power is already cut");
         }

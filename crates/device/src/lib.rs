@@ -21,12 +21,12 @@ pub mod cache;
 pub mod classify;
 pub mod cli;
 pub mod engine;
-pub mod error;
+mod error;
 pub mod model;
 pub mod nvcache;
-pub mod serve;
-pub mod trace;
-pub mod userfat;
+mod serve;
+mod trace;
+mod userfat;
 
 pub use cli::{DeviceCommand, run};
 pub use error::DeviceError;

@@ -40,15 +40,15 @@ use super::record::{
 use crate::classify::Class;
 
 /// Most sectors one absorbing transaction writes (a larger write is absorbed in chunks).
-pub const CHUNK_SECTORS: usize = 256;
+pub(crate) const CHUNK_SECTORS: usize = 256;
 /// Sectors per drain or discard transaction.
-pub const BATCH_SECTORS: usize = 256;
+pub(crate) const BATCH_SECTORS: usize = 256;
 /// Undo slots of a cache region (the engine runs one transaction at a time).
-pub const UNDO_SLOTS: u32 = 2;
+pub(crate) const UNDO_SLOTS: u32 = 2;
 /// Bytes per undo slot: a chunk of `CHUNK_SECTORS` sectors, each snapshotting its slot
 /// (32 + 512 bytes of record) and entry (32 + 64), plus one descriptor record (32 + 32) per
 /// frame it allocates.
-pub const UNDO_SLOT_BYTES: u64 = 256 << 10;
+pub(crate) const UNDO_SLOT_BYTES: u64 = 256 << 10;
 const CHUNK_UNDO_BYTES: u64 = CHUNK_SECTORS as u64 * (32 + 512 + 32 + 64)
     + (CHUNK_SECTORS as u64 / SLOTS_PER_FRAME as u64 + 2) * (32 + 32);
 const _: () = assert!(CHUNK_UNDO_BYTES + 64 <= UNDO_SLOT_BYTES);
@@ -85,9 +85,9 @@ pub enum NvCacheError {
 
 /// A slot: frame index and slot number (1..=7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Slot {
-    pub frame: u64,
-    pub slot: u8,
+pub(crate) struct Slot {
+    pub(crate) frame: u64,
+    pub(crate) slot: u8,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -132,33 +132,33 @@ impl Scan {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct OpenReport {
     pub created: bool,
-    pub rebound: bool,
-    pub transactions_rolled_back: u32,
-    pub sectors_recovered: u64,
-    pub frames: u64,
+    pub(crate) rebound: bool,
+    pub(crate) transactions_rolled_back: u32,
+    pub(crate) sectors_recovered: u64,
+    pub(crate) frames: u64,
 }
 
 /// Counters since open (`device stat --json`: `nvcache`).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counters {
     /// Sectors written into NVRAM (new and rewritten).
-    pub writes_absorbed: u64,
+    pub(crate) writes_absorbed: u64,
     /// Absorbed sectors that were resident already (rewritten in NVRAM).
-    pub write_hits: u64,
+    pub(crate) write_hits: u64,
     /// Sectors that left NVRAM for the image (full cache + drain + shrink).
-    pub destaged: u64,
+    pub(crate) destaged: u64,
     /// Sectors destaged one at a time because the cache was full (the paper's LRW destage).
-    pub destaged_full: u64,
+    pub(crate) destaged_full: u64,
     /// Sectors destaged by `device flush`, detach or a smaller capacity.
-    pub destaged_drain: u64,
+    pub(crate) destaged_drain: u64,
     /// Destage writes to the image (a drain writes contiguous runs as one).
-    pub destage_writes: u64,
+    pub(crate) destage_writes: u64,
     /// Resident sectors dropped by discards.
-    pub discarded: u64,
+    pub(crate) discarded: u64,
     /// Committed transactions (absorbs, destages, drains, discards).
-    pub transactions: u64,
+    pub(crate) transactions: u64,
     /// Absorbed sectors by class.
-    pub absorbed_by_class: BTreeMap<&'static str, u64>,
+    pub(crate) absorbed_by_class: BTreeMap<&'static str, u64>,
 }
 
 /// Bytes of a region for a cache of `capacity_sectors`.
@@ -455,30 +455,32 @@ impl NvCache {
         Ok((cache, report))
     }
 
-    pub fn anchor(&self) -> &Anchor {
+    #[cfg(test)]
+    pub(crate) fn anchor(&self) -> &Anchor {
         &self.anchor
     }
-    pub fn mode(&self) -> CacheMode {
+    pub(crate) fn mode(&self) -> CacheMode {
         self.anchor.mode
     }
-    pub fn capacity_sectors(&self) -> u64 {
+    pub(crate) fn capacity_sectors(&self) -> u64 {
         self.anchor.capacity_sectors
     }
     pub fn resident_sectors(&self) -> u64 {
         self.index.len() as u64
     }
-    pub fn counters(&self) -> &Counters {
+    pub(crate) fn counters(&self) -> &Counters {
         &self.counters
     }
-    pub fn is_resident(&self, lbn: u64) -> bool {
+    pub(crate) fn is_resident(&self, lbn: u64) -> bool {
         self.index.contains_key(&lbn)
     }
-    pub fn pool(&self) -> &Pool {
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &Pool {
         &self.pool
     }
 
     /// Resident sectors by class.
-    pub fn resident_by_class(&self) -> BTreeMap<&'static str, u64> {
+    pub(crate) fn resident_by_class(&self) -> BTreeMap<&'static str, u64> {
         let mut m = BTreeMap::new();
         for r in self.index.values() {
             *m.entry(r.class.name()).or_insert(0) += 1;
@@ -488,7 +490,7 @@ impl NvCache {
 
     /// Resident LBNs in `[first, end)`, ascending (by lookup or by a scan of the hash,
     /// whichever is shorter: a discard of a whole device costs the resident count).
-    pub fn resident_in(&self, first: u64, end: u64) -> Vec<u64> {
+    pub(crate) fn resident_in(&self, first: u64, end: u64) -> Vec<u64> {
         let mut v: Vec<u64> = if end.saturating_sub(first) > self.index.len() as u64 {
             self.index.keys().copied().filter(|l| (first..end).contains(l)).collect()
         } else {
@@ -499,7 +501,8 @@ impl NvCache {
     }
 
     /// The LBNs in LRW order (least recently written first).
-    pub fn lrw_order(&self) -> Vec<u64> {
+    #[cfg(test)]
+    pub(crate) fn lrw_order(&self) -> Vec<u64> {
         self.lrw.values().copied().collect()
     }
 
@@ -721,7 +724,7 @@ impl NvCache {
 
     /// Destages LRW sectors until at most `capacity_sectors` are resident (after a re-attach
     /// with a smaller `--nvram-cache-size`).
-    pub fn shrink(&mut self, backing: &mut dyn Backing) -> Result<u64, NvCacheError> {
+    pub(crate) fn shrink(&mut self, backing: &mut dyn Backing) -> Result<u64, NvCacheError> {
         let mut n = 0;
         while self.index.len() as u64 > self.anchor.capacity_sectors {
             let victim = *self.lrw.values().next().expect("resident sectors");

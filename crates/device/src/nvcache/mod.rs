@@ -17,7 +17,7 @@
 //! `nvstack check`/`inspect`). What is admitted in `metadata` mode is decided by
 //! `crate::classify`. Design, byte tables and the proof by cases: `docs/nvcache.md`.
 
-pub mod cache;
+mod cache;
 pub mod record;
 
 pub use cache::{

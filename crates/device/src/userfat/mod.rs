@@ -36,9 +36,9 @@
 //! copies instead); a file removed while open is gone for its open descriptors too (ENOENT).
 //! Errno mapping: [`errno_of`], here only.
 
-pub mod disk;
-pub mod nodes;
-pub mod time;
+pub(crate) mod disk;
+pub(crate) mod nodes;
+pub(crate) mod time;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -73,20 +73,20 @@ const QUEUE_MAX: usize = 256;
 
 /// `nvstack device serve-fat` options.
 #[derive(Debug, Clone)]
-pub struct FatServeConfig {
+pub(crate) struct FatServeConfig {
     /// The device file (the daemon's disk.img, or any image file).
-    pub disk: PathBuf,
-    pub mountpoint: PathBuf,
-    pub sync: bool,
-    pub metadata_through: bool,
-    pub writeback_interval: Duration,
-    pub dirty_expire: Duration,
-    pub dirty_max_bytes: u64,
-    pub read_cache_bytes: u64,
+    pub(crate) disk: PathBuf,
+    pub(crate) mountpoint: PathBuf,
+    pub(crate) sync: bool,
+    pub(crate) metadata_through: bool,
+    pub(crate) writeback_interval: Duration,
+    pub(crate) dirty_expire: Duration,
+    pub(crate) dirty_max_bytes: u64,
+    pub(crate) read_cache_bytes: u64,
 }
 
 impl FatServeConfig {
-    pub fn new(disk: PathBuf, mountpoint: PathBuf) -> Self {
+    pub(crate) fn new(disk: PathBuf, mountpoint: PathBuf) -> Self {
         FatServeConfig {
             disk,
             mountpoint,
@@ -1106,7 +1106,7 @@ fn actor(
 
 /// Serves the FAT volume on `cfg.disk` at `cfg.mountpoint` until it is unmounted, then writes
 /// everything back, marks the volume clean and flushes the device.
-pub fn serve_fat(cfg: &FatServeConfig) -> Result<(), DeviceError> {
+pub(crate) fn serve_fat(cfg: &FatServeConfig) -> Result<(), DeviceError> {
     let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE_MAX);
     let (ready_tx, ready_rx) = mpsc::sync_channel(1);
     let c = cfg.clone();

@@ -94,35 +94,35 @@ use serde::Serialize;
 
 /// Free blocks beyond the log blocks: the one a full merge needs before it can erase
 /// (invariant 3).
-pub const SPARE_BLOCKS: u32 = 1;
+pub(crate) const SPARE_BLOCKS: u32 = 1;
 /// Most log blocks (`--log-blocks`).
-pub const LOG_BLOCKS_MAX: u32 = 4096;
+pub(crate) const LOG_BLOCKS_MAX: u32 = 4096;
 /// Most pages per erase block.
-pub const PAGES_PER_BLOCK_MAX: u32 = 1024;
+pub(crate) const PAGES_PER_BLOCK_MAX: u32 = 1024;
 /// Most physical pages: a device of about 4 GiB on 512-byte pages, 16 GiB on 2 KiB pages;
 /// at most 40 MiB of state (1 + 4 bytes per page).
-pub const PHYSICAL_PAGES_MAX: u64 = 1 << 23;
+pub(crate) const PHYSICAL_PAGES_MAX: u64 = 1 << 23;
 
 /// The shape of the FTL's flash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Geometry {
-    pub pages_per_block: u32,
+pub(crate) struct Geometry {
+    pub(crate) pages_per_block: u32,
     /// Blocks the host sees (the device size in blocks, rounded up).
-    pub logical_blocks: u32,
-    pub log_blocks: u32,
+    pub(crate) logical_blocks: u32,
+    pub(crate) log_blocks: u32,
 }
 
 impl Geometry {
-    pub fn physical_blocks(&self) -> u64 {
+    pub(crate) fn physical_blocks(&self) -> u64 {
         u64::from(self.logical_blocks) + u64::from(self.log_blocks) + u64::from(SPARE_BLOCKS)
     }
-    pub fn physical_pages(&self) -> u64 {
+    pub(crate) fn physical_pages(&self) -> u64 {
         self.physical_blocks() * u64::from(self.pages_per_block)
     }
-    pub fn logical_pages(&self) -> u64 {
+    pub(crate) fn logical_pages(&self) -> u64 {
         u64::from(self.logical_blocks) * u64::from(self.pages_per_block)
     }
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if !(1..=PAGES_PER_BLOCK_MAX).contains(&self.pages_per_block) {
             return Err(format!(
                 "pages per block must be in 1..={PAGES_PER_BLOCK_MAX}, got {}",
@@ -151,21 +151,21 @@ impl Geometry {
 
 /// NAND operations and merges, as counted by the FTL (one request's worth, or a total).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct NandOps {
+pub(crate) struct NandOps {
     /// Page reads for the host: reads, and the read half of a partial-page write.
-    pub host_page_reads: u64,
+    pub(crate) host_page_reads: u64,
     /// Page programs for the host's writes.
-    pub host_page_programs: u64,
+    pub(crate) host_page_programs: u64,
     /// Pages moved by merges (one page read + one page program inside the chip each).
-    pub copy_backs: u64,
-    pub block_erases: u64,
-    pub merges_switch: u64,
-    pub merges_partial: u64,
-    pub merges_full: u64,
+    pub(crate) copy_backs: u64,
+    pub(crate) block_erases: u64,
+    pub(crate) merges_switch: u64,
+    pub(crate) merges_partial: u64,
+    pub(crate) merges_full: u64,
 }
 
 impl NandOps {
-    pub fn add(&mut self, o: &NandOps) {
+    pub(crate) fn add(&mut self, o: &NandOps) {
         self.host_page_reads += o.host_page_reads;
         self.host_page_programs += o.host_page_programs;
         self.copy_backs += o.copy_backs;
@@ -175,23 +175,24 @@ impl NandOps {
         self.merges_full += o.merges_full;
     }
     /// Every page read on the chip (host reads + copy-backs).
-    pub fn page_reads(&self) -> u64 {
+    pub(crate) fn page_reads(&self) -> u64 {
         self.host_page_reads + self.copy_backs
     }
     /// Every page program on the chip (host programs + copy-backs).
-    pub fn page_programs(&self) -> u64 {
+    pub(crate) fn page_programs(&self) -> u64 {
         self.host_page_programs + self.copy_backs
     }
-    pub fn merges(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn merges(&self) -> u64 {
         self.merges_switch + self.merges_partial + self.merges_full
     }
 }
 
 /// A physical page: block and page index inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Ppn {
-    pub pbn: u32,
-    pub page: u32,
+pub(crate) struct Ppn {
+    pub(crate) pbn: u32,
+    pub(crate) page: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +230,7 @@ struct LogBlock {
 
 /// The log-block FTL; see the module docs.
 #[derive(Debug, Clone)]
-pub struct LogBlockFtl {
+pub(crate) struct LogBlockFtl {
     geo: Geometry,
     blocks: Vec<Block>,
     /// Per physical page (`pbn * P + page`).
@@ -250,13 +251,13 @@ pub struct LogBlockFtl {
     #[cfg(test)]
     tags: Vec<u64>,
     #[cfg(test)]
-    pub tag_next: u64,
+    pub(crate) tag_next: u64,
 }
 
 impl LogBlockFtl {
     /// All blocks erased and free, in number order. Panics on an invalid geometry (callers
     /// validate first: [`Geometry::validate`]).
-    pub fn new(geo: Geometry) -> Self {
+    pub(crate) fn new(geo: Geometry) -> Self {
         if let Err(e) = geo.validate() {
             panic!("invalid FTL geometry {geo:?}: {e}");
         }
@@ -283,7 +284,7 @@ impl LogBlockFtl {
         }
     }
 
-    pub fn geometry(&self) -> Geometry {
+    pub(crate) fn geometry(&self) -> Geometry {
         self.geo
     }
     fn ppb(&self) -> u32 {
@@ -318,13 +319,13 @@ impl LogBlockFtl {
     }
 
     /// Where logical page `lpn` is, without counting a read.
-    pub fn lookup(&self, lpn: u64) -> Option<Ppn> {
+    pub(crate) fn lookup(&self, lpn: u64) -> Option<Ppn> {
         let (lbn, off) = self.split(lpn);
         self.current(lbn, off)
     }
 
     /// A host read of `lpn`: one page read if the page has a version, none otherwise.
-    pub fn read(&mut self, lpn: u64, ops: &mut NandOps) -> Option<Ppn> {
+    pub(crate) fn read(&mut self, lpn: u64, ops: &mut NandOps) -> Option<Ppn> {
         let p = self.lookup(lpn)?;
         ops.host_page_reads += 1;
         Some(p)
@@ -333,7 +334,7 @@ impl LogBlockFtl {
     /// A host write of the whole page `lpn` (rules W1, W2 of the module docs), with any merge
     /// it forces. Returns where the page was programmed (a merge at the end may have moved it
     /// since: ask [`LogBlockFtl::lookup`]).
-    pub fn write(&mut self, lpn: u64, ops: &mut NandOps) -> Ppn {
+    pub(crate) fn write(&mut self, lpn: u64, ops: &mut NandOps) -> Ppn {
         let (lbn, off) = self.split(lpn);
         ops.host_page_programs += 1;
         self.lbn_writes[lbn as usize] += 1;
@@ -384,7 +385,7 @@ impl LogBlockFtl {
 
     /// A trim (discard) of the whole page `lpn`: its newest version becomes invalid. No NAND
     /// operation.
-    pub fn trim(&mut self, lpn: u64) {
+    pub(crate) fn trim(&mut self, lpn: u64) {
         let (lbn, off) = self.split(lpn);
         let Some(p) = self.current(lbn, off) else { return };
         self.set_state(p, PageState::Invalid);
@@ -397,7 +398,7 @@ impl LogBlockFtl {
 
     /// Merges the log block of `lbn` with its data block (switch, partial or full; see the
     /// module docs). Precondition: `lbn` has a log block.
-    pub fn merge(&mut self, lbn: u32, ops: &mut NandOps) {
+    pub(crate) fn merge(&mut self, lbn: u32, ops: &mut NandOps) {
         let log = self.logs.remove(&lbn).expect("merge of a logical block without a log block");
         self.log_age.remove(&log.seq);
         let d = self.data[lbn as usize].expect("invariant 2: a log block implies a data block");
@@ -491,40 +492,43 @@ impl LogBlockFtl {
         ops.block_erases += 1;
     }
 
-    pub fn log_blocks_used(&self) -> usize {
+    pub(crate) fn log_blocks_used(&self) -> usize {
         self.logs.len()
     }
-    pub fn free_blocks(&self) -> usize {
+    pub(crate) fn free_blocks(&self) -> usize {
         self.free.len()
     }
     /// Whether `lbn` has a log block now.
-    pub fn has_log(&self, lbn: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_log(&self, lbn: u32) -> bool {
         self.logs.contains_key(&lbn)
     }
     /// The data block of `lbn`, if any.
-    pub fn data_block(&self, lbn: u32) -> Option<u32> {
+    #[cfg(test)]
+    pub(crate) fn data_block(&self, lbn: u32) -> Option<u32> {
         self.data[lbn as usize]
     }
     /// Erases per physical block.
-    pub fn erase_counts(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
+    pub(crate) fn erase_counts(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
         self.blocks.iter().map(|b| b.erase_count)
     }
     /// Programs per physical page.
-    pub fn page_program_counts(&self) -> &[u32] {
+    pub(crate) fn page_program_counts(&self) -> &[u32] {
         &self.page_programs
     }
     /// Host page writes per logical block.
-    pub fn lbn_write_counts(&self) -> &[u64] {
+    pub(crate) fn lbn_write_counts(&self) -> &[u64] {
         &self.lbn_writes
     }
     #[cfg(test)]
-    pub fn tag(&self, p: Ppn) -> u64 {
+    pub(crate) fn tag(&self, p: Ppn) -> u64 {
         self.tags[self.idx(p)]
     }
 
     /// Checks invariants 1-6 of the module docs (7 is asserted at every erase). O(pages): for
     /// tests.
-    pub fn check(&self) {
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
         let ppb = self.ppb();
         let nblocks = self.blocks.len();
         let mut in_free = vec![false; nblocks];
