@@ -365,7 +365,7 @@ mod tests {
             assert_eq!(f.ftl().lookup(off), Some(ftl::Ppn { pbn: 3, page: off as u32 }));
         }
         // The partial merge of step 4 is `evicting_an_in_order_incomplete_log_is_a_partial_merge`
-        // in ftl.rs (one log block).
+        // in ftl/tests.rs (one log block).
     }
 
     #[test]
