@@ -12,9 +12,10 @@
 //! an unfinished transaction, the frames are verified and the hash and LRW order rebuilt)
 //! before anything is served.
 //!
-//! Code: `record.rs` (the persistent format: anchor, frame header, entries), `cache.rs` (the
-//! cache: hash on LBN, LRW order, absorb/destage/drain/discard, recovery, `scan` for
-//! `nvstack check`/`inspect`). What is admitted in `metadata` mode is decided by
+//! Code: `record.rs` (the persistent format: anchor, frame header, entries), `cache/` (the
+//! cache: `mod.rs` hash on LBN, LRW order and the protocol; `absorb.rs`, `destage.rs` the
+//! persistent operations; `open.rs` creation and recovery; `verify.rs` the checks and `scan`
+//! for `nvstack check`/`inspect`). What is admitted in `metadata` mode is decided by
 //! `crate::classify`. Design, byte tables and the proof by cases: `docs/nvcache.md`.
 
 mod cache;
