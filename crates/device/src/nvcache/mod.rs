@@ -21,8 +21,9 @@
 mod cache;
 pub mod record;
 
+pub(crate) use cache::Counters;
 pub use cache::{
-    Backing, Counters, NvCache, NvCacheError, OpenReport, ResidentSector, Scan, format_params,
-    open_file, scan,
+    Backing, NvCache, NvCacheError, OpenReport, ResidentSector, Scan, format_params, open_file,
+    scan,
 };
 pub use record::{CacheMode, ImageId};

@@ -121,7 +121,7 @@ pub struct OpenReport {
 
 /// Counters since open (`device stat --json`: `nvcache`).
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Sectors written into NVRAM (new and rewritten).
     pub(crate) writes_absorbed: u64,
     /// Absorbed sectors that were resident already (rewritten in NVRAM).
