@@ -4,7 +4,7 @@
 //! canonical mount point: `state.json` ([`State`]), `serve.log` (the daemon's output) and
 //! `fuse/` (the private FUSE directory holding `disk.img`, `stat.json`, `ctl`).
 //!
-//! Attach steps, each undone in reverse by [`Teardown`] if a later one fails:
+//! Attach steps, each undone in reverse by `Teardown` if a later one fails:
 //! 1. create the image if missing (sparse); 2. start the daemon (`device serve ...
 //! --foreground`, re-executing this binary) and wait until `fuse/disk.img` answers;
 //! 3. `losetup --find --show fuse/disk.img` (buffered: direct IO on a FUSE file fails);
@@ -12,7 +12,7 @@
 //!
 //! A FAT volume on a kernel without vfat (or with `--fat user`) takes steps 3-5 differently:
 //! `mkfs.vfat` formats `fuse/disk.img` itself and `device serve-fat` (the user-space FAT
-//! server, [`crate::userfat`]) mounts it at the mount point; its pid is in `state.json`.
+//! server, `crate::userfat`) mounts it at the mount point; its pid is in `state.json`.
 //!
 //! Detach: umount the kernel FS (its flushes reach the daemon as fsync), `losetup -d`, flush,
 //! unmount the FUSE dir (the daemon flushes and syncs the image, then exits), remove the run

@@ -1,19 +1,19 @@
 //! The volatile write cache of the modeled drive, over a durable medium (the image file).
 //!
-//! Protocol (one [`CachedMedium`], all calls serialized by the caller's lock):
-//! - [`CachedMedium::write`]: the written sectors become *held* (volatile). They are visible to
-//!   [`CachedMedium::read`] at once (read-your-writes) but not yet on the medium.
-//! - [`CachedMedium::flush`]: every held sector is written to the medium in LBA order —
+//! Protocol (one `CachedMedium`, all calls serialized by the caller's lock):
+//! - `CachedMedium::write`: the written sectors become *held* (volatile). They are visible to
+//!   `CachedMedium::read` at once (read-your-writes) but not yet on the medium.
+//! - `CachedMedium::flush`: every held sector is written to the medium in LBA order —
 //!   **this is the durability point**: after `flush` returns, the medium holds every write
 //!   that was acknowledged before it. (The host file is not fsynced: the modeled power cut is
 //!   of the modeled drive, not of the host.)
-//! - [`CachedMedium::discard`]: held sectors in the range are dropped and the range is
+//! - `CachedMedium::discard`: held sectors in the range are dropped and the range is
 //!   zeroed on the medium at once (a discard is durable immediately; see `docs/device.md`).
-//! - [`CachedMedium::write_through`]: sectors written to the medium at once (durable when it
+//! - `CachedMedium::write_through`: sectors written to the medium at once (durable when it
 //!   returns), dropping any held copy: the NVRAM cache's destage path.
-//! - [`CachedMedium::forget`]: held sectors dropped without being written, because a newer
+//! - `CachedMedium::forget`: held sectors dropped without being written, because a newer
 //!   copy became durable elsewhere (the NVRAM cache absorbed a write to them).
-//! - [`CachedMedium::cut`]: power failure. Held sectors are dropped, or torn at 512-byte sector
+//! - `CachedMedium::cut`: power failure. Held sectors are dropped, or torn at 512-byte sector
 //!   granularity as a seeded RNG decides, and the cache is empty afterwards.
 //!
 //! Invariants:

@@ -8,10 +8,10 @@
 //!    FIFO actuator with a modeled clock;
 //! 2. [`cache`] — the drive's volatile write cache: writes are held until a flush (the loop
 //!    device's FUSE fsync), and a power cut drops or tears them;
-//! 3. [`trace`] — an optional per-request trace and a per-LBN write histogram.
+//! 3. `trace` — an optional per-request trace and a per-LBN write histogram.
 //!
-//! [`engine`] ties these together without FUSE; [`serve`] is the FUSE front end; [`attach`]
-//! orchestrates losetup/mkfs/mount; [`userfat`] serves a FAT volume on the device in user space
+//! [`engine`] ties these together without FUSE; `serve` is the FUSE front end; [`attach`]
+//! orchestrates losetup/mkfs/mount; `userfat` serves a FAT volume on the device in user space
 //! where the kernel has no vfat (the NVFAT experiment); [`cli`] is the `nvstack device` command
 //! line. See
 //! `docs/device.md` for the formulas, presets and power-cut semantics.

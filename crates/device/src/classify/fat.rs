@@ -7,7 +7,7 @@
 //! from `BPB_RootClus`) and, recursively, the chain of every subdirectory named by a live
 //! entry of a directory (attribute 0x10, not "." or ".."), followed over the active FAT.
 //!
-//! Kept current by writes ([`FatMeta::wrote`]), without reading the whole tree again:
+//! Kept current by writes (`FatMeta::wrote`), without reading the whole tree again:
 //! - a write to the active FAT updates the in-memory copy of it (the *mirror*) and re-walks
 //!   the chains of the known directories; a directory whose chain changed is parsed again;
 //! - a write to a directory's cluster (or the fixed root) parses that directory again: new
@@ -17,19 +17,19 @@
 //!
 //! One content rule covers the window in which a new directory's first cluster is written
 //! before its parent names it: a data sector that starts a cluster and whose first entry is
-//! "." with the directory attribute is `fat.directory` ([`FatMeta::classify`]), and the
+//! "." with the directory attribute is `fat.directory` (`FatMeta::classify`), and the
 //! cluster stays a *pending* directory cluster until its parent names it or its first sector
 //! is rewritten without the "." entry.
 //!
-//! [`FatMeta::wrote`] returns the sectors that became metadata (clusters newly known as a
+//! `FatMeta::wrote` returns the sectors that became metadata (clusters newly known as a
 //! directory's): the engine moves volatile copies of them into NVRAM, so that a directory
 //! cluster written before it was recognized (a driver zeroing a new cluster, then linking
 //! it) is as durable as one written after. Together with the location rules this makes every
 //! metadata write of a completed FAT operation durable - the NVFAT guarantee.
 //!
 //! Designed for reuse by a user-space FAT server: [`FatLayout::parse`] on the boot sector,
-//! [`FatMeta::load`] with any [`SectorSource`], then [`FatMeta::class_of_fat_sector`] /
-//! [`FatMeta::wrote`].
+//! `FatMeta::load` with any [`SectorSource`], then [`FatMeta::class_of_fat_sector`] /
+//! `FatMeta::wrote`.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -9,7 +9,7 @@
 //! 1. A [`DiskModel`] is a function of its own state (head position, platter phase derived
 //!    from the start time) and the request; the same sequence of `(start_ns, op, lba, sectors)`
 //!    always yields the same services.
-//! 2. [`Actuator::submit`] serves requests strictly in submission order: a request starts at
+//! 2. `Actuator::submit` serves requests strictly in submission order: a request starts at
 //!    `max(arrival_ns, busy_until_ns)` and the actuator is busy until `start + service`.
 //! 3. `busy_ns` is the sum of all service times; it never exceeds `busy_until_ns`.
 

@@ -97,7 +97,7 @@ impl NvCache {
     /// be unused and no frame allocated); a cache of another image is refused while it holds
     /// sectors (an empty one is bound again). `capacity_sectors` and `mode` default to the
     /// anchor's; a changed value is recorded. More resident sectors than the capacity are left
-    /// for [`NvCache::shrink`].
+    /// for `NvCache::shrink`.
     pub fn open(
         region: Arc<dyn Region>,
         image: &ImageId,
