@@ -4,7 +4,7 @@
 //! canonical mount point: `state.json` ([`State`]), `serve.log` (the daemon's output) and
 //! `fuse/` (the private FUSE directory holding `disk.img`, `stat.json`, `ctl`).
 //!
-//! Attach steps, each undone in reverse by [`Teardown`] if a later one fails:
+//! Attach steps, each undone in reverse by `Teardown` if a later one fails:
 //! 1. create the image if missing (sparse); 2. start the daemon (`device serve ...
 //! --foreground`, re-executing this binary) and wait until `fuse/disk.img` answers;
 //! 3. `losetup --find --show fuse/disk.img` (buffered: direct IO on a FUSE file fails);
@@ -12,7 +12,7 @@
 //!
 //! A FAT volume on a kernel without vfat (or with `--fat user`) takes steps 3-5 differently:
 //! `mkfs.vfat` formats `fuse/disk.img` itself and `device serve-fat` (the user-space FAT
-//! server, [`crate::userfat`]) mounts it at the mount point; its pid is in `state.json`.
+//! server, `crate::userfat`) mounts it at the mount point; its pid is in `state.json`.
 //!
 //! Detach: umount the kernel FS (its flushes reach the daemon as fsync), `losetup -d`, flush,
 //! unmount the FUSE dir (the daemon flushes and syncs the image, then exits), remove the run
@@ -33,7 +33,7 @@ use crate::error::DeviceError;
 use crate::serve::{CTL_FILE, DISK_FILE, STAT_FILE};
 
 /// Root of all run directories.
-pub const RUN_ROOT: &str = "/run/nvstack/device";
+pub(crate) const RUN_ROOT: &str = "/run/nvstack/device";
 /// How long to wait for the daemon to mount, and for it to exit after unmount.
 const DAEMON_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -65,16 +65,16 @@ impl Mkfs {
 /// What `state.json` records about one attached device.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
-    pub mountpoint: PathBuf,
-    pub image: PathBuf,
-    pub run_dir: PathBuf,
+    pub(crate) mountpoint: PathBuf,
+    pub(crate) image: PathBuf,
+    pub(crate) run_dir: PathBuf,
     pub fuse_dir: PathBuf,
-    pub loop_device: Option<String>,
-    pub daemon_pid: u32,
+    pub(crate) loop_device: Option<String>,
+    pub(crate) daemon_pid: u32,
     /// The user-space FAT server serving the mount point, if the volume is FAT served in user
     /// space.
     #[serde(default)]
-    pub fat_server_pid: Option<u32>,
+    pub(crate) fat_server_pid: Option<u32>,
 }
 
 /// Who serves a FAT volume: the kernel's vfat over the loop device, or `device serve-fat`.
@@ -85,14 +85,14 @@ pub enum FatDriver {
 }
 
 /// Whether the running kernel has a vfat file system.
-pub fn kernel_has_vfat() -> bool {
+pub(crate) fn kernel_has_vfat() -> bool {
     fs::read_to_string("/proc/filesystems")
         .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().last() == Some("vfat")))
 }
 
 /// The user-space FAT server's options from a mount-option string: `sync`, `async`,
 /// `writeback=SECONDS`, `expire=SECONDS`; anything else is refused by name.
-pub fn fat_server_args(mount_options: Option<&str>) -> Result<Vec<String>, DeviceError> {
+pub(crate) fn fat_server_args(mount_options: Option<&str>) -> Result<Vec<String>, DeviceError> {
     let mut args = Vec::new();
     for o in mount_options.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
         let secs = |v: &str| {
@@ -125,23 +125,23 @@ pub fn fat_server_args(mount_options: Option<&str>) -> Result<Vec<String>, Devic
 /// Everything attach needs; `serve_args` are the daemon's model/timing/trace options as
 /// command-line words (see `cli::ServeOptions::to_args`).
 #[derive(Debug, Clone)]
-pub struct AttachRequest {
-    pub image: PathBuf,
-    pub mountpoint: PathBuf,
-    pub serve_args: Vec<String>,
-    pub size_bytes: Option<u64>,
-    pub mkfs: Option<Mkfs>,
-    pub mount_options: Option<String>,
+pub(crate) struct AttachRequest {
+    pub(crate) image: PathBuf,
+    pub(crate) mountpoint: PathBuf,
+    pub(crate) serve_args: Vec<String>,
+    pub(crate) size_bytes: Option<u64>,
+    pub(crate) mkfs: Option<Mkfs>,
+    pub(crate) mount_options: Option<String>,
     /// Who serves a FAT volume; `None`: the kernel if it has vfat, else the user-space server.
-    pub fat: Option<FatDriver>,
+    pub(crate) fat: Option<FatDriver>,
     /// The device has an NVRAM cache: the user-space FAT server writes metadata through.
-    pub nvram_cache: bool,
+    pub(crate) nvram_cache: bool,
 }
 
 /// Default image size when attach creates an image and no size is given.
-pub const DEFAULT_IMAGE_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_IMAGE_BYTES: u64 = 256 << 20;
 
-pub fn require_root(what: &str) -> Result<(), DeviceError> {
+pub(crate) fn require_root(what: &str) -> Result<(), DeviceError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(DeviceError::NotRoot(what.to_string()));
@@ -163,13 +163,13 @@ fn canonical(p: &Path) -> Result<PathBuf, DeviceError> {
 }
 
 /// The run directory for a (canonical) mount point.
-pub fn run_dir_for(mountpoint: &Path) -> PathBuf {
+pub(crate) fn run_dir_for(mountpoint: &Path) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     Path::new(RUN_ROOT).join(format!("{:016x}", fnv1a(mountpoint.as_os_str().as_bytes())))
 }
 
 /// Runs a command; stdout on success, a `Command` error with stderr otherwise.
-pub fn run_cmd(program: &str, args: &[&str]) -> Result<String, DeviceError> {
+pub(crate) fn run_cmd(program: &str, args: &[&str]) -> Result<String, DeviceError> {
     let out = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -262,7 +262,7 @@ fn spawn_self(args: &[&std::ffi::OsStr], log: &Path) -> Result<Child, DeviceErro
 
 /// Starts `device serve IMAGE DIR ARGS --foreground` from this executable, in its own process
 /// group, with output to `log`, and waits until the FUSE dir serves a `disk.img` of `size`.
-pub fn spawn_daemon(
+pub(crate) fn spawn_daemon(
     image: &Path,
     fuse_dir: &Path,
     serve_args: &[String],
@@ -301,23 +301,23 @@ pub fn spawn_daemon(
 /// Undoes an attach, step by step; every step is idempotent and best effort except where the
 /// caller asks for strictness (a busy mount point on detach is an error, not a lazy unmount).
 #[derive(Debug)]
-pub struct Teardown {
-    pub state: State,
+pub(crate) struct Teardown {
+    pub(crate) state: State,
     /// Set while an attach is in progress: Drop tears down unless `disarm`ed.
     armed: bool,
 }
 
 impl Teardown {
-    pub fn new(state: State) -> Self {
+    pub(crate) fn new(state: State) -> Self {
         Teardown { state, armed: true }
     }
-    pub fn disarm(mut self) -> State {
+    pub(crate) fn disarm(mut self) -> State {
         self.armed = false;
         self.state.clone()
     }
 
     /// Runs the teardown. `strict`: fail (and change nothing) if the kernel FS is busy.
-    pub fn run(mut self, strict: bool) -> Result<Vec<String>, DeviceError> {
+    pub(crate) fn run(mut self, strict: bool) -> Result<Vec<String>, DeviceError> {
         self.armed = false;
         teardown(&self.state, strict)
     }
@@ -476,7 +476,7 @@ pub fn find_state(mountpoint: &Path) -> Result<State, DeviceError> {
 }
 
 /// Creates a sparse image of `size_bytes` (a positive multiple of 512); fails if it exists.
-pub fn create_image(image: &Path, size_bytes: u64) -> Result<(), DeviceError> {
+pub(crate) fn create_image(image: &Path, size_bytes: u64) -> Result<(), DeviceError> {
     if size_bytes == 0 || size_bytes % 512 != 0 {
         return Err(DeviceError::Invalid(format!(
             "image size {size_bytes} must be a positive multiple of 512 bytes"
@@ -491,7 +491,7 @@ pub fn create_image(image: &Path, size_bytes: u64) -> Result<(), DeviceError> {
 }
 
 /// The whole attach (see the module docs). Returns the recorded state.
-pub fn attach(req: &AttachRequest) -> Result<State, DeviceError> {
+pub(crate) fn attach(req: &AttachRequest) -> Result<State, DeviceError> {
     require_root("attach needs losetup and mount")?;
     if !req.mountpoint.exists() {
         fs::create_dir_all(&req.mountpoint)
@@ -594,7 +594,7 @@ pub fn attach(req: &AttachRequest) -> Result<State, DeviceError> {
 }
 
 /// Reads the daemon's counters.
-pub fn stat(mountpoint: &Path) -> Result<serde_json::Value, DeviceError> {
+pub(crate) fn stat(mountpoint: &Path) -> Result<serde_json::Value, DeviceError> {
     let st = find_state(mountpoint)?;
     let path = st.fuse_dir.join(STAT_FILE);
     let text = fs::read_to_string(&path).map_err(|e| DeviceError::io("cannot read", &path, e))?;
@@ -603,7 +603,7 @@ pub fn stat(mountpoint: &Path) -> Result<serde_json::Value, DeviceError> {
 }
 
 /// Clean detach: everything written reaches the image.
-pub fn detach(mountpoint: &Path) -> Result<Vec<String>, DeviceError> {
+pub(crate) fn detach(mountpoint: &Path) -> Result<Vec<String>, DeviceError> {
     require_root("detach needs umount and losetup")?;
     let st = find_state(mountpoint)?;
     Teardown::new(st).run(true)
@@ -611,7 +611,11 @@ pub fn detach(mountpoint: &Path) -> Result<Vec<String>, DeviceError> {
 
 /// Power cut now: the daemon tears/drops its volatile writes before anything else happens,
 /// then the device is torn down. Returns the daemon's cut report (the `cut` field of stat).
-pub fn cut(mountpoint: &Path, seed: u64, mode: CutMode) -> Result<serde_json::Value, DeviceError> {
+pub(crate) fn cut(
+    mountpoint: &Path,
+    seed: u64,
+    mode: CutMode,
+) -> Result<serde_json::Value, DeviceError> {
     require_root("cut needs umount and losetup")?;
     let st = find_state(mountpoint)?;
     let armed = Teardown::new(st.clone());
@@ -625,7 +629,7 @@ pub fn cut(mountpoint: &Path, seed: u64, mode: CutMode) -> Result<serde_json::Va
 }
 
 /// Arms an automatic power cut after `flushes` more flushes and then `writes` more writes.
-pub fn arm_cut(
+pub(crate) fn arm_cut(
     mountpoint: &Path,
     flushes: u64,
     writes: u64,
@@ -638,7 +642,7 @@ pub fn arm_cut(
 
 /// Asks the daemon to flush its volatile cache now (a user-space FAT server first writes
 /// back everything it holds: an fsync of the mount point's directory).
-pub fn flush(mountpoint: &Path) -> Result<(), DeviceError> {
+pub(crate) fn flush(mountpoint: &Path) -> Result<(), DeviceError> {
     let st = find_state(mountpoint)?;
     if st.fat_server_pid.is_some() {
         File::open(&st.mountpoint).and_then(|d| d.sync_all()).map_err(|e| {

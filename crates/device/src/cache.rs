@@ -1,19 +1,19 @@
 //! The volatile write cache of the modeled drive, over a durable medium (the image file).
 //!
-//! Protocol (one [`CachedMedium`], all calls serialized by the caller's lock):
-//! - [`CachedMedium::write`]: the written sectors become *held* (volatile). They are visible to
-//!   [`CachedMedium::read`] at once (read-your-writes) but not yet on the medium.
-//! - [`CachedMedium::flush`]: every held sector is written to the medium in LBA order —
+//! Protocol (one `CachedMedium`, all calls serialized by the caller's lock):
+//! - `CachedMedium::write`: the written sectors become *held* (volatile). They are visible to
+//!   `CachedMedium::read` at once (read-your-writes) but not yet on the medium.
+//! - `CachedMedium::flush`: every held sector is written to the medium in LBA order —
 //!   **this is the durability point**: after `flush` returns, the medium holds every write
 //!   that was acknowledged before it. (The host file is not fsynced: the modeled power cut is
 //!   of the modeled drive, not of the host.)
-//! - [`CachedMedium::discard`]: held sectors in the range are dropped and the range is
+//! - `CachedMedium::discard`: held sectors in the range are dropped and the range is
 //!   zeroed on the medium at once (a discard is durable immediately; see `docs/device.md`).
-//! - [`CachedMedium::write_through`]: sectors written to the medium at once (durable when it
+//! - `CachedMedium::write_through`: sectors written to the medium at once (durable when it
 //!   returns), dropping any held copy: the NVRAM cache's destage path.
-//! - [`CachedMedium::forget`]: held sectors dropped without being written, because a newer
+//! - `CachedMedium::forget`: held sectors dropped without being written, because a newer
 //!   copy became durable elsewhere (the NVRAM cache absorbed a write to them).
-//! - [`CachedMedium::cut`]: power failure. Held sectors are dropped, or torn at 512-byte sector
+//! - `CachedMedium::cut`: power failure. Held sectors are dropped, or torn at 512-byte sector
 //!   granularity as a seeded RNG decides, and the cache is empty afterwards.
 //!
 //! Invariants:
@@ -34,12 +34,12 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// Bytes per sector of the cache (the tear granularity).
-pub const SECTOR: usize = 512;
+pub(crate) const SECTOR: usize = 512;
 const SECTOR_U64: u64 = SECTOR as u64;
 
 /// The durable medium under the cache: the one narrow persistence interface. Offsets and
 /// lengths in bytes; callers stay inside `len_bytes()`.
-pub trait Medium: Send + std::fmt::Debug {
+pub(crate) trait Medium: Send + std::fmt::Debug {
     fn len_bytes(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()>;
     fn write_at(&mut self, data: &[u8], offset_bytes: u64) -> io::Result<()>;
@@ -47,34 +47,6 @@ pub trait Medium: Send + std::fmt::Debug {
     fn zero_range(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
     /// Makes the medium durable on the host (only at detach).
     fn sync(&mut self) -> io::Result<()>;
-}
-
-/// An in-memory medium for tests.
-#[derive(Debug, Clone)]
-pub struct MemMedium(pub Vec<u8>);
-
-impl Medium for MemMedium {
-    fn len_bytes(&self) -> u64 {
-        self.0.len() as u64
-    }
-    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
-        let o = offset_bytes as usize;
-        buf.copy_from_slice(&self.0[o..o + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&mut self, data: &[u8], offset_bytes: u64) -> io::Result<()> {
-        let o = offset_bytes as usize;
-        self.0[o..o + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn zero_range(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        let o = offset_bytes as usize;
-        self.0[o..o + len_bytes as usize].fill(0);
-        Ok(())
-    }
-    fn sync(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// How a power cut treats the held sectors.
@@ -94,7 +66,7 @@ pub enum CutMode {
 }
 
 impl CutMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CutMode::Seeded => "seeded",
             CutMode::Drop => "drop",
@@ -102,7 +74,7 @@ impl CutMode {
             CutMode::Scatter => "scatter",
         }
     }
-    pub fn parse(s: &str) -> Option<CutMode> {
+    pub(crate) fn parse(s: &str) -> Option<CutMode> {
         [CutMode::Seeded, CutMode::Drop, CutMode::Prefix, CutMode::Scatter]
             .into_iter()
             .find(|m| m.as_str() == s)
@@ -112,12 +84,12 @@ impl CutMode {
 /// What a cut did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CutReport {
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// The mode applied (never `Seeded`).
-    pub mode: CutMode,
-    pub held_sectors: u64,
-    pub persisted_sectors: u64,
-    pub dropped_sectors: u64,
+    pub(crate) mode: CutMode,
+    pub(crate) held_sectors: u64,
+    pub(crate) persisted_sectors: u64,
+    pub(crate) dropped_sectors: u64,
 }
 
 #[derive(Debug)]
@@ -128,7 +100,7 @@ struct Held {
 
 /// A medium with a bounded volatile write cache in front of it.
 #[derive(Debug)]
-pub struct CachedMedium<M: Medium> {
+pub(crate) struct CachedMedium<M: Medium> {
     medium: M,
     /// Held (volatile) sectors by sector number.
     held_sectors: BTreeMap<u64, Held>,
@@ -136,13 +108,13 @@ pub struct CachedMedium<M: Medium> {
     order: BTreeMap<u64, u64>,
     next_seq: u64,
     held_bytes_max: u64,
-    pub forced_writebacks_sectors: u64,
-    pub flushed_sectors: u64,
+    pub(crate) forced_writebacks_sectors: u64,
+    pub(crate) flushed_sectors: u64,
 }
 
 impl<M: Medium> CachedMedium<M> {
     /// `held_bytes_max` is rounded down to whole sectors; 0 means write-through.
-    pub fn new(medium: M, held_bytes_max: u64) -> Self {
+    pub(crate) fn new(medium: M, held_bytes_max: u64) -> Self {
         CachedMedium {
             medium,
             held_sectors: BTreeMap::new(),
@@ -154,20 +126,18 @@ impl<M: Medium> CachedMedium<M> {
         }
     }
 
-    pub fn len_bytes(&self) -> u64 {
+    pub(crate) fn len_bytes(&self) -> u64 {
         self.medium.len_bytes()
     }
-    pub fn held_bytes(&self) -> u64 {
+    pub(crate) fn held_bytes(&self) -> u64 {
         self.held_sectors.len() as u64 * SECTOR_U64
     }
-    pub fn held_bytes_max(&self) -> u64 {
+    pub(crate) fn held_bytes_max(&self) -> u64 {
         self.held_bytes_max
     }
-    pub fn medium(&self) -> &M {
+    #[cfg(test)]
+    pub(crate) fn medium(&self) -> &M {
         &self.medium
-    }
-    pub fn medium_mut(&mut self) -> &mut M {
-        &mut self.medium
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -181,7 +151,7 @@ impl<M: Medium> CachedMedium<M> {
     }
 
     /// Reads `buf.len()` bytes at `offset`: the medium overlaid with held sectors.
-    pub fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
@@ -203,7 +173,7 @@ impl<M: Medium> CachedMedium<M> {
 
     /// Writes `data` at `offset` into the cache (or through, if the cache is disabled).
     /// Partial sectors are completed from the current content (read-modify-write).
-    pub fn write(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn write(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
@@ -249,7 +219,7 @@ impl<M: Medium> CachedMedium<M> {
 
     /// Writes every held sector to the medium (LBA order, contiguous runs coalesced).
     /// The durability point: see the module docs.
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         let held = std::mem::take(&mut self.held_sectors);
         self.order.clear();
         self.flushed_sectors += held.len() as u64;
@@ -281,7 +251,7 @@ impl<M: Medium> CachedMedium<M> {
 
     /// Writes whole sectors `data` at `offset` straight to the medium (durable when it
     /// returns), dropping held copies of them.
-    pub fn write_through(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn write_through(&mut self, data: &[u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, data.len() as u64)?;
         assert!(
             offset % SECTOR_U64 == 0 && data.len() % SECTOR == 0,
@@ -295,7 +265,7 @@ impl<M: Medium> CachedMedium<M> {
     }
 
     /// Drops held copies of sectors `[first, first + sectors)` without writing them.
-    pub fn forget(&mut self, first: u64, sectors: u64) {
+    pub(crate) fn forget(&mut self, first: u64, sectors: u64) {
         let gone: Vec<u64> =
             self.held_sectors.range(first..first + sectors).map(|(&s, _)| s).collect();
         for s in gone {
@@ -305,12 +275,12 @@ impl<M: Medium> CachedMedium<M> {
     }
 
     /// Whether sector `s` is held (volatile).
-    pub fn is_held(&self, s: u64) -> bool {
+    pub(crate) fn is_held(&self, s: u64) -> bool {
         self.held_sectors.contains_key(&s)
     }
 
     /// Drops held sectors inside the range and zeroes the range on the medium.
-    pub fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
         self.check_range(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -342,7 +312,7 @@ impl<M: Medium> CachedMedium<M> {
 
     /// Power failure: tears or drops the held sectors as `mode` and `seed` decide; the cache
     /// is empty afterwards. Deterministic in (held state, seed, mode).
-    pub fn cut(&mut self, seed: u64, mode: CutMode) -> io::Result<CutReport> {
+    pub(crate) fn cut(&mut self, seed: u64, mode: CutMode) -> io::Result<CutReport> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mode = match mode {
             CutMode::Seeded => match rng.random_range(0..3u32) {
@@ -377,7 +347,7 @@ impl<M: Medium> CachedMedium<M> {
         })
     }
 
-    pub fn sync(&mut self) -> io::Result<()> {
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
         self.medium.sync()
     }
 }
@@ -385,6 +355,34 @@ impl<M: Medium> CachedMedium<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An in-memory medium for tests.
+    #[derive(Debug, Clone)]
+    struct MemMedium(Vec<u8>);
+
+    impl Medium for MemMedium {
+        fn len_bytes(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
+            let o = offset_bytes as usize;
+            buf.copy_from_slice(&self.0[o..o + buf.len()]);
+            Ok(())
+        }
+        fn write_at(&mut self, data: &[u8], offset_bytes: u64) -> io::Result<()> {
+            let o = offset_bytes as usize;
+            self.0[o..o + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+        fn zero_range(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+            let o = offset_bytes as usize;
+            self.0[o..o + len_bytes as usize].fill(0);
+            Ok(())
+        }
+        fn sync(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
 
     fn dev(sectors: usize, max: u64) -> CachedMedium<MemMedium> {
         CachedMedium::new(MemMedium(vec![0u8; sectors * SECTOR]), max)

@@ -40,28 +40,28 @@ pub struct ServeOptions {
     /// merges, block erases, energy; see --flash-preset, --log-blocks and the `flash` object
     /// of `device stat --json`), none (zero cost).
     #[arg(long, default_value = "hdd-7200")]
-    pub model: Preset,
+    pub(crate) model: Preset,
     /// sleep: complete requests in wall time as modeled; account: only accumulate busy time.
     #[arg(long, value_enum, default_value = "account")]
-    pub timing: Timing,
+    pub(crate) timing: Timing,
     #[command(flatten)]
-    pub overrides: ModelOverrides,
+    pub(crate) overrides: ModelOverrides,
     /// Write a per-request trace to this file.
     #[arg(long)]
-    pub trace: Option<PathBuf>,
+    pub(crate) trace: Option<PathBuf>,
     /// Write a per-LBN write histogram to this file at detach.
     #[arg(long)]
-    pub histogram: Option<PathBuf>,
+    pub(crate) histogram: Option<PathBuf>,
     /// LBN size of the histogram, bytes.
     #[arg(long, default_value_t = 4096)]
-    pub lbn_bytes: u64,
+    pub(crate) lbn_bytes: u64,
     /// Most bytes held in the volatile write cache (0 = write-through); past it, the oldest
     /// held writes are written back.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
-    pub volatile_max: u64,
+    pub(crate) volatile_max: u64,
     /// FUSE worker threads (the actuator stays serialized).
     #[arg(long, default_value_t = 2)]
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// NVRAM block cache (NVFAT): a region file (e.g. /dev/shm/disk.nv) holding a write cache
     /// of 512-byte sectors in front of the drive. A write it absorbs is durable when it
     /// returns and costs no disk time; reads of cached sectors come from it; when full, the
@@ -69,21 +69,21 @@ pub struct ServeOptions {
     /// after a power cut; drained by `device flush` and detach. A region with sectors of
     /// another image is refused.
     #[arg(long, value_name = "PATH")]
-    pub nvram: Option<PathBuf>,
+    pub(crate) nvram: Option<PathBuf>,
     /// Capacity of the NVRAM cache, e.g. 128K (rounded down to 512-byte sectors). Needed to
     /// create the region; default: the region's recorded capacity.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "nvram")]
-    pub nvram_cache_size: Option<u64>,
+    pub(crate) nvram_cache_size: Option<u64>,
     /// What the NVRAM cache absorbs: metadata (the file system's metadata sectors, found from
     /// its own layout: ext2/3/4 and FAT) or all (every write). Default: the region's recorded
     /// mode, metadata for a new region.
     #[arg(long, value_enum, requires = "nvram")]
-    pub nvram_cache: Option<CacheMode>,
+    pub(crate) nvram_cache: Option<CacheMode>,
 }
 
 impl ServeOptions {
     /// The NVRAM cache settings, if `--nvram` was given.
-    pub fn nvram_config(&self) -> Result<Option<NvramConfig>, DeviceError> {
+    pub(crate) fn nvram_config(&self) -> Result<Option<NvramConfig>, DeviceError> {
         let Some(path) = &self.nvram else { return Ok(None) };
         let capacity_sectors = match self.nvram_cache_size {
             Some(b) if b < 512 => {
@@ -104,7 +104,7 @@ fn abs(p: &Path) -> PathBuf {
 
 impl ServeOptions {
     /// The same options as command-line words, for re-executing `device serve`.
-    pub fn to_args(&self) -> Vec<String> {
+    pub(crate) fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "--model".to_string(),
             self.model.name().to_string(),

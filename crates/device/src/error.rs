@@ -35,7 +35,7 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
-    pub fn io(what: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         DeviceError::Io { what, path: path.into(), source }
     }
 }

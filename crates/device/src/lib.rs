@@ -8,10 +8,10 @@
 //!    FIFO actuator with a modeled clock;
 //! 2. [`cache`] — the drive's volatile write cache: writes are held until a flush (the loop
 //!    device's FUSE fsync), and a power cut drops or tears them;
-//! 3. [`trace`] — an optional per-request trace and a per-LBN write histogram.
+//! 3. `trace` — an optional per-request trace and a per-LBN write histogram.
 //!
-//! [`engine`] ties these together without FUSE; [`serve`] is the FUSE front end; [`attach`]
-//! orchestrates losetup/mkfs/mount; [`userfat`] serves a FAT volume on the device in user space
+//! [`engine`] ties these together without FUSE; `serve` is the FUSE front end; [`attach`]
+//! orchestrates losetup/mkfs/mount; `userfat` serves a FAT volume on the device in user space
 //! where the kernel has no vfat (the NVFAT experiment); [`cli`] is the `nvstack device` command
 //! line. See
 //! `docs/device.md` for the formulas, presets and power-cut semantics.
@@ -21,12 +21,12 @@ pub mod cache;
 pub mod classify;
 pub mod cli;
 pub mod engine;
-pub mod error;
+mod error;
 pub mod model;
 pub mod nvcache;
-pub mod serve;
-pub mod trace;
-pub mod userfat;
+mod serve;
+mod trace;
+mod userfat;
 
 pub use cli::{DeviceCommand, run};
 pub use error::DeviceError;

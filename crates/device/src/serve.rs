@@ -44,9 +44,9 @@ use crate::model::presets::{ModelOverrides, Preset, build_model};
 use crate::nvcache::{self, CacheMode, ImageId};
 
 /// The device file's name in the served directory.
-pub const DISK_FILE: &str = "disk.img";
-pub const STAT_FILE: &str = "stat.json";
-pub const CTL_FILE: &str = "ctl";
+pub(crate) const DISK_FILE: &str = "disk.img";
+pub(crate) const STAT_FILE: &str = "stat.json";
+pub(crate) const CTL_FILE: &str = "ctl";
 
 const INO_DISK: u64 = 2;
 const INO_STAT: u64 = 3;
@@ -57,29 +57,29 @@ const CTL_COMMAND_MAX_BYTES: usize = 256;
 
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub image: PathBuf,
-    pub dir: PathBuf,
-    pub model: Preset,
-    pub overrides: ModelOverrides,
-    pub timing: Timing,
-    pub trace: Option<PathBuf>,
-    pub histogram: Option<PathBuf>,
-    pub volatile_bytes_max: u64,
-    pub lbn_bytes: u64,
-    pub threads: usize,
+pub(crate) struct ServeConfig {
+    pub(crate) image: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) model: Preset,
+    pub(crate) overrides: ModelOverrides,
+    pub(crate) timing: Timing,
+    pub(crate) trace: Option<PathBuf>,
+    pub(crate) histogram: Option<PathBuf>,
+    pub(crate) volatile_bytes_max: u64,
+    pub(crate) lbn_bytes: u64,
+    pub(crate) threads: usize,
     /// The NVRAM block cache, if any.
-    pub nvram: Option<NvramConfig>,
+    pub(crate) nvram: Option<NvramConfig>,
 }
 
 /// `--nvram PATH --nvram-cache-size SIZE --nvram-cache MODE`.
 #[derive(Debug, Clone)]
-pub struct NvramConfig {
-    pub path: PathBuf,
+pub(crate) struct NvramConfig {
+    pub(crate) path: PathBuf,
     /// Sectors; `None` keeps the region's recorded capacity.
-    pub capacity_sectors: Option<u64>,
+    pub(crate) capacity_sectors: Option<u64>,
     /// `None` keeps the region's recorded mode (metadata for a new region).
-    pub mode: Option<CacheMode>,
+    pub(crate) mode: Option<CacheMode>,
 }
 
 #[derive(Debug)]
@@ -440,7 +440,7 @@ impl Filesystem for DeviceFs {
 
 /// Opens (creating or recovering) the NVRAM cache of `image` and puts it in front of the
 /// engine's drive, before anything is served.
-pub fn open_nvcache(
+pub(crate) fn open_nvcache(
     engine: &mut Engine,
     image: &Path,
     nv: &NvramConfig,
@@ -479,7 +479,7 @@ impl nvcache::Backing for ImageBacking<'_> {
 /// `nvstack device drain IMAGE --nvram PATH`: recovers the NVRAM cache of a detached (or cut)
 /// image and writes every cached sector into it, so that the image alone is the device (for
 /// fsck, copying, or attaching without the region). Returns the sectors written.
-pub fn drain_offline(image: &Path, nvram: &Path) -> Result<u64, DeviceError> {
+pub(crate) fn drain_offline(image: &Path, nvram: &Path) -> Result<u64, DeviceError> {
     let nv_err = |e: nvcache::NvCacheError| DeviceError::NvCache {
         path: nvram.to_path_buf(),
         detail: e.to_string(),
@@ -502,7 +502,7 @@ pub fn drain_offline(image: &Path, nvram: &Path) -> Result<u64, DeviceError> {
 
 /// Serves the image at `cfg.dir` in the foreground until the directory is unmounted, then
 /// shuts the engine down cleanly (flush unless cut, sync, trace and histogram out).
-pub fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
+pub(crate) fn serve(cfg: &ServeConfig) -> Result<(), DeviceError> {
     let file = File::options()
         .read(true)
         .write(true)

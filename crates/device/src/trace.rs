@@ -14,35 +14,35 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 /// Records buffered before a write to the trace file.
-pub const TRACE_BUFFER_RECORDS: usize = 64 * 1024;
+pub(crate) const TRACE_BUFFER_RECORDS: usize = 64 * 1024;
 
 /// One traced request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Record {
-    pub arrival_ns: u64,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub op: char,
-    pub lba: u64,
-    pub sectors: u64,
+pub(crate) struct Record {
+    pub(crate) arrival_ns: u64,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) op: char,
+    pub(crate) lba: u64,
+    pub(crate) sectors: u64,
 }
 
 /// A bounded trace buffer in front of a file.
 #[derive(Debug)]
-pub struct Trace {
+pub(crate) struct Trace {
     out: BufWriter<File>,
     buffer: Vec<Record>,
-    pub records: u64,
+    pub(crate) records: u64,
 }
 
 impl Trace {
-    pub fn create(path: &Path) -> io::Result<Trace> {
+    pub(crate) fn create(path: &Path) -> io::Result<Trace> {
         let mut out = BufWriter::new(File::create(path)?);
         writeln!(out, "# arrival_ns start_ns end_ns op lba sectors")?;
         Ok(Trace { out, buffer: Vec::with_capacity(TRACE_BUFFER_RECORDS), records: 0 })
     }
 
-    pub fn push(&mut self, r: Record) -> io::Result<()> {
+    pub(crate) fn push(&mut self, r: Record) -> io::Result<()> {
         if self.buffer.len() == TRACE_BUFFER_RECORDS {
             self.write_out()?;
         }
@@ -63,7 +63,7 @@ impl Trace {
     }
 
     /// Writes everything buffered to the file.
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.write_out()?;
         self.out.flush()
     }
@@ -71,20 +71,20 @@ impl Trace {
 
 /// Writes per logical block number (`lbn = byte offset / lbn_bytes`).
 #[derive(Debug, Clone)]
-pub struct WriteHistogram {
+pub(crate) struct WriteHistogram {
     lbn_bytes: u64,
     counts: Vec<u32>,
 }
 
 impl WriteHistogram {
     /// `lbn_bytes` must be a power of two of at least 512.
-    pub fn new(device_bytes: u64, lbn_bytes: u64) -> WriteHistogram {
+    pub(crate) fn new(device_bytes: u64, lbn_bytes: u64) -> WriteHistogram {
         assert!(lbn_bytes >= 512 && lbn_bytes.is_power_of_two());
         WriteHistogram { lbn_bytes, counts: vec![0; device_bytes.div_ceil(lbn_bytes) as usize] }
     }
 
     /// Counts one write touching bytes `[offset, offset + len)`.
-    pub fn record(&mut self, offset: u64, len: u64) {
+    pub(crate) fn record(&mut self, offset: u64, len: u64) {
         if len == 0 {
             return;
         }
@@ -97,12 +97,13 @@ impl WriteHistogram {
         }
     }
 
-    pub fn count(&self, lbn: u64) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn count(&self, lbn: u64) -> u32 {
         self.counts.get(lbn as usize).copied().unwrap_or(0)
     }
 
     /// Writes `# lbn_bytes N` then `lbn count` for every written LBN.
-    pub fn write_to(&self, path: &Path) -> io::Result<()> {
+    pub(crate) fn write_to(&self, path: &Path) -> io::Result<()> {
         let mut out = BufWriter::new(File::create(path)?);
         writeln!(out, "# lbn_bytes {}", self.lbn_bytes)?;
         writeln!(out, "# lbn writes")?;

@@ -67,27 +67,27 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
 pub struct ExtLayout {
     pub block_size: u64,
     pub blocks_count: u64,
-    pub first_data_block: u64,
-    pub blocks_per_group: u64,
-    pub inodes_per_group: u64,
-    pub inodes_count: u64,
-    pub inode_size: u64,
-    pub groups: u64,
-    pub desc_size: u64,
-    pub compat: u32,
-    pub incompat: u32,
-    pub ro_compat: u32,
-    pub reserved_gdt_blocks: u64,
-    pub journal_inum: u32,
-    pub orphan_file_inum: u32,
-    pub backup_bgs: [u32; 2],
-    pub first_meta_bg: u64,
+    pub(crate) first_data_block: u64,
+    pub(crate) blocks_per_group: u64,
+    pub(crate) inodes_per_group: u64,
+    pub(crate) inodes_count: u64,
+    pub(crate) inode_size: u64,
+    pub(crate) groups: u64,
+    pub(crate) desc_size: u64,
+    pub(crate) compat: u32,
+    pub(crate) incompat: u32,
+    pub(crate) ro_compat: u32,
+    pub(crate) reserved_gdt_blocks: u64,
+    pub(crate) journal_inum: u32,
+    pub(crate) orphan_file_inum: u32,
+    pub(crate) backup_bgs: [u32; 2],
+    pub(crate) first_meta_bg: u64,
 }
 
 impl ExtLayout {
     /// Parses a superblock (the 1024 bytes at byte 1024 of the device); `None` unless it is a
     /// plausible ext superblock.
-    pub fn parse(sb: &[u8]) -> Option<ExtLayout> {
+    pub(crate) fn parse(sb: &[u8]) -> Option<ExtLayout> {
         if sb.len() < SB_SIZE || u16_at(sb, 0x38) != MAGIC {
             return None;
         }
@@ -144,7 +144,7 @@ impl ExtLayout {
         Some(ExtLayout { groups, ..l })
     }
 
-    pub fn sectors_per_block(&self) -> u64 {
+    pub(crate) fn sectors_per_block(&self) -> u64 {
         self.block_size / SECTOR_BYTES as u64
     }
 
@@ -153,7 +153,7 @@ impl ExtLayout {
     }
 
     /// Whether group `g` holds a superblock copy.
-    pub fn has_super(&self, g: u64) -> bool {
+    pub(crate) fn has_super(&self, g: u64) -> bool {
         if g == 0 {
             return true;
         }
@@ -227,7 +227,7 @@ impl ExtLayout {
     }
 
     /// "ext4", "ext3" or "ext2" by features.
-    pub fn fs_name(&self) -> &'static str {
+    pub(crate) fn fs_name(&self) -> &'static str {
         if self.incompat & (INCOMPAT_EXTENTS | INCOMPAT_64BIT | INCOMPAT_FLEX_BG) != 0 {
             "ext4"
         } else if self.compat & COMPAT_HAS_JOURNAL != 0 {
@@ -270,13 +270,8 @@ impl ExtMeta {
         Some(meta)
     }
 
-    pub fn fs_name(&self) -> &'static str {
+    pub(crate) fn fs_name(&self) -> &'static str {
         self.layout.fs_name()
-    }
-
-    /// The static map as (first block, blocks, class), in block order.
-    pub fn static_ranges(&self) -> Vec<(u64, u64, Class)> {
-        self.map.iter().map(|(&s, &(n, c))| (s, n, c)).collect()
     }
 
     fn rebuild(&mut self, src: &mut dyn SectorSource) {
@@ -350,13 +345,13 @@ impl ExtMeta {
     }
 
     /// The static class of `block`, if it is in the static map.
-    pub fn static_class(&self, block: u64) -> Option<Class> {
+    pub(crate) fn static_class(&self, block: u64) -> Option<Class> {
         let (&start, &(n, class)) = self.map.range(..=block).next_back()?;
         (block < start + n).then_some(class)
     }
 
     /// The class of the sector `lba` by location only.
-    pub fn class_by_location(&self, lba: u64) -> Class {
+    pub(crate) fn class_by_location(&self, lba: u64) -> Class {
         self.static_class(lba / self.layout.sectors_per_block()).unwrap_or(Class::Data)
     }
 
@@ -370,7 +365,7 @@ impl ExtMeta {
     }
 
     /// The content rule (module docs) for a whole block.
-    pub fn content_class(&self, b: &[u8]) -> Class {
+    pub(crate) fn content_class(&self, b: &[u8]) -> Class {
         let bs = self.layout.block_size as usize;
         if b.len() != bs {
             return Class::Data;
@@ -438,7 +433,7 @@ impl ExtMeta {
     }
 
     /// The class of every sector of a write (see `Classifier::classify`).
-    pub fn classify(&self, lba: u64, data: &[u8], src: &mut dyn SectorSource) -> Vec<Class> {
+    pub(crate) fn classify(&self, lba: u64, data: &[u8], src: &mut dyn SectorSource) -> Vec<Class> {
         let spb = self.layout.sectors_per_block();
         let bs = self.layout.block_size as usize;
         let n = (data.len() / SECTOR_BYTES) as u64;
@@ -480,7 +475,7 @@ impl ExtMeta {
 
     /// After a write of `sectors` sectors at `lba`: rebuilds the static map if a watched block
     /// (descriptor block, special inode's inode-table block) was written.
-    pub fn wrote(&mut self, lba: u64, sectors: u64, src: &mut dyn SectorSource) {
+    pub(crate) fn wrote(&mut self, lba: u64, sectors: u64, src: &mut dyn SectorSource) {
         let spb = self.layout.sectors_per_block();
         let first = lba / spb;
         let last = (lba + sectors.max(1) - 1) / spb;

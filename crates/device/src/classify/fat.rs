@@ -7,7 +7,7 @@
 //! from `BPB_RootClus`) and, recursively, the chain of every subdirectory named by a live
 //! entry of a directory (attribute 0x10, not "." or ".."), followed over the active FAT.
 //!
-//! Kept current by writes ([`FatMeta::wrote`]), without reading the whole tree again:
+//! Kept current by writes (`FatMeta::wrote`), without reading the whole tree again:
 //! - a write to the active FAT updates the in-memory copy of it (the *mirror*) and re-walks
 //!   the chains of the known directories; a directory whose chain changed is parsed again;
 //! - a write to a directory's cluster (or the fixed root) parses that directory again: new
@@ -17,19 +17,19 @@
 //!
 //! One content rule covers the window in which a new directory's first cluster is written
 //! before its parent names it: a data sector that starts a cluster and whose first entry is
-//! "." with the directory attribute is `fat.directory` ([`FatMeta::classify`]), and the
+//! "." with the directory attribute is `fat.directory` (`FatMeta::classify`), and the
 //! cluster stays a *pending* directory cluster until its parent names it or its first sector
 //! is rewritten without the "." entry.
 //!
-//! [`FatMeta::wrote`] returns the sectors that became metadata (clusters newly known as a
+//! `FatMeta::wrote` returns the sectors that became metadata (clusters newly known as a
 //! directory's): the engine moves volatile copies of them into NVRAM, so that a directory
 //! cluster written before it was recognized (a driver zeroing a new cluster, then linking
 //! it) is as durable as one written after. Together with the location rules this makes every
 //! metadata write of a completed FAT operation durable - the NVFAT guarantee.
 //!
 //! Designed for reuse by a user-space FAT server: [`FatLayout::parse`] on the boot sector,
-//! [`FatMeta::load`] with any [`SectorSource`], then [`FatMeta::class_of_fat_sector`] /
-//! [`FatMeta::wrote`].
+//! `FatMeta::load` with any [`SectorSource`], then [`FatMeta::class_of_fat_sector`] /
+//! `FatMeta::wrote`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,7 +41,7 @@ const ATTR_LONG_NAME: u8 = 0x0F;
 const ENTRY: usize = 32;
 /// Key of the fixed root directory of FAT12/16 in the directory map (cluster numbers start
 /// at 2, so 0 names no cluster).
-pub const FIXED_ROOT: u32 = 0;
+pub(crate) const FIXED_ROOT: u32 = 0;
 
 /// FAT12, FAT16 or FAT32, by cluster count (Microsoft's rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,12 +55,12 @@ pub enum FatType {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FatLayout {
     pub bytes_per_sector: u32,
-    pub sectors_per_cluster: u32,
+    pub(crate) sectors_per_cluster: u32,
     pub reserved_sectors: u32,
     pub fats: u32,
     pub fat_sectors: u32,
     pub root_entries: u32,
-    pub total_sectors: u32,
+    pub(crate) total_sectors: u32,
     pub root_dir_sectors: u32,
     pub first_data_sector: u32,
     pub clusters: u32,
@@ -68,7 +68,7 @@ pub struct FatLayout {
     /// FAT32 root directory cluster (0 on FAT12/16).
     pub root_cluster: u32,
     /// Index of the FAT the driver reads (FAT32 with mirroring off), else 0.
-    pub active_fat: u32,
+    pub(crate) active_fat: u32,
 }
 
 impl FatLayout {
@@ -154,7 +154,7 @@ impl FatLayout {
     }
 
     /// Device sectors (512 B) per FAT sector.
-    pub fn lba_per_sector(&self) -> u64 {
+    pub(crate) fn lba_per_sector(&self) -> u64 {
         u64::from(self.bytes_per_sector) / SECTOR_BYTES as u64
     }
 
@@ -209,7 +209,7 @@ pub struct DirNode {
     /// Its cluster chain (empty for the fixed root of FAT12/16).
     pub clusters: Vec<u32>,
     /// Start clusters of its subdirectories.
-    pub children: BTreeSet<u32>,
+    pub(crate) children: BTreeSet<u32>,
 }
 
 /// The metadata map of one FAT file system. See the module docs.
@@ -228,7 +228,7 @@ pub struct FatMeta {
 
 impl FatMeta {
     /// Recognizes a FAT file system on `src` and loads its tree.
-    pub fn probe(src: &mut dyn SectorSource) -> Option<FatMeta> {
+    pub(crate) fn probe(src: &mut dyn SectorSource) -> Option<FatMeta> {
         let boot = read_bytes(src, 0, 512).ok()?;
         let layout = FatLayout::parse(&boot)?;
         let dev_bytes = src.sectors() * SECTOR_BYTES as u64;
@@ -239,7 +239,7 @@ impl FatMeta {
     }
 
     /// Reads the active FAT and walks the tree from the root.
-    pub fn load(layout: FatLayout, src: &mut dyn SectorSource) -> std::io::Result<FatMeta> {
+    pub(crate) fn load(layout: FatLayout, src: &mut dyn SectorSource) -> std::io::Result<FatMeta> {
         let bps = u64::from(layout.bytes_per_sector);
         let fat = read_bytes(
             src,
@@ -258,7 +258,7 @@ impl FatMeta {
         Ok(meta)
     }
 
-    pub fn fs_name(&self) -> &'static str {
+    pub(crate) fn fs_name(&self) -> &'static str {
         match self.layout.fat_type {
             FatType::Fat12 => "fat12",
             FatType::Fat16 => "fat16",
@@ -276,7 +276,7 @@ impl FatMeta {
     }
 
     /// Whether the boot sector on `src` still describes this layout.
-    pub fn layout_unchanged(&self, src: &mut dyn SectorSource) -> bool {
+    pub(crate) fn layout_unchanged(&self, src: &mut dyn SectorSource) -> bool {
         read_bytes(src, 0, 512).ok().and_then(|b| FatLayout::parse(&b)).as_ref()
             == Some(&self.layout)
     }
@@ -313,7 +313,7 @@ impl FatMeta {
 
     /// The chain starting at `start`: stops at end-of-chain, a free or bad entry, a value that
     /// is no cluster, or a loop.
-    pub fn chain(&self, start: u32) -> Vec<u32> {
+    pub(crate) fn chain(&self, start: u32) -> Vec<u32> {
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
         let mut c = start;
@@ -496,7 +496,7 @@ impl FatMeta {
     }
 
     /// The class of every device sector of a write (location, then the "." content rule).
-    pub fn classify(&self, lba: u64, data: &[u8]) -> Vec<Class> {
+    pub(crate) fn classify(&self, lba: u64, data: &[u8]) -> Vec<Class> {
         data.chunks_exact(SECTOR_BYTES)
             .enumerate()
             .map(|(i, sector)| {
@@ -534,7 +534,12 @@ impl FatMeta {
 
     /// Updates the map after a write of `data` at device sector `lba` became visible in `src`.
     /// Returns the device sector ranges `(lba, sectors)` that became directory sectors.
-    pub fn wrote(&mut self, lba: u64, data: &[u8], src: &mut dyn SectorSource) -> Vec<(u64, u64)> {
+    pub(crate) fn wrote(
+        &mut self,
+        lba: u64,
+        data: &[u8],
+        src: &mut dyn SectorSource,
+    ) -> Vec<(u64, u64)> {
         let before = self.dir_clusters();
         self.apply(lba, data, src);
         // Pending directories: a "." entry written at a cluster start; gone when rewritten.

@@ -25,7 +25,7 @@ pub mod fat;
 use std::io;
 
 /// Bytes of a device sector.
-pub const SECTOR_BYTES: usize = 512;
+pub(crate) const SECTOR_BYTES: usize = 512;
 
 /// What a sector holds. Codes are persistent (cache entries record them): never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,7 +51,7 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 14] = [
+    pub(crate) const ALL: [Class; 14] = [
         Class::Data,
         Class::ExtSuperblock,
         Class::ExtGroupDesc,
@@ -73,7 +73,7 @@ impl Class {
     }
 
     /// The persistent code (cache entries).
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Class::Data => 0,
             Class::ExtSuperblock => 1,
@@ -92,7 +92,7 @@ impl Class {
         }
     }
 
-    pub fn from_code(code: u8) -> Option<Class> {
+    pub(crate) fn from_code(code: u8) -> Option<Class> {
         Class::ALL.into_iter().find(|c| c.code() == code)
     }
 
@@ -156,7 +156,11 @@ impl SectorSource for FileSource {
 }
 
 /// Reads `len` bytes at byte `offset` of a source (any alignment).
-pub fn read_bytes(src: &mut dyn SectorSource, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+pub(crate) fn read_bytes(
+    src: &mut dyn SectorSource,
+    offset: u64,
+    len: usize,
+) -> io::Result<Vec<u8>> {
     let s = SECTOR_BYTES as u64;
     let first = offset / s;
     let end = offset + len as u64;
@@ -213,7 +217,7 @@ impl Classifier {
     }
 
     /// The class of one sector by location only (no content): for statistics of reads.
-    pub fn class_of(&self, lba: u64) -> Class {
+    pub(crate) fn class_of(&self, lba: u64) -> Class {
         match self {
             Classifier::None => Class::Data,
             Classifier::Ext(m) => m.class_by_location(lba),

@@ -31,41 +31,41 @@ use super::{DiskModel, Op, SECTOR_BYTES, Service};
 
 /// Parameters of an HDD; all times in nanoseconds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct HddParams {
-    pub rpm: u64,
+pub(crate) struct HddParams {
+    pub(crate) rpm: u64,
     /// Sectors the actuator's full stroke spans (the drive's capacity). The image occupies the
     /// first sectors, like a partition at the start of the drive.
-    pub capacity_sectors: u64,
+    pub(crate) capacity_sectors: u64,
     /// Recording surfaces (heads); with the track size this gives the cylinder size.
-    pub heads: u64,
-    pub track_to_track_ns: u64,
-    pub average_seek_ns: u64,
-    pub full_stroke_ns: u64,
+    pub(crate) heads: u64,
+    pub(crate) track_to_track_ns: u64,
+    pub(crate) average_seek_ns: u64,
+    pub(crate) full_stroke_ns: u64,
     /// Sustained media rate of the (outer) zone, bytes per second.
-    pub media_rate_bytes_per_s: u64,
+    pub(crate) media_rate_bytes_per_s: u64,
     /// Fixed controller overhead per request.
-    pub overhead_ns: u64,
+    pub(crate) overhead_ns: u64,
 }
 
 impl HddParams {
-    pub fn rev_ns(&self) -> u64 {
+    pub(crate) fn rev_ns(&self) -> u64 {
         60_000_000_000 / self.rpm
     }
-    pub fn sectors_per_track(&self) -> u64 {
+    pub(crate) fn sectors_per_track(&self) -> u64 {
         let bytes_per_rev = u128::from(self.media_rate_bytes_per_s) * u128::from(self.rev_ns());
         let spt = (bytes_per_rev + 500_000_000 * u128::from(SECTOR_BYTES))
             / (1_000_000_000 * u128::from(SECTOR_BYTES));
         (spt as u64).max(1)
     }
-    pub fn sectors_per_cylinder(&self) -> u64 {
+    pub(crate) fn sectors_per_cylinder(&self) -> u64 {
         self.heads * self.sectors_per_track()
     }
-    pub fn cylinders(&self) -> u64 {
+    pub(crate) fn cylinders(&self) -> u64 {
         self.capacity_sectors.div_ceil(self.sectors_per_cylinder()).max(1)
     }
     /// Checks the parameters once, at construction: a wrong preset is a bug, a wrong override
     /// is an operating error reported by the caller.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.rpm == 0 || self.heads == 0 || self.media_rate_bytes_per_s == 0 {
             return Err("rpm, heads and media rate must be positive".into());
         }
@@ -86,7 +86,7 @@ impl HddParams {
 
     /// Seek time for a distance of `d` cylinders (see the module docs for the formula).
     #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
-    pub fn seek_ns(&self, d: u64) -> u64 {
+    pub(crate) fn seek_ns(&self, d: u64) -> u64 {
         let full = self.cylinders() - 1;
         let d = d.min(full);
         if d == 0 {
@@ -111,13 +111,13 @@ impl HddParams {
     }
 
     /// Transfer time of `sectors` sectors at the media rate.
-    pub fn transfer_ns(&self, sectors: u64) -> u64 {
+    pub(crate) fn transfer_ns(&self, sectors: u64) -> u64 {
         (u128::from(sectors) * u128::from(self.rev_ns()) / u128::from(self.sectors_per_track()))
             as u64
     }
 
     /// Wait from time `t1_ns` until sector `lba` is under the head.
-    pub fn rotation_ns(&self, t1_ns: u64, lba: u64) -> u64 {
+    pub(crate) fn rotation_ns(&self, t1_ns: u64, lba: u64) -> u64 {
         let rev = self.rev_ns();
         let spt = self.sectors_per_track();
         let target = (u128::from(lba % spt) * u128::from(rev) / u128::from(spt)) as u64;
@@ -128,7 +128,7 @@ impl HddParams {
 
 /// An HDD with its head position.
 #[derive(Debug, Clone)]
-pub struct Hdd {
+pub(crate) struct Hdd {
     name: String,
     params: HddParams,
     /// The sector right after the previous request; `None` before the first request.
@@ -139,14 +139,11 @@ pub struct Hdd {
 
 impl Hdd {
     /// Panics on invalid parameters: callers validate overrides first (`HddParams::validate`).
-    pub fn new(name: &str, params: HddParams) -> Self {
+    pub(crate) fn new(name: &str, params: HddParams) -> Self {
         if let Err(e) = params.validate() {
             panic!("invalid HDD parameters for {name}: {e}");
         }
         Hdd { name: name.to_string(), params, head_next_lba: None, head_cylinder: 0 }
-    }
-    pub fn params(&self) -> &HddParams {
-        &self.params
     }
 }
 

@@ -9,19 +9,19 @@
 //! 1. A [`DiskModel`] is a function of its own state (head position, platter phase derived
 //!    from the start time) and the request; the same sequence of `(start_ns, op, lba, sectors)`
 //!    always yields the same services.
-//! 2. [`Actuator::submit`] serves requests strictly in submission order: a request starts at
+//! 2. `Actuator::submit` serves requests strictly in submission order: a request starts at
 //!    `max(arrival_ns, busy_until_ns)` and the actuator is busy until `start + service`.
 //! 3. `busy_ns` is the sum of all service times; it never exceeds `busy_until_ns`.
 
-pub mod flash;
-pub mod hdd;
+pub(crate) mod flash;
+pub(crate) mod hdd;
 pub mod presets;
-pub mod ssd;
+pub(crate) mod ssd;
 
 use serde::Serialize;
 
 /// Sector size of every model, in bytes: LBAs count 512-byte sectors.
-pub const SECTOR_BYTES: u64 = 512;
+pub(crate) const SECTOR_BYTES: u64 = 512;
 
 /// The direction of a media request. Flushes and discards cost nothing on the media model
 /// (writes are charged when they arrive, see `docs/device.md`), so they are not requests of a
@@ -32,34 +32,25 @@ pub enum Op {
     Write,
 }
 
-impl Op {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Read => "R",
-            Op::Write => "W",
-        }
-    }
-}
-
 /// Where the service time of one request went, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct Service {
     /// Fixed per-request controller overhead.
-    pub overhead_ns: u64,
+    pub(crate) overhead_ns: u64,
     /// Head movement.
-    pub seek_ns: u64,
+    pub(crate) seek_ns: u64,
     /// Waiting for the first sector to rotate under the head.
-    pub rotation_ns: u64,
+    pub(crate) rotation_ns: u64,
     /// Media transfer of all sectors.
-    pub transfer_ns: u64,
+    pub(crate) transfer_ns: u64,
     /// |lba - head position| for a request that does not continue the previous one; 0 otherwise.
-    pub seek_distance_sectors: u64,
+    pub(crate) seek_distance_sectors: u64,
     /// Flash: merge work of the FTL (copy-backs and erases) this request forced.
-    pub merge_ns: u64,
+    pub(crate) merge_ns: u64,
 }
 
 impl Service {
-    pub fn total_ns(&self) -> u64 {
+    pub(crate) fn total_ns(&self) -> u64 {
         self.overhead_ns + self.seek_ns + self.rotation_ns + self.transfer_ns + self.merge_ns
     }
 }
@@ -83,11 +74,11 @@ pub trait DiskModel: Send + std::fmt::Debug {
 
 /// The start and end of one request on the modeled clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Interval {
-    pub arrival_ns: u64,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub service: Service,
+pub(crate) struct Interval {
+    pub(crate) arrival_ns: u64,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) service: Service,
 }
 
 /// One actuator serving requests in arrival order (FIFO, no reordering) on a modeled clock.
@@ -110,7 +101,13 @@ impl Actuator {
 
     /// Serves one request. `arrival_ns` is the modeled arrival time; `None` means "right after
     /// the previous request" (the `account` timing, where the clock is the actuator itself).
-    pub fn submit(&mut self, arrival_ns: Option<u64>, op: Op, lba: u64, sectors: u64) -> Interval {
+    pub(crate) fn submit(
+        &mut self,
+        arrival_ns: Option<u64>,
+        op: Op,
+        lba: u64,
+        sectors: u64,
+    ) -> Interval {
         assert!(sectors > 0, "empty request reached the actuator");
         let arrival_ns = arrival_ns.unwrap_or(self.busy_until_ns);
         let start_ns = arrival_ns.max(self.busy_until_ns);
@@ -127,28 +124,28 @@ impl Actuator {
     }
 
     /// Passes a discard of whole sectors to the model; no time passes.
-    pub fn discard(&mut self, lba: u64, sectors: u64) {
+    pub(crate) fn discard(&mut self, lba: u64, sectors: u64) {
         if sectors > 0 {
             self.model.discard(lba, sectors);
         }
     }
 
-    pub fn busy_ns(&self) -> u64 {
+    pub(crate) fn busy_ns(&self) -> u64 {
         self.busy_ns
     }
-    pub fn busy_until_ns(&self) -> u64 {
+    pub(crate) fn busy_until_ns(&self) -> u64 {
         self.busy_until_ns
     }
-    pub fn seek_distance_sectors(&self) -> u64 {
+    pub(crate) fn seek_distance_sectors(&self) -> u64 {
         self.seek_distance_sectors
     }
-    pub fn positionings(&self) -> u64 {
+    pub(crate) fn positionings(&self) -> u64 {
         self.positionings
     }
-    pub fn model_name(&self) -> &str {
+    pub(crate) fn model_name(&self) -> &str {
         self.model.name()
     }
-    pub fn flash_stats(&self) -> Option<flash::FlashStats> {
+    pub(crate) fn flash_stats(&self) -> Option<flash::FlashStats> {
         self.model.flash_stats()
     }
 }

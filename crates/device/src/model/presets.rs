@@ -41,7 +41,7 @@ pub enum Preset {
 }
 
 impl Preset {
-    pub const ALL: [Preset; 6] = [
+    pub(crate) const ALL: [Preset; 6] = [
         Preset::Hdd7200,
         Preset::Hdd15k,
         Preset::Hdd7200_500g,
@@ -50,7 +50,7 @@ impl Preset {
         Preset::None,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Preset::Hdd7200 => "hdd-7200",
             Preset::Hdd15k => "hdd-15k",
@@ -60,7 +60,7 @@ impl Preset {
             Preset::None => "none",
         }
     }
-    pub fn is_hdd(self) -> bool {
+    pub(crate) fn is_hdd(self) -> bool {
         matches!(self, Preset::Hdd7200 | Preset::Hdd15k | Preset::Hdd7200_500g)
     }
 }
@@ -85,7 +85,7 @@ const MS: u64 = 1_000_000;
 const US: u64 = 1_000;
 
 /// The preset's HDD parameters. Panics for a non-HDD preset (a bug in the caller).
-pub fn hdd_params(p: Preset) -> HddParams {
+pub(crate) fn hdd_params(p: Preset) -> HddParams {
     match p {
         Preset::Hdd7200 => HddParams {
             rpm: 7200,
@@ -122,7 +122,7 @@ pub fn hdd_params(p: Preset) -> HddParams {
 }
 
 /// The preset's SSD parameters (the `ssd` preset only).
-pub fn ssd_params(p: Preset) -> SsdParams {
+pub(crate) fn ssd_params(p: Preset) -> SsdParams {
     assert_eq!(p, Preset::Ssd, "{p} is not an SSD preset");
     SsdParams {
         read_latency_ns: 65 * US,
@@ -138,35 +138,35 @@ pub fn ssd_params(p: Preset) -> SsdParams {
 pub struct ModelOverrides {
     /// HDD: spindle speed in rpm.
     #[arg(long)]
-    pub rpm: Option<u64>,
+    pub(crate) rpm: Option<u64>,
     /// HDD: average seek time in ms.
     #[arg(long)]
-    pub avg_seek_ms: Option<f64>,
+    pub(crate) avg_seek_ms: Option<f64>,
     /// HDD: track-to-track seek time in ms.
     #[arg(long)]
-    pub track_to_track_ms: Option<f64>,
+    pub(crate) track_to_track_ms: Option<f64>,
     /// HDD: full-stroke seek time in ms.
     #[arg(long)]
-    pub full_stroke_ms: Option<f64>,
+    pub(crate) full_stroke_ms: Option<f64>,
     /// HDD: media transfer rate in MB/s; SSD: both read and write rate.
     #[arg(long)]
-    pub media_mb_s: Option<f64>,
+    pub(crate) media_mb_s: Option<f64>,
     /// HDD: number of heads (recording surfaces).
     #[arg(long)]
-    pub heads: Option<u64>,
+    pub(crate) heads: Option<u64>,
     /// HDD: capacity spanned by a full stroke, in 512-byte sectors.
     #[arg(long)]
-    pub capacity_sectors: Option<u64>,
+    pub(crate) capacity_sectors: Option<u64>,
     /// Per-request overhead (HDD, flash) or latency (SSD, both directions) in us.
     #[arg(long)]
-    pub overhead_us: Option<f64>,
+    pub(crate) overhead_us: Option<f64>,
     /// flash: the NAND chip [default: k9f1208].
     #[arg(long, value_enum)]
-    pub flash_preset: Option<NandPreset>,
+    pub(crate) flash_preset: Option<NandPreset>,
     /// flash: log blocks of the log-block FTL [default: 64, as in the NVFAT paper]. Fewer log
     /// blocks force more merges on scattered overwrites.
     #[arg(long)]
-    pub log_blocks: Option<u32>,
+    pub(crate) log_blocks: Option<u32>,
 }
 
 #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]

@@ -8,21 +8,21 @@ use super::{DiskModel, Op, SECTOR_BYTES, Service};
 
 /// Parameters of an SSD; times in nanoseconds, rates in bytes per second.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SsdParams {
-    pub read_latency_ns: u64,
-    pub write_latency_ns: u64,
-    pub read_bytes_per_s: u64,
-    pub write_bytes_per_s: u64,
+pub(crate) struct SsdParams {
+    pub(crate) read_latency_ns: u64,
+    pub(crate) write_latency_ns: u64,
+    pub(crate) read_bytes_per_s: u64,
+    pub(crate) write_bytes_per_s: u64,
 }
 
 #[derive(Debug, Clone)]
-pub struct Ssd {
+pub(crate) struct Ssd {
     name: String,
     params: SsdParams,
 }
 
 impl Ssd {
-    pub fn new(name: &str, params: SsdParams) -> Self {
+    pub(crate) fn new(name: &str, params: SsdParams) -> Self {
         Ssd { name: name.to_string(), params }
     }
 }
@@ -55,7 +55,7 @@ impl DiskModel for Ssd {
 
 /// No cost at all: the device is only a pass-through with counters, cache and trace.
 #[derive(Debug, Clone, Default)]
-pub struct NoCost;
+pub(crate) struct NoCost;
 
 impl DiskModel for NoCost {
     fn service(&mut self, _start_ns: u64, _op: Op, _lba: u64, sectors: u64) -> Service {

@@ -12,16 +12,18 @@
 //! an unfinished transaction, the frames are verified and the hash and LRW order rebuilt)
 //! before anything is served.
 //!
-//! Code: `record.rs` (the persistent format: anchor, frame header, entries), `cache.rs` (the
-//! cache: hash on LBN, LRW order, absorb/destage/drain/discard, recovery, `scan` for
-//! `nvstack check`/`inspect`). What is admitted in `metadata` mode is decided by
+//! Code: `record.rs` (the persistent format: anchor, frame header, entries), `cache/` (the
+//! cache: `mod.rs` hash on LBN, LRW order and the protocol; `absorb.rs`, `destage.rs` the
+//! persistent operations; `open.rs` creation and recovery; `verify.rs` the checks and `scan`
+//! for `nvstack check`/`inspect`). What is admitted in `metadata` mode is decided by
 //! `crate::classify`. Design, byte tables and the proof by cases: `docs/nvcache.md`.
 
-pub mod cache;
+mod cache;
 pub mod record;
 
+pub(crate) use cache::Counters;
 pub use cache::{
-    Backing, Counters, NvCache, NvCacheError, OpenReport, ResidentSector, Scan, format_params,
-    open_file, scan,
+    Backing, NvCache, NvCacheError, OpenReport, ResidentSector, Scan, format_params, open_file,
+    scan,
 };
 pub use record::{CacheMode, ImageId};

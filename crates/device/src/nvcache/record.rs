@@ -67,17 +67,17 @@ use crate::classify::Class;
 /// Descriptor kind of a cache frame ("BC").
 pub const KIND_FRAME: u32 = 0x4243_0001;
 /// Bytes of a device sector, and of a slot.
-pub const SECTOR: usize = 512;
+pub(crate) const SECTOR: usize = 512;
 /// Sector slots per 4 KiB frame (slot 0 holds the header and the entries).
-pub const SLOTS_PER_FRAME: u8 = 7;
+pub(crate) const SLOTS_PER_FRAME: u8 = 7;
 /// Bytes of the frame header.
-pub const FRAME_HEADER_SIZE: usize = 64;
+pub(crate) const FRAME_HEADER_SIZE: usize = 64;
 /// Bytes of one entry.
-pub const ENTRY_SIZE: usize = 64;
+pub(crate) const ENTRY_SIZE: usize = 64;
 /// Bytes of the anchor without the path.
-pub const ANCHOR_HEADER_SIZE: usize = 64;
+pub(crate) const ANCHOR_HEADER_SIZE: usize = 64;
 /// Longest image path the anchor holds.
-pub const PATH_MAX_BYTES: usize = 2048;
+pub(crate) const PATH_MAX_BYTES: usize = 2048;
 
 const FRAME_MAGIC: &[u8; 8] = b"NVSBCF01";
 const ANCHOR_MAGIC: &[u8; 8] = b"NVSBLKC1";
@@ -90,19 +90,19 @@ const _: () = assert!((1 + SLOTS_PER_FRAME as usize) * SECTOR == 4096);
 const _: () = assert!(ANCHOR_HEADER_SIZE + PATH_MAX_BYTES <= 4096);
 
 /// Offset of slot `slot`'s entry inside its frame.
-pub fn entry_offset(slot: u8) -> u64 {
+pub(crate) fn entry_offset(slot: u8) -> u64 {
     assert!((1..=SLOTS_PER_FRAME).contains(&slot), "slot {slot} out of 1..=7");
     (ENTRY_SIZE * slot as usize) as u64
 }
 
 /// Offset of slot `slot`'s sector inside its frame.
-pub fn data_offset(slot: u8) -> u64 {
+pub(crate) fn data_offset(slot: u8) -> u64 {
     assert!((1..=SLOTS_PER_FRAME).contains(&slot), "slot {slot} out of 1..=7");
     (SECTOR * slot as usize) as u64
 }
 
 /// The header of a fresh cache frame.
-pub fn encode_frame_header(frame: u64) -> [u8; FRAME_HEADER_SIZE] {
+pub(crate) fn encode_frame_header(frame: u64) -> [u8; FRAME_HEADER_SIZE] {
     let mut b = [0u8; FRAME_HEADER_SIZE];
     b[..8].copy_from_slice(FRAME_MAGIC);
     put_u64(&mut b, 8, frame);
@@ -113,7 +113,7 @@ pub fn encode_frame_header(frame: u64) -> [u8; FRAME_HEADER_SIZE] {
 }
 
 /// Verifies a frame header read from frame `frame`.
-pub fn check_frame_header(frame: u64, b: &[u8]) -> Result<(), &'static str> {
+pub(crate) fn check_frame_header(frame: u64, b: &[u8]) -> Result<(), &'static str> {
     if b.len() < FRAME_HEADER_SIZE || &b[..8] != FRAME_MAGIC {
         return Err("block-cache frame without its magic");
     }
@@ -134,10 +134,10 @@ pub fn check_frame_header(frame: u64, b: &[u8]) -> Result<(), &'static str> {
 
 /// A resident slot's entry (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub lbn: u64,
-    pub seq: u64,
-    pub class: Class,
+pub(crate) struct Entry {
+    pub(crate) lbn: u64,
+    pub(crate) seq: u64,
+    pub(crate) class: Class,
 }
 
 fn entry_sum(b: &[u8], frame: u64, slot: u8, data: &[u8]) -> u64 {
@@ -146,7 +146,7 @@ fn entry_sum(b: &[u8], frame: u64, slot: u8, data: &[u8]) -> u64 {
 
 impl Entry {
     /// Encodes the entry of `frame`/`slot` holding `data`.
-    pub fn encode(&self, frame: u64, slot: u8, data: &[u8]) -> [u8; ENTRY_SIZE] {
+    pub(crate) fn encode(&self, frame: u64, slot: u8, data: &[u8]) -> [u8; ENTRY_SIZE] {
         assert_eq!(data.len(), SECTOR, "a slot holds one sector");
         assert!(self.seq >= 1, "sequence numbers start at 1");
         let mut b = [0u8; ENTRY_SIZE];
@@ -161,7 +161,7 @@ impl Entry {
 
     /// Decodes the entry of `frame`/`slot`: `None` when free, the entry when resident and
     /// verified (with its data), damage otherwise.
-    pub fn decode(
+    pub(crate) fn decode(
         b: &[u8],
         frame: u64,
         slot: u8,
@@ -250,7 +250,7 @@ impl ImageId {
 
     /// Whether `other` is the same image: same size and inode, and the same device or path
     /// (device numbers can change across reboots; an image can be moved).
-    pub fn same_image(&self, other: &ImageId) -> bool {
+    pub(crate) fn same_image(&self, other: &ImageId) -> bool {
         self.size_bytes == other.size_bytes
             && self.ino == other.ino
             && (self.dev == other.dev || self.path == other.path)
@@ -259,14 +259,14 @@ impl ImageId {
 
 /// The anchor (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Anchor {
-    pub mode: CacheMode,
-    pub capacity_sectors: u64,
-    pub image: ImageId,
+pub(crate) struct Anchor {
+    pub(crate) mode: CacheMode,
+    pub(crate) capacity_sectors: u64,
+    pub(crate) image: ImageId,
 }
 
 impl Anchor {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let path = self.image.path.as_bytes();
         assert!(
             !path.is_empty() && path.len() <= PATH_MAX_BYTES,
@@ -291,12 +291,12 @@ impl Anchor {
 
     /// Whether the root area starts with an anchor's magic (else it is free or another
     /// layer's).
-    pub fn is_anchor(root: &[u8]) -> bool {
+    pub(crate) fn is_anchor(root: &[u8]) -> bool {
         root.len() >= 8 && &root[..8] == ANCHOR_MAGIC
     }
 
     /// Decodes the anchor at the start of the root area `root` (4 KiB).
-    pub fn decode(root: &[u8]) -> Result<Anchor, &'static str> {
+    pub(crate) fn decode(root: &[u8]) -> Result<Anchor, &'static str> {
         if !Anchor::is_anchor(root) || root.len() < ANCHOR_HEADER_SIZE {
             return Err("block-cache anchor without its magic");
         }

@@ -29,14 +29,14 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use crate::classify::SectorSource;
 
 /// Bytes of a sector (the FAT server's and the device's unit).
-pub const SECTOR: u64 = 512;
+pub(crate) const SECTOR: u64 = 512;
 /// Longest read of missing sectors in one device request.
-pub const READ_RUN_MAX_SECTORS: u64 = 128;
+pub(crate) const READ_RUN_MAX_SECTORS: u64 = 128;
 /// Longest write of adjacent pending sectors in one device request.
-pub const WRITE_RUN_MAX_SECTORS: u64 = 256;
+pub(crate) const WRITE_RUN_MAX_SECTORS: u64 = 256;
 
 /// The device under the sector store.
-pub trait Backend {
+pub(crate) trait Backend {
     fn read_at(&mut self, off: u64, buf: &mut [u8]) -> io::Result<()>;
     fn write_at(&mut self, off: u64, data: &[u8]) -> io::Result<()>;
     /// Makes everything written durable (fdatasync of the device file).
@@ -61,15 +61,15 @@ impl Backend for std::fs::File {
 
 /// What the store did, for the server's log and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DiskCounters {
+pub(crate) struct DiskCounters {
     /// Device read requests (misses).
-    pub read_requests: u64,
+    pub(crate) read_requests: u64,
     /// Device write requests (runs of adjacent sectors).
-    pub write_requests: u64,
-    pub sectors_written: u64,
-    pub syncs: u64,
+    pub(crate) write_requests: u64,
+    pub(crate) sectors_written: u64,
+    pub(crate) syncs: u64,
     /// Sector reads served without the device.
-    pub hits: u64,
+    pub(crate) hits: u64,
 }
 
 type Sector = Box<[u8; SECTOR as usize]>;
@@ -77,7 +77,7 @@ type Sector = Box<[u8; SECTOR as usize]>;
 /// Hashing of sector numbers for the clean map: a multiplicative hash (sector numbers are
 /// not adversarial; SipHash dominated the profile).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct SectorHash(u64);
+pub(crate) struct SectorHash(u64);
 
 impl std::hash::Hasher for SectorHash {
     fn finish(&self) -> u64 {
@@ -95,7 +95,7 @@ impl std::hash::Hasher for SectorHash {
 
 type SectorMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<SectorHash>>;
 
-pub struct SectorDisk<B: Backend> {
+pub(crate) struct SectorDisk<B: Backend> {
     backend: B,
     len: u64,
     pos: u64,
@@ -129,7 +129,7 @@ impl<B: Backend> std::fmt::Debug for SectorDisk<B> {
 
 impl<B: Backend> SectorDisk<B> {
     /// `clean_max`: most clean sectors kept (at least 64).
-    pub fn new(backend: B, clean_max: usize) -> io::Result<Self> {
+    pub(crate) fn new(backend: B, clean_max: usize) -> io::Result<Self> {
         let len = backend.size_bytes();
         if len == 0 || len % SECTOR != 0 {
             return Err(io::Error::new(
@@ -152,49 +152,49 @@ impl<B: Backend> SectorDisk<B> {
         })
     }
 
-    pub fn counters(&self) -> DiskCounters {
+    pub(crate) fn counters(&self) -> DiskCounters {
         self.counters
     }
 
-    pub fn pending_sectors(&self) -> usize {
+    pub(crate) fn pending_sectors(&self) -> usize {
         self.pending.len()
     }
 
     /// Sectors dirtied from now on carry `epoch` (a sector dirtied again keeps its first).
-    pub fn set_epoch(&mut self, epoch: u64) {
+    pub(crate) fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
     }
 
     /// Starts keeping the set of sectors written since the last [`Self::take_fresh`].
-    pub fn track_fresh(&mut self) {
+    pub(crate) fn track_fresh(&mut self) {
         self.fresh.get_or_insert_with(Default::default);
     }
 
     /// The sectors written since the last call (ascending); empty when not tracked.
-    pub fn take_fresh(&mut self) -> Vec<u64> {
+    pub(crate) fn take_fresh(&mut self) -> Vec<u64> {
         self.fresh.as_mut().map(|f| std::mem::take(f).into_iter().collect()).unwrap_or_default()
     }
 
     /// Puts sectors back into the fresh set (a failed commit retries them next time).
-    pub fn restore_fresh(&mut self, sectors: &[u64]) {
+    pub(crate) fn restore_fresh(&mut self, sectors: &[u64]) {
         if let Some(f) = self.fresh.as_mut() {
             f.extend(sectors.iter().copied());
         }
     }
 
     /// The pending sectors as (sector, epoch first dirtied).
-    pub fn pending(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(crate) fn pending(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.pending.iter().map(|(&s, (e, _))| (s, *e))
     }
 
     /// A pending sector, to change in place before it is written.
-    pub fn pending_mut(&mut self, s: u64) -> Option<&mut [u8]> {
+    pub(crate) fn pending_mut(&mut self, s: u64) -> Option<&mut [u8]> {
         self.hot = None;
         self.pending.get_mut(&s).map(|(_, d)| &mut d[..])
     }
 
     /// The content of a pending sector.
-    pub fn pending_data(&self, s: u64) -> Option<&[u8]> {
+    pub(crate) fn pending_data(&self, s: u64) -> Option<&[u8]> {
         self.pending.get(&s).map(|(_, d)| &d[..])
     }
 
@@ -262,13 +262,16 @@ impl<B: Backend> SectorDisk<B> {
     }
 
     /// Writes every pending sector to the device (D3), adjacent ones as one request.
-    pub fn commit(&mut self) -> io::Result<u64> {
+    pub(crate) fn commit(&mut self) -> io::Result<u64> {
         self.commit_where(|_, _, _| true)
     }
 
     /// Writes the pending sectors that `select(sector, epoch, content)` picks, adjacent picked
     /// sectors as one request; the others stay pending. Returns the sectors written.
-    pub fn commit_where(&mut self, select: impl Fn(u64, u64, &[u8]) -> bool) -> io::Result<u64> {
+    pub(crate) fn commit_where(
+        &mut self,
+        select: impl Fn(u64, u64, &[u8]) -> bool,
+    ) -> io::Result<u64> {
         let picked: Vec<u64> = self
             .pending
             .iter()
@@ -280,7 +283,7 @@ impl<B: Backend> SectorDisk<B> {
 
     /// Writes those of `sectors` (ascending) that are pending, as `commit_where` does, without
     /// looking at the other pending sectors.
-    pub fn commit_only(&mut self, sectors: &[u64]) -> io::Result<u64> {
+    pub(crate) fn commit_only(&mut self, sectors: &[u64]) -> io::Result<u64> {
         debug_assert!(sectors.windows(2).all(|w| w[0] < w[1]), "ascending, no duplicates");
         let picked: Vec<u64> =
             sectors.iter().copied().filter(|s| self.pending.contains_key(s)).collect();
@@ -321,16 +324,11 @@ impl<B: Backend> SectorDisk<B> {
     }
 
     /// Commits, then makes the device durable.
-    pub fn sync(&mut self) -> io::Result<()> {
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
         self.commit()?;
         self.backend.sync()?;
         self.counters.syncs += 1;
         Ok(())
-    }
-
-    /// Forgets the clean sectors (tests: the next reads come from the device).
-    pub fn drop_clean(&mut self) {
-        self.clean.clear();
     }
 }
 

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 /// Most inodes the server tracks at once.
-pub const NODES_MAX: usize = 1 << 20;
-pub const ROOT: u64 = 1;
+pub(crate) const NODES_MAX: usize = 1 << 20;
+pub(crate) const ROOT: u64 = 1;
 
 #[derive(Debug)]
 struct Node {
@@ -22,7 +22,7 @@ struct Node {
 }
 
 #[derive(Debug)]
-pub struct Nodes {
+pub(crate) struct Nodes {
     by_ino: HashMap<u64, Node>,
     by_path: HashMap<String, u64>,
     next: u64,
@@ -38,27 +38,27 @@ impl Default for Nodes {
 }
 
 /// `parent/name`, or `name` under the root.
-pub fn join(parent: &str, name: &str) -> String {
+pub(crate) fn join(parent: &str, name: &str) -> String {
     if parent.is_empty() { name.to_string() } else { format!("{parent}/{name}") }
 }
 
 /// The parent's path and the last name of `path` (not the root).
-pub fn split(path: &str) -> (&str, &str) {
+pub(crate) fn split(path: &str) -> (&str, &str) {
     path.rsplit_once('/').unwrap_or(("", path))
 }
 
 impl Nodes {
-    pub fn path(&self, ino: u64) -> Option<&str> {
+    pub(crate) fn path(&self, ino: u64) -> Option<&str> {
         self.by_ino.get(&ino).and_then(|n| n.path.as_deref())
     }
 
     /// The node of `path`, if the kernel knows one.
-    pub fn ino_of(&self, path: &str) -> Option<u64> {
+    pub(crate) fn ino_of(&self, path: &str) -> Option<u64> {
         self.by_path.get(path).copied()
     }
 
     /// A lookup of `path`: its node (made if new) with one more reference.
-    pub fn lookup(&mut self, path: &str) -> Option<u64> {
+    pub(crate) fn lookup(&mut self, path: &str) -> Option<u64> {
         if let Some(&ino) = self.by_path.get(path) {
             self.by_ino.get_mut(&ino).expect("N1").lookups += 1;
             return Some(ino);
@@ -74,7 +74,7 @@ impl Nodes {
     }
 
     /// The kernel dropped `n` references; returns whether the node is gone.
-    pub fn forget(&mut self, ino: u64, n: u64) -> bool {
+    pub(crate) fn forget(&mut self, ino: u64, n: u64) -> bool {
         if ino == ROOT {
             return false;
         }
@@ -91,14 +91,14 @@ impl Nodes {
     }
 
     /// The object at `path` is gone (N2).
-    pub fn removed(&mut self, path: &str) {
+    pub(crate) fn removed(&mut self, path: &str) {
         if let Some(ino) = self.by_path.remove(path) {
             self.by_ino.get_mut(&ino).expect("N1").path = None;
         }
     }
 
     /// `from` is now at `to`, with everything under it; whatever was at `to` is gone.
-    pub fn renamed(&mut self, from: &str, to: &str) {
+    pub(crate) fn renamed(&mut self, from: &str, to: &str) {
         self.removed(to);
         let prefix = format!("{from}/");
         let moved: Vec<(String, u64)> = self

@@ -32,7 +32,7 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 }
 
 /// The DOS date-time of a Unix time (clamped to 1980-01-01 .. 2107-12-31 23:59:59).
-pub fn to_dos(t: SystemTime) -> DateTime {
+pub(crate) fn to_dos(t: SystemTime) -> DateTime {
     let first = days_from_civil(1980, 1, 1) * 86_400;
     let last = days_from_civil(2107, 12, 31) * 86_400 + 86_399;
     let (secs, millis) = match t.duration_since(UNIX_EPOCH) {
@@ -56,7 +56,7 @@ pub fn to_dos(t: SystemTime) -> DateTime {
 }
 
 /// The Unix time of a DOS date-time (an invalid stored date reads as 1980-01-01).
-pub fn from_dos(dt: DateTime) -> SystemTime {
+pub(crate) fn from_dos(dt: DateTime) -> SystemTime {
     let year = i64::from(dt.date.year);
     let (month, day) = (i64::from(dt.date.month), i64::from(dt.date.day));
     let (month, day) =
@@ -72,9 +72,9 @@ pub fn from_dos(dt: DateTime) -> SystemTime {
 
 /// fatfs' clock: the system clock in UTC.
 #[derive(Debug)]
-pub struct UtcClock;
+pub(crate) struct UtcClock;
 
-pub static UTC_CLOCK: UtcClock = UtcClock;
+pub(crate) static UTC_CLOCK: UtcClock = UtcClock;
 
 impl TimeProvider for UtcClock {
     fn get_current_date(&self) -> Date {

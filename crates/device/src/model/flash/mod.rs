@@ -25,8 +25,8 @@
 //!    merges_full`, and the sum of per-block erase counts is `block_erases`.
 //! 3. Every statistic is bounded: histograms have at most [`HISTOGRAM_BUCKETS_MAX`] buckets.
 
-pub mod ftl;
-pub mod nand;
+pub(crate) mod ftl;
+pub(crate) mod nand;
 
 use serde::Serialize;
 
@@ -35,26 +35,26 @@ use self::nand::{NandParams, NandPreset};
 use super::{DiskModel, Op, SECTOR_BYTES, Service};
 
 /// Default number of log blocks (the NVFAT paper's setting).
-pub const LOG_BLOCKS_DEFAULT: u32 = 64;
+pub(crate) const LOG_BLOCKS_DEFAULT: u32 = 64;
 /// Most buckets of every histogram in [`FlashStats`]: keeps `stat.json` small whatever the
 /// device size.
-pub const HISTOGRAM_BUCKETS_MAX: u64 = 256;
+pub(crate) const HISTOGRAM_BUCKETS_MAX: u64 = 256;
 
 /// A per-item counter array folded into at most [`HISTOGRAM_BUCKETS_MAX`] buckets of
 /// `per_bucket` consecutive items: bucket `i` covers items `i * per_bucket ..` and reports
 /// their sum and their maximum (the last bucket may be short).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// What one item is.
-    pub item: &'static str,
-    pub items: u64,
-    pub per_bucket: u64,
-    pub sum: Vec<u64>,
-    pub max: Vec<u64>,
+    pub(crate) item: &'static str,
+    pub(crate) items: u64,
+    pub(crate) per_bucket: u64,
+    pub(crate) sum: Vec<u64>,
+    pub(crate) max: Vec<u64>,
 }
 
 impl Histogram {
-    pub fn new(item: &'static str, values: impl ExactSizeIterator<Item = u64>) -> Histogram {
+    pub(crate) fn new(item: &'static str, values: impl ExactSizeIterator<Item = u64>) -> Histogram {
         let items = values.len() as u64;
         let per_bucket = items.div_ceil(HISTOGRAM_BUCKETS_MAX).max(1);
         let buckets = items.div_ceil(per_bucket) as usize;
@@ -73,47 +73,47 @@ impl Histogram {
 #[derive(Debug, Clone, Serialize)]
 pub struct FlashStats {
     /// Every page read on the chip: host reads and copy-back reads.
-    pub page_reads: u64,
+    pub(crate) page_reads: u64,
     /// Every page program on the chip: host programs and copy-back programs.
-    pub page_programs: u64,
-    pub block_erases: u64,
-    pub merges_switch: u64,
-    pub merges_partial: u64,
-    pub merges_full: u64,
+    pub(crate) page_programs: u64,
+    pub(crate) block_erases: u64,
+    pub(crate) merges_switch: u64,
+    pub(crate) merges_partial: u64,
+    pub(crate) merges_full: u64,
     /// Energy of all NAND operations (Vcc * Icc * time), microjoules.
-    pub energy_uj: f64,
-    pub host_page_reads: u64,
-    pub host_page_programs: u64,
+    pub(crate) energy_uj: f64,
+    pub(crate) host_page_reads: u64,
+    pub(crate) host_page_programs: u64,
     /// Pages moved by merges.
-    pub copy_backs: u64,
+    pub(crate) copy_backs: u64,
     /// page_programs / host_page_programs (0 before the first write).
-    pub write_amplification: f64,
+    pub(crate) write_amplification: f64,
     /// Erases per physical block: mean, population standard deviation, maximum.
-    pub erase_count_mean: f64,
-    pub erase_count_stddev: f64,
-    pub erase_count_max: u64,
-    pub log_blocks_used: u64,
-    pub free_blocks: u64,
-    pub nand: NandPreset,
-    pub chip: &'static str,
-    pub page_bytes: u64,
-    pub pages_per_block: u64,
+    pub(crate) erase_count_mean: f64,
+    pub(crate) erase_count_stddev: f64,
+    pub(crate) erase_count_max: u64,
+    pub(crate) log_blocks_used: u64,
+    pub(crate) free_blocks: u64,
+    pub(crate) nand: NandPreset,
+    pub(crate) chip: &'static str,
+    pub(crate) page_bytes: u64,
+    pub(crate) pages_per_block: u64,
     /// Physical blocks: logical + log + spare.
-    pub blocks: u64,
-    pub logical_blocks: u64,
-    pub log_blocks: u64,
-    pub spare_blocks: u64,
+    pub(crate) blocks: u64,
+    pub(crate) logical_blocks: u64,
+    pub(crate) log_blocks: u64,
+    pub(crate) spare_blocks: u64,
     /// Host page writes per logical block (LBN): what the file system sends (paper Fig. 5).
-    pub lbn_writes: Histogram,
+    pub(crate) lbn_writes: Histogram,
     /// Programs per physical page, copy-backs included: what the chip endures (paper Fig. 6).
-    pub page_writes: Histogram,
+    pub(crate) page_writes: Histogram,
     /// Erases per physical block (paper Fig. 7 is their mean and deviation).
-    pub block_erase_counts: Histogram,
+    pub(crate) block_erase_counts: Histogram,
 }
 
 /// A NAND chip behind a log-block FTL; see the module docs.
 #[derive(Debug, Clone)]
-pub struct Flash {
+pub(crate) struct Flash {
     name: String,
     nand: NandParams,
     ftl: LogBlockFtl,
@@ -128,7 +128,7 @@ impl Flash {
     /// A flash device of `device_bytes` (a positive multiple of 512) on `nand` with
     /// `log_blocks` log blocks: `ceil(device_bytes / block_bytes)` logical blocks, plus the log
     /// blocks, plus [`SPARE_BLOCKS`] physical ones.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         nand: NandParams,
         log_blocks: u32,
@@ -159,16 +159,16 @@ impl Flash {
         })
     }
 
-    pub fn nand(&self) -> &NandParams {
-        &self.nand
-    }
-    pub fn ftl(&self) -> &LogBlockFtl {
+    #[cfg(test)]
+    pub(crate) fn ftl(&self) -> &LogBlockFtl {
         &self.ftl
     }
-    pub fn totals(&self) -> NandOps {
+    #[cfg(test)]
+    pub(crate) fn totals(&self) -> NandOps {
         self.totals
     }
-    pub fn energy_fj(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn energy_fj(&self) -> u64 {
         self.energy_fj
     }
     fn sectors_per_page(&self) -> u64 {
@@ -176,7 +176,7 @@ impl Flash {
     }
 
     /// The counters and histograms of `stat.json`.
-    pub fn stats(&self) -> FlashStats {
+    pub(crate) fn stats(&self) -> FlashStats {
         let t = &self.totals;
         let geo = self.ftl.geometry();
         let erases: Vec<u64> = self.ftl.erase_counts().map(u64::from).collect();
@@ -365,7 +365,7 @@ mod tests {
             assert_eq!(f.ftl().lookup(off), Some(ftl::Ppn { pbn: 3, page: off as u32 }));
         }
         // The partial merge of step 4 is `evicting_an_in_order_incomplete_log_is_a_partial_merge`
-        // in ftl.rs (one log block).
+        // in ftl/tests.rs (one log block).
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::ftl::NandOps;
 /// The NAND presets (`--flash-preset`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum NandPreset {
+pub(crate) enum NandPreset {
     /// Samsung K9F1208U0B, 512 Mbit SLC small-block NAND (512 B pages, 32 pages = 16 KiB per
     /// block): the 64 MiB class of chip on the paper's PXA255 board, the kind of NAND the
     /// log-block FTL was designed for.
@@ -39,9 +39,7 @@ pub enum NandPreset {
 }
 
 impl NandPreset {
-    pub const ALL: [NandPreset; 2] = [NandPreset::K9f1208, NandPreset::K9f1g08];
-
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             NandPreset::K9f1208 => "k9f1208",
             NandPreset::K9f1g08 => "k9f1g08",
@@ -49,7 +47,7 @@ impl NandPreset {
     }
 
     /// The preset's parameters. Sources and assumptions: see `docs/device.md` ("Flash").
-    pub fn params(self) -> NandParams {
+    pub(crate) fn params(self) -> NandParams {
         const US: u64 = 1_000;
         const MS: u64 = 1_000_000;
         match self {
@@ -93,37 +91,37 @@ impl std::fmt::Display for NandPreset {
 
 /// One NAND chip's geometry, times (ns) and supply (mV, uA).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NandParams {
-    pub preset: NandPreset,
-    pub chip: &'static str,
+pub(crate) struct NandParams {
+    pub(crate) preset: NandPreset,
+    pub(crate) chip: &'static str,
     /// Data bytes per page (the spare area is not modeled); a multiple of 512.
-    pub page_bytes: u64,
-    pub pages_per_block: u64,
+    pub(crate) page_bytes: u64,
+    pub(crate) pages_per_block: u64,
     /// t_R: array to page register.
-    pub read_ns: u64,
+    pub(crate) read_ns: u64,
     /// t_PROG: page register to array.
-    pub program_ns: u64,
+    pub(crate) program_ns: u64,
     /// t_BERS: one block erase.
-    pub erase_ns: u64,
+    pub(crate) erase_ns: u64,
     /// tRC = tWC: one byte over the 8-bit bus.
-    pub bus_ns_per_byte: u64,
-    pub vcc_mv: u64,
+    pub(crate) bus_ns_per_byte: u64,
+    pub(crate) vcc_mv: u64,
     /// Typical supply current while reading (ICC1, serial access included).
-    pub read_ua: u64,
+    pub(crate) read_ua: u64,
     /// Typical supply current while programming (ICC2).
-    pub program_ua: u64,
+    pub(crate) program_ua: u64,
     /// Typical supply current while erasing (ICC3).
-    pub erase_ua: u64,
+    pub(crate) erase_ua: u64,
 }
 
 /// The price of a batch of NAND operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Cost {
+pub(crate) struct Cost {
     /// Host page reads and programs (bus transfer included).
-    pub host_ns: u64,
+    pub(crate) host_ns: u64,
     /// Merge work: copy-backs and erases.
-    pub merge_ns: u64,
-    pub energy_fj: u64,
+    pub(crate) merge_ns: u64,
+    pub(crate) energy_fj: u64,
 }
 
 fn energy_fj(mv: u64, ua: u64, ns: u64) -> u128 {
@@ -131,7 +129,7 @@ fn energy_fj(mv: u64, ua: u64, ns: u64) -> u128 {
 }
 
 impl NandParams {
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.page_bytes == 0 || self.page_bytes % 512 != 0 {
             return Err(format!(
                 "page size {} must be a positive multiple of 512",
@@ -143,39 +141,39 @@ impl NandParams {
         }
         Ok(())
     }
-    pub fn block_bytes(&self) -> u64 {
+    pub(crate) fn block_bytes(&self) -> u64 {
         self.page_bytes * self.pages_per_block
     }
     /// One page over the bus.
-    pub fn bus_ns(&self) -> u64 {
+    pub(crate) fn bus_ns(&self) -> u64 {
         self.page_bytes * self.bus_ns_per_byte
     }
-    pub fn host_read_ns(&self) -> u64 {
+    pub(crate) fn host_read_ns(&self) -> u64 {
         self.read_ns + self.bus_ns()
     }
-    pub fn host_program_ns(&self) -> u64 {
+    pub(crate) fn host_program_ns(&self) -> u64 {
         self.bus_ns() + self.program_ns
     }
-    pub fn copy_back_ns(&self) -> u64 {
+    pub(crate) fn copy_back_ns(&self) -> u64 {
         self.read_ns + self.program_ns
     }
-    pub fn host_read_fj(&self) -> u128 {
+    pub(crate) fn host_read_fj(&self) -> u128 {
         energy_fj(self.vcc_mv, self.read_ua, self.host_read_ns())
     }
-    pub fn host_program_fj(&self) -> u128 {
+    pub(crate) fn host_program_fj(&self) -> u128 {
         energy_fj(self.vcc_mv, self.program_ua, self.host_program_ns())
     }
-    pub fn copy_back_fj(&self) -> u128 {
+    pub(crate) fn copy_back_fj(&self) -> u128 {
         energy_fj(self.vcc_mv, self.read_ua, self.read_ns)
             + energy_fj(self.vcc_mv, self.program_ua, self.program_ns)
     }
-    pub fn erase_fj(&self) -> u128 {
+    pub(crate) fn erase_fj(&self) -> u128 {
         energy_fj(self.vcc_mv, self.erase_ua, self.erase_ns)
     }
 
     /// Time and energy of `ops`. Saturates instead of overflowing (a `u64` of fJ holds 18 kJ,
     /// a `u64` of ns 584 years).
-    pub fn cost(&self, ops: &NandOps) -> Cost {
+    pub(crate) fn cost(&self, ops: &NandOps) -> Cost {
         let sat = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
         let n = u128::from;
         let host = n(ops.host_page_reads) * n(self.host_read_ns())
