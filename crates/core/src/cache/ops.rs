@@ -1,7 +1,7 @@
 //! The page cache, engine side (design.md section 11): writes to lower regular files become
 //! dirty pages in NVRAM inside the operation's transaction; reads, attributes, truncates and
 //! the operations that touch the lower file directly stay coherent with them. Write-back is in
-//! `flusher.rs`.
+//! `writeback.rs`.
 //!
 //! Coherence rules:
 //! - write: a page in NVRAM is updated (snapshot); a page the write covers whole is allocated
