@@ -46,7 +46,7 @@ fn code_table(name: &str) -> Option<&'static [Field]> {
         "undo record" => txn::undo::RECORD_HEADER_LAYOUT,
         "descriptor" => txn::frames::DESCRIPTOR_LAYOUT,
         "temp-file record" => engine::tempfs::record::LAYOUT,
-        "directory-times record" => engine::overlay::times::LAYOUT,
+        "directory-times record" => engine::tempfs::overlay::times::LAYOUT,
         "cached-file record" => engine::cache::record::LAYOUT,
         "redo record" => engine::journal::record::LAYOUT,
         "patch" => engine::cache::patch::LAYOUT,

@@ -33,7 +33,8 @@ pub fn run(args: &CheckArgs) -> CliResult {
     let temps = reported(&path, engine::tempfs::scan(&pool).map_err(Into::into))?;
     let cached = reported(&path, engine::cache::scan(&pool).map_err(Into::into))?;
     let journal = reported(&path, engine::journal::record::scan(&pool).map_err(Into::into))?;
-    let dir_times = reported(&path, engine::overlay::times::scan(&pool).map_err(Into::into))?;
+    let dir_times =
+        reported(&path, engine::tempfs::overlay::times::scan(&pool).map_err(Into::into))?;
     let profile = reported(&path, engine::route::profile::scan(&pool).map_err(Into::into))?;
     // A block cache (`device attach --nvram`): every frame and sector verified.
     let blocks = reported(&path, device::nvcache::scan(&pool).map_err(super::block_cache_error))?;

@@ -81,7 +81,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
         let what = match *kind {
             engine::tempfs::record::KIND_OBJECT => "temp-file records",
             engine::tempfs::record::KIND_DATA => "temp-file data pages",
-            engine::overlay::times::KIND_DIR_TIMES => "pending directory times",
+            engine::tempfs::overlay::times::KIND_DIR_TIMES => "pending directory times",
             engine::journal::record::KIND_REDO => "metadata-journal records",
             engine::cache::record::KIND_RECORD => "cached-file records",
             engine::cache::record::KIND_PAGE => "cached dirty pages",
@@ -400,12 +400,14 @@ fn print_profile(profile: &Profile) {
 }
 
 /// Pending directory times as the next mount will see them.
-fn dir_times(path: &std::path::Path) -> CliResult<Vec<engine::overlay::times::Found>> {
+fn dir_times(path: &std::path::Path) -> CliResult<Vec<engine::tempfs::overlay::times::Found>> {
     let (pool, _) = super::dry_open(path)?;
-    Ok(engine::overlay::times::scan(&pool)?)
+    Ok(engine::tempfs::overlay::times::scan(&pool)?)
 }
 
-fn dir_times_json(found: &CliResult<Vec<engine::overlay::times::Found>>) -> serde_json::Value {
+fn dir_times_json(
+    found: &CliResult<Vec<engine::tempfs::overlay::times::Found>>,
+) -> serde_json::Value {
     match found {
         Ok(list) => serde_json::json!({
             "directories": list.len(),
@@ -428,7 +430,7 @@ fn dir_times_json(found: &CliResult<Vec<engine::overlay::times::Found>>) -> serd
     }
 }
 
-fn print_dir_times(found: &CliResult<Vec<engine::overlay::times::Found>>) {
+fn print_dir_times(found: &CliResult<Vec<engine::tempfs::overlay::times::Found>>) {
     match found {
         Ok(list) if list.is_empty() => {}
         Ok(list) => println!(

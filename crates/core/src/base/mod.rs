@@ -36,7 +36,7 @@ pub mod sync;
 
 use std::sync::Arc;
 
-use lower::{LowerFs, TimeSet};
+use lower::{Attr, LowerFs, TimeSet};
 use txn::{Pool, Tx, TxError};
 
 use counters::Counters;
@@ -48,6 +48,13 @@ use slots::{Place, Released, SlotList};
 use space::Space;
 
 pub use pages::PAGE;
+
+/// A looked-up object: its node id and attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub node_id: u64,
+    pub attr: Attr,
+}
 
 /// A test hook: called with the name of each persistence step of the engine's protocols
 /// (e.g. `transform.copied`), so that process-level tests can kill the daemon exactly there.

@@ -20,20 +20,19 @@ pub mod routing;
 pub mod start;
 pub mod stats;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use lower::{Attr, LowerFs};
 use txn::Pool;
 
 use crate::base::counters::Op;
 use crate::base::error::{FsError, FsResult, answer};
-use crate::base::handles::{Handle, HandleTable};
-use crate::base::inodes::{Identity, Inode, InodeTable, ROOT_ID, TEMP_BASE};
-use crate::base::sync::Mutex;
-use crate::base::{Base, Failpoints, OpTx};
+use crate::base::handles::Handle;
+use crate::base::inodes::{Identity, Inode, ROOT_ID, TEMP_BASE};
+use crate::base::{Base, Entry, Failpoints, OpTx};
 use crate::cache::{CacheConfig, PageCache};
-use crate::overlay::{DirKey, Listed, Overlay};
-use crate::tempfs::{TempConfig, TempFile, TempState, TempStore, data};
+use crate::tempfs::names::{Obj, Open};
+use crate::tempfs::{TempConfig, TempFile, TempFs, TempState, data};
 
 /// Limits and knobs of an engine, fixed at mount. The default (with the nested configurations'
 /// defaults) is what `nvstack mount` runs with when no flag is given: the mount's flags take
@@ -77,66 +76,17 @@ impl Default for EngineConfig {
     }
 }
 
-/// A looked-up object: its node id and attributes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub node_id: u64,
-    pub attr: Attr,
-}
-
-/// What a node id names.
-#[derive(Debug)]
-pub enum Obj<N> {
-    Lower(Arc<N>),
-    Temp(Arc<TempFile>),
-}
-
-impl<N> Clone for Obj<N> {
-    fn clone(&self) -> Self {
-        match self {
-            Obj::Lower(n) => Obj::Lower(Arc::clone(n)),
-            Obj::Temp(f) => Obj::Temp(Arc::clone(f)),
-        }
-    }
-}
-
-/// An open file or directory.
-#[derive(Debug)]
-pub enum Open<L: LowerFs> {
-    /// An open lower object (not a directory): `key` is its lower identity, `regular` whether
-    /// it is a regular file (only those are cached), `direct` whether opened with O_DIRECT
-    /// (its IO goes to the lower file, which is written back first), `passthrough` whether
-    /// the kernel serves its IO from the lower file (`route/`; a request that still reaches
-    /// the engine goes to the lower file like O_DIRECT's), `small_writes` whether it was
-    /// written in pieces smaller than a page (the route profile learns the file at release).
-    Lower {
-        file: L::File,
-        key: (u64, u64),
-        regular: bool,
-        direct: bool,
-        passthrough: bool,
-        small_writes: std::sync::atomic::AtomicBool,
-    },
-    /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
-    Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },
-    /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
-    /// directory held temp files (offsets are then positions in it: stable across changes).
-    Dir { file: L::File, key: DirKey, listing: Mutex<Option<Arc<Vec<Listed>>>> },
-}
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct Engine<L: LowerFs> {
     /// The services every mechanism borrows: the lower facade, the pool, counters, space.
     pub(crate) base: Base<L>,
-    pub(crate) inodes: InodeTable<Obj<L::Node>>,
-    pub(crate) handles: HandleTable<Open<L>>,
     /// The metadata journal: lower namespace and attribute changes durable in NVRAM.
     pub(crate) journal: crate::journal::Journal,
-    /// The temp-file store's knobs, counters and LRU clock.
-    pub(crate) temp: TempStore,
-    /// What NVRAM adds to the lower namespace (rank `Overlay`).
-    pub(crate) overlay: Mutex<Overlay<L::Node>>,
+    /// TempFFS with its overlay, and the tables of what the kernel names (node ids, open
+    /// handles) over the merged namespace.
+    pub(crate) temp: TempFs<L>,
+    /// The NVRAM page cache of lower files, with its patches and write-back.
     pub(crate) cache: PageCache<L>,
     pub(crate) xattrs: bool,
     /// The route of each open file (NVRAM path or passthrough) and the route profile.
@@ -187,7 +137,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub(crate) fn inode(&self, id: u64) -> FsResult<Arc<Inode<Obj<L::Node>>>> {
-        self.inodes.get(id).ok_or_else(|| stale(id))
+        self.temp.nodes.get(id).ok_or_else(|| stale(id))
     }
 
     /// The object behind a node id.
@@ -213,7 +163,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub(crate) fn handle(&self, fh: u64) -> FsResult<Arc<Handle<Open<L>>>> {
-        self.handles.get(fh).ok_or_else(|| stale(fh))
+        self.temp.handles.get(fh).ok_or_else(|| stale(fh))
     }
 
     pub(crate) fn entry(&self, node: L::Node, attr: Attr) -> Entry {
@@ -222,14 +172,14 @@ impl<L: LowerFs> Engine<L> {
 
     pub(crate) fn entry_of(&self, node: Arc<L::Node>, attr: Attr) -> Entry {
         let key = self.base.lower.key(&node);
-        let node_id = self.inodes.remember(Obj::Lower(node), Identity::lower(key));
+        let node_id = self.temp.nodes.remember(Obj::Lower(node), Identity::lower(key));
         Entry { node_id, attr: self.shown_attr(key, attr) }
     }
 
     /// Registers a temp file with the kernel (one lookup). Called with the file's state
     /// locked and the file resident, so that a transform cannot re-key it in between.
     pub(crate) fn temp_entry(&self, f: &Arc<TempFile>, st: &TempState) -> Entry {
-        let node_id = self.inodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
+        let node_id = self.temp.nodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
         Entry { node_id, attr: self.temp_attr(f, st) }
     }
 
@@ -269,7 +219,7 @@ impl<L: LowerFs> Engine<L> {
 
     pub(crate) fn register(&self, node_id: u64, file: Open<L>) -> FsResult<u64> {
         // Too many open files: the lower file system would say EMFILE too.
-        self.handles.insert(node_id, file).ok_or(answer(libc::EMFILE))
+        self.temp.handles.insert(node_id, file).ok_or(answer(libc::EMFILE))
     }
 
     /// The lower file of an open handle: the handle's own, or (for a temp file that has been

@@ -110,7 +110,7 @@ impl<L: LowerFs> Engine<L> {
 
     /// The lower descriptor the kernel may serve an open in passthrough from.
     pub fn backing_fd(&self, fh: u64) -> Option<std::os::fd::OwnedFd> {
-        let h = self.handles.get(fh)?;
+        let h = self.temp.handles.get(fh)?;
         let Open::Lower { file, passthrough: true, .. } = &h.file else { return None };
         let fd: BorrowedFd<'_> = self.base.lower.backing_fd(file)?;
         fd.try_clone_to_owned().ok()
@@ -120,7 +120,7 @@ impl<L: LowerFs> Engine<L> {
     /// the NVRAM path); `off`: passthrough is not available at all (no privilege, no kernel
     /// support), so it is turned off.
     pub fn passthrough_refused(&self, fh: u64, off: bool) {
-        if let Some(h) = self.handles.get(fh) {
+        if let Some(h) = self.temp.handles.get(fh) {
             self.routes.refused(h.node_id);
         }
         if off {

@@ -12,18 +12,17 @@ use std::sync::Arc;
 use lower::{Errno, LowerFs};
 use txn::{Pool, TxError};
 
-use super::{Engine, EngineConfig, Obj};
+use super::{Engine, EngineConfig};
 use crate::base::Base;
 use crate::base::error::{FsError, FsResult, StartError};
 use crate::base::handles::HandleTable;
 use crate::base::inodes::{Identity, InodeTable};
 use crate::base::optx::rewrite;
-use crate::base::sync::{Mutex, Rank};
 use crate::cache::{PageCache, Reason};
 use crate::journal::Journal;
 use crate::journal::checkpoint::Why;
-use crate::overlay::Overlay;
-use crate::tempfs::{TempStore, Trigger};
+use crate::tempfs::names::Obj;
+use crate::tempfs::{TempFs, Trigger};
 
 impl<L: LowerFs> Engine<L> {
     /// Starts an engine over a recovered region: rebuilds the temp-file overlay, frees temp
@@ -54,11 +53,13 @@ impl<L: LowerFs> Engine<L> {
         let (root, _) =
             lower.lookup(lower.root(), std::ffi::OsStr::new(".")).map_err(StartError::Lower)?;
         let engine = Engine {
-            inodes: InodeTable::new(Obj::Lower(Arc::new(root)), Identity::lower(root_key)),
-            handles: HandleTable::new(config.max_handles),
             journal: Journal::new(journal_on, config.journal, frames),
-            temp: TempStore::new(config.temp, temp_limits),
-            overlay: Mutex::new(Rank::Overlay, Overlay::default()),
+            temp: TempFs::new(
+                config.temp,
+                temp_limits,
+                InodeTable::new(Obj::Lower(Arc::new(root)), Identity::lower(root_key)),
+                HandleTable::new(config.max_handles),
+            ),
             cache: PageCache::new(config.cache, cache_limits, policy),
             xattrs: config.xattrs,
             routes: crate::route::Routes::new(config.passthrough),
@@ -110,10 +111,10 @@ impl<L: LowerFs> Engine<L> {
         {
             eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
         }
-        let Engine { base, inodes, handles, overlay, .. } = self;
-        drop(handles);
-        drop(inodes);
-        drop(overlay);
+        // The open handles, the nodes and the overlay hold lower descriptors and temp files:
+        // gone before the region is marked clean.
+        let Engine { base, temp, .. } = self;
+        drop(temp);
         base.pool.close();
     }
 }
@@ -145,7 +146,7 @@ impl<L: LowerFs> Engine<L> {
                 writes.push((t.place.offset(pool), before, t.rec.encode().to_vec()));
             }
         }
-        for mut t in crate::overlay::times::scan(pool).map_err(corrupt)? {
+        for mut t in crate::tempfs::overlay::times::scan(pool).map_err(corrupt)? {
             let before = t.times.encode().to_vec();
             if swap(&mut t.times.handle) {
                 writes.push((pool.frame_offset(t.frame), before, t.times.encode().to_vec()));

@@ -54,8 +54,8 @@ impl<L: LowerFs> Engine<L> {
         let RequestStats { requests, errors, retries, app, lower } = b.counters.snapshot();
         let mut stats = Stats { requests, errors, retries, app, lower, ..Stats::default() };
         let pool = b.pool.stats();
-        stats.inodes = self.inodes.len() as u64;
-        stats.open_handles = self.handles.len() as u64;
+        stats.inodes = self.temp.nodes.len() as u64;
+        stats.open_handles = self.temp.handles.len() as u64;
         stats.lower_nodes = b.lower.node_stats();
         stats.nvram = NvramStats {
             frames_total: pool.frames_total,

@@ -11,7 +11,8 @@ use crate::base::counters::Op;
 use crate::base::error::{FsResult, answer};
 use crate::base::inodes::ROOT_ID;
 use crate::cache::Cached;
-use crate::engine::{Engine, Obj, Open, suidgid_bits};
+use crate::engine::{Engine, suidgid_bits};
+use crate::tempfs::names::{Obj, Open};
 use crate::tempfs::{self, Fate};
 
 impl<L: LowerFs> Engine<L> {
@@ -56,7 +57,7 @@ impl<L: LowerFs> Engine<L> {
                         None => continue, // transformed meanwhile
                     },
                 };
-                let handle = fh.and_then(|fh| self.handles.get(fh));
+                let handle = fh.and_then(|fh| self.temp.handles.get(fh));
                 let file = match handle.as_deref().map(|h| &h.file) {
                     Some(Open::Lower { file, .. } | Open::Dir { file, .. }) => Some(file),
                     _ => None,

@@ -3,12 +3,14 @@
 
 use lower::{DirEntry, LowerFs, StatFs};
 
+use crate::base::Entry;
 use crate::base::counters::{Counters, Op};
 use crate::base::error::{FsResult, answer};
 use crate::base::inodes::ROOT_ID;
 use crate::base::sync::{Mutex, Rank};
-use crate::engine::{Engine, Entry, Obj, Open, stale};
+use crate::engine::{Engine, stale};
 use crate::tempfs::Fate;
+use crate::tempfs::names::{Obj, Open};
 
 impl<L: LowerFs> Engine<L> {
     pub fn opendir(&self, node_id: u64) -> FsResult<u64> {
@@ -74,7 +76,7 @@ impl<L: LowerFs> Engine<L> {
                     Ok(looked_up) => {
                         let added = emit(entry, Some(&looked_up));
                         if !added {
-                            self.inodes.forget(looked_up.node_id, 1);
+                            self.temp.nodes.forget(looked_up.node_id, 1);
                         }
                         added
                     }
@@ -94,7 +96,7 @@ impl<L: LowerFs> Engine<L> {
     }
 
     pub fn releasedir(&self, fh: u64) -> FsResult<()> {
-        self.op(Op::Releasedir, |_| self.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
+        self.op(Op::Releasedir, |_| self.temp.handles.remove(fh).map(drop).ok_or_else(|| stale(fh)))
     }
 
     /// fsync of a directory: its temp-file entries and pending times are in NVRAM already; the

@@ -7,12 +7,14 @@ use lower::{Creds, LowerFs};
 use std::sync::atomic::AtomicBool;
 
 use crate::base::Committed;
+use crate::base::Entry;
 use crate::base::counters::{Counters, Op};
 use crate::base::error::{FsResult, answer};
 use crate::base::handles::Handle;
 use crate::engine::routing::{sync_flag, writable};
-use crate::engine::{Engine, Entry, Obj, Open, Via, stale};
+use crate::engine::{Engine, Via, stale};
 use crate::route::{Keep, Opened, Route, Signal};
+use crate::tempfs::names::{Obj, Open};
 use crate::tempfs::{self, Fate, data};
 
 impl<L: LowerFs> Engine<L> {
@@ -143,7 +145,7 @@ impl<L: LowerFs> Engine<L> {
     /// the node's backing file when it was the last).
     pub fn release(&self, fh: u64) -> FsResult<bool> {
         self.op(Op::Release, |tx| {
-            let h = self.handles.remove(fh).ok_or_else(|| stale(fh))?;
+            let h = self.temp.handles.remove(fh).ok_or_else(|| stale(fh))?;
             let passthrough = matches!(h.file, Open::Lower { passthrough: true, .. });
             if matches!(h.file, Open::Lower { regular: true, .. } | Open::Temp { .. }) {
                 self.routes.release(h.node_id);

@@ -8,7 +8,8 @@ use txn::TxError;
 use crate::base::OpTx;
 use crate::base::counters::{Counters, Op};
 use crate::base::error::{FsError, FsResult};
-use crate::engine::{Engine, Obj, Open, Via, stale};
+use crate::engine::{Engine, Via, stale};
+use crate::tempfs::names::{Obj, Open};
 use crate::tempfs::{self, Fate, TempFile, data};
 
 /// What a write leaves to do after its operation ended.

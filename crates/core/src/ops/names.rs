@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use lower::{Creds, LowerFs};
 
+use crate::base::Entry;
 use crate::base::counters::Op;
 use crate::base::error::{FsResult, answer};
-use crate::engine::{Engine, Entry};
+use crate::engine::Engine;
 use crate::tempfs::{self, Fate};
 
 impl<L: LowerFs> Engine<L> {
@@ -30,7 +31,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn forget(&self, node_id: u64, nlookup: u64) {
         self.base.counters.request(Op::Forget, true);
         // The kernel's last reference: the pages of a deleted file are dropped now.
-        if let Some(identity) = self.inodes.forget(node_id, nlookup) {
+        if let Some(identity) = self.temp.nodes.forget(node_id, nlookup) {
             self.routes.forget(node_id);
             if let Some(key) = identity.lower_key() {
                 self.cache.drop_if_deleted(&self.base, key);
@@ -131,7 +132,7 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Rmdir, |otx| {
             let p = self.dir(parent)?;
             let key = self.base.lower.key(&p);
-            if self.overlay.lock().get(key, name).is_some() {
+            if self.temp.overlay.lock().get(key, name).is_some() {
                 return Err(answer(libc::ENOTDIR));
             }
             if tempfs::is_hidden(name) {
@@ -139,7 +140,7 @@ impl<L: LowerFs> Engine<L> {
             }
             // A directory holding only temp files is empty to the lower file system.
             if let Ok((child, _)) = self.base.lower.lookup(&p, name)
-                && self.overlay.lock().has_entries(self.base.lower.key(&child))
+                && self.temp.overlay.lock().has_entries(self.base.lower.key(&child))
             {
                 return Err(answer(libc::ENOTEMPTY));
             }
@@ -171,7 +172,7 @@ impl<L: LowerFs> Engine<L> {
             return Err(answer(libc::EPERM));
         }
         let key = self.base.lower.key(parent);
-        if self.overlay.lock().get(key, name).is_some() {
+        if self.temp.overlay.lock().get(key, name).is_some() {
             return Err(answer(libc::EEXIST));
         }
         Ok(())

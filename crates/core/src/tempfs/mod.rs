@@ -2,7 +2,7 @@
 //! (thesis 3.1.1; design.md section 10).
 //!
 //! A temp file is a record (attributes, the lower directory and the name) in a slot of a
-//! record frame, eight to a frame (`crate::base::slots`), plus one data frame per resident page. The *overlay* (`crate::overlay`) is the volatile
+//! record frame, eight to a frame (`crate::base::slots`), plus one data frame per resident page. The *overlay* (`crate::tempfs::overlay`) is the volatile
 //! index of named temp files by (lower directory, name), rebuilt from the records at mount;
 //! the engine consults it before the lower directory on lookup and merges it into readdir.
 //!
@@ -19,7 +19,9 @@
 //! transform therefore holds no lock during its lower IO.
 
 pub mod data;
+pub mod names;
 mod ops;
+pub mod overlay;
 pub mod record;
 mod recovery;
 mod rename;
@@ -31,9 +33,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
 
+use crate::base::handles::HandleTable;
+use crate::base::inodes::InodeTable;
 use crate::base::share::Share;
 use crate::base::sync::{Condvar, Mutex, MutexGuard, Rank};
-use crate::overlay::DirKey;
+use crate::tempfs::overlay::{DirKey, Overlay};
+use lower::LowerFs;
+use names::{Obj, Open};
 
 use crate::base::slots;
 pub use crate::base::slots::Place;
@@ -244,7 +250,7 @@ impl TempFile {
 /// The temp-file store's engine-wide state: its knobs, counters and LRU clock. (Its files are
 /// in the overlay; their data in NVRAM frames.)
 #[derive(Debug)]
-pub struct TempStore {
+pub struct TempFs<L: LowerFs> {
     pub config: TempConfig,
     pub limits: TempLimits,
     pub counters: TempCounters,
@@ -253,17 +259,30 @@ pub struct TempStore {
     pub relieving: AtomicBool,
     /// The record frames and their taken slots (T6).
     pub slots: slots::SlotList,
+    /// What NVRAM adds to the lower namespace (rank `Overlay`).
+    pub overlay: Mutex<Overlay<L::Node>>,
+    /// What the kernel names: node ids (lower objects and temp files) and open handles.
+    pub nodes: InodeTable<Obj<L::Node>>,
+    pub handles: HandleTable<Open<L>>,
 }
 
-impl TempStore {
-    pub fn new(config: TempConfig, limits: TempLimits) -> Self {
-        TempStore {
+impl<L: LowerFs> TempFs<L> {
+    pub fn new(
+        config: TempConfig,
+        limits: TempLimits,
+        nodes: InodeTable<Obj<L::Node>>,
+        handles: HandleTable<Open<L>>,
+    ) -> Self {
+        TempFs {
             config,
             limits,
             counters: TempCounters::default(),
             lru: Clock::default(),
             relieving: AtomicBool::new(false),
             slots: slots::SlotList::default(),
+            overlay: Mutex::new(Rank::Overlay, Overlay::default()),
+            nodes,
+            handles,
         }
     }
 

@@ -14,12 +14,14 @@ use std::sync::{Arc, OnceLock};
 use lower::{Creds, LowerFs, SetAttr};
 use txn::Tx;
 
+use crate::base::Entry;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::slots;
-use crate::engine::{Engine, Entry, Open, suidgid_bits};
-use crate::overlay::DirKey;
+use crate::engine::{Engine, suidgid_bits};
+use crate::tempfs::names::Open;
+use crate::tempfs::overlay::DirKey;
 use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data};
 
 /// The outcome of `tx_truncate`, applied to the mirror after the commit.
@@ -39,12 +41,12 @@ impl<L: LowerFs> Engine<L> {
     /// The temp file named `name` in `dir`, registered with the kernel (one lookup).
     pub(crate) fn temp_lookup(&self, dir: &L::Node, name: &OsStr) -> Option<Entry> {
         let key = self.base.lower.key(dir);
-        let mut f = Arc::clone(self.overlay.lock().get(key, name)?);
+        let mut f = Arc::clone(self.temp.overlay.lock().get(key, name)?);
         loop {
             let st = f.lock();
             // With the file's lock held its name cannot change (O5); the overlay, read again
             // under it, says whether the file read before still has the name.
-            let now = self.overlay.lock().get(key, name).cloned();
+            let now = self.temp.overlay.lock().get(key, name).cloned();
             match now {
                 Some(g) if Arc::ptr_eq(&g, &f) => return Some(self.temp_entry(&f, &st)),
                 Some(g) => {
@@ -90,7 +92,7 @@ impl<L: LowerFs> Engine<L> {
         };
         let (gid, perm) = init_owner(creds, &dir_attr, mode);
         let now = self.base.lower.now();
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         if idx.get(key, name).is_some() {
             return Err(answer(libc::EEXIST));
         }
@@ -168,15 +170,15 @@ impl<L: LowerFs> Engine<L> {
         drop(st);
         let open =
             Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
-        let Some(fh) = self.handles.insert(entry.node_id, open) else {
+        let Some(fh) = self.temp.handles.insert(entry.node_id, open) else {
             // Too many open files: take the new file back (as a failed open(O_CREAT) would
             // leave it, it may stay; removing it is kinder and is what we do).
-            self.inodes.forget(entry.node_id, 1);
+            self.temp.nodes.forget(entry.node_id, 1);
             let mut st = f.lock();
             st.opens = 0;
             let r = self.tx_unname(otx.tx(), f, &st);
             if let Ok(u) = otx.end(r) {
-                let mut idx = self.overlay.lock();
+                let mut idx = self.temp.overlay.lock();
                 self.apply_unname(f, &mut st, u);
                 idx.remove_name(key, name);
                 idx.temps.remove(&f.serial);
@@ -218,7 +220,7 @@ impl<L: LowerFs> Engine<L> {
     /// The durable handle of lower directory `dir` (key `key`): the overlay's copy when it
     /// holds temp files there, else asked of the lower file system (no lock held).
     pub(super) fn dir_handle_of(&self, key: DirKey, dir: &L::Node) -> FsResult<Vec<u8>> {
-        if let Some(d) = self.overlay.lock().dirs.get(&key) {
+        if let Some(d) = self.temp.overlay.lock().dirs.get(&key) {
             return Ok(d.handle.clone());
         }
         Ok(self.base.lower.dir_handle(dir)?)
@@ -248,7 +250,7 @@ impl<L: LowerFs> Engine<L> {
         }
         let open =
             Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
-        let fh = self.handles.insert(node_id, open).ok_or(answer(libc::EMFILE))?;
+        let fh = self.temp.handles.insert(node_id, open).ok_or(answer(libc::EMFILE))?;
         st.opens += 1;
         st.last_use = self.temp.lru.tick();
         Ok(Some(fh))
@@ -261,7 +263,7 @@ impl<L: LowerFs> Engine<L> {
             let r = Self::tx_free(otx.tx(), f, &st);
             let n = otx.end(r)?;
             self.apply_free(f, &mut st, n);
-            self.overlay.lock().temps.remove(&f.serial);
+            self.temp.overlay.lock().temps.remove(&f.serial);
         }
         st.opens = st.opens.saturating_sub(1);
         Ok(())
@@ -462,7 +464,9 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<bool> {
         let key = self.base.lower.key(dir);
         loop {
-            let Some(f) = self.overlay.lock().get(key, name).cloned() else { return Ok(false) };
+            let Some(f) = self.temp.overlay.lock().get(key, name).cloned() else {
+                return Ok(false);
+            };
             let mut st = f.wait_stable(f.lock());
             if !st.is_named(key, name) {
                 continue; // renamed, transformed or unlinked meanwhile: look again
@@ -470,7 +474,7 @@ impl<L: LowerFs> Engine<L> {
             // Lower calls under this file's lock only (O1: the shadowed file goes first).
             self.unlink_shadowed(dir, &st.rec)?;
             let now = self.base.lower.now();
-            let mut idx = self.overlay.lock();
+            let mut idx = self.temp.overlay.lock();
             let handle = st.rec.dir.clone();
             let r = (|| -> FsResult<_> {
                 let tx = otx.tx();

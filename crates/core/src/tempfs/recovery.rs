@@ -10,7 +10,7 @@ use lower::LowerFs;
 
 use crate::base::error::StartError;
 use crate::engine::Engine;
-use crate::overlay::Overlay;
+use crate::tempfs::overlay::Overlay;
 use crate::tempfs::{self, Fate, State, TempFile, TempState, Trigger, data};
 
 impl<L: LowerFs> Engine<L> {
@@ -90,7 +90,7 @@ impl<L: LowerFs> Engine<L> {
             idx.insert_name(key, &dir, &handle, &name, Arc::clone(&file));
             idx.temps.insert(file.serial, file);
         }
-        *self.overlay.lock() = idx;
+        *self.temp.overlay.lock() = idx;
         for f in redo {
             self.finish_transform(&f, Trigger::Recovery, self.base.committed())
                 .map_err(|error| StartError::Redo { serial: f.serial, error })?;

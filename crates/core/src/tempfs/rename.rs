@@ -18,8 +18,8 @@ use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::engine::Engine;
-use crate::overlay::pending::Written;
-use crate::overlay::{DirKey, Overlay};
+use crate::tempfs::overlay::pending::Written;
+use crate::tempfs::overlay::{DirKey, Overlay};
 use crate::tempfs::{self, Fate, State, TempFile, data};
 
 const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
@@ -51,7 +51,7 @@ impl<L: LowerFs> Engine<L> {
         }
         loop {
             let (src, dst) = {
-                let idx = self.overlay.lock();
+                let idx = self.temp.overlay.lock();
                 (idx.get(k1, name).cloned(), idx.get(k2, newname).cloned())
             };
             let done = match (src, dst) {
@@ -115,7 +115,7 @@ impl<L: LowerFs> Engine<L> {
         if flags & EXCHANGE == 0
             && let Ok((target, attr)) = self.base.lower.lookup(np, newname)
             && attr.kind() == FileKind::Directory
-            && self.overlay.lock().has_entries(self.base.lower.key(&target))
+            && self.temp.overlay.lock().has_entries(self.base.lower.key(&target))
         {
             let (_, src_attr) = self.base.lower.lookup(p, name)?;
             if src_attr.kind() == FileKind::Directory {
@@ -172,7 +172,7 @@ impl<L: LowerFs> Engine<L> {
         }
         // Lower calls under the file's own lock (O1: the shadowed file goes first).
         self.unlink_shadowed(p, &st.rec)?;
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         if idx.get(k2, newname).is_some() {
             return Ok(None); // a temp file took the target meanwhile
         }
@@ -240,7 +240,7 @@ impl<L: LowerFs> Engine<L> {
             rd.set_shadows(s_shadows);
             rs.ctime = now;
             rd.ctime = now;
-            let mut idx = self.overlay.lock();
+            let mut idx = self.temp.overlay.lock();
             let r = (|| -> FsResult<_> {
                 let tx = otx.tx();
                 data::put_record(tx, s.place, &rs)?;
@@ -266,7 +266,7 @@ impl<L: LowerFs> Engine<L> {
         (rs.dir, rs.name) = (h2.clone(), newname.to_os_string());
         rs.set_shadows(inherited);
         rs.ctime = now;
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         let r = (|| -> FsResult<_> {
             let tx = otx.tx();
             let unnamed = self.tx_unname(tx, d, &ds)?;

@@ -33,8 +33,9 @@ use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::inodes::Identity;
 use crate::base::slots::SLOTS;
-use crate::engine::{Engine, Obj};
-use crate::overlay::DirKey;
+use crate::engine::Engine;
+use crate::tempfs::names::Obj;
+use crate::tempfs::overlay::DirKey;
 use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
 
 /// The transform writes runs of resident pages in chunks of at most this many (1 MiB).
@@ -128,7 +129,7 @@ impl<L: LowerFs> Engine<L> {
             (st.rec.clone(), st.pages.clone(), st.dir)
         };
         let dir = {
-            let idx = self.overlay.lock();
+            let idx = self.temp.overlay.lock();
             Arc::clone(&idx.dirs.get(&key).ok_or(answer(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
@@ -190,14 +191,14 @@ impl<L: LowerFs> Engine<L> {
         self.release_record(f.place);
         let n = st.pages.len() as u64;
         // The name leaves the overlay with the file's lock held (O5).
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         st.pages.clear();
         st.fate = Fate::Transformed;
         idx.remove_name(job.key, &job.rec.name);
         idx.temps.remove(&f.serial);
         drop(idx);
         let new_key = Identity::lower(self.base.lower.key(&node));
-        self.inodes.rekey(
+        self.temp.nodes.rekey(
             crate::base::inodes::TEMP_BASE + f.serial,
             new_key,
             Obj::Lower(Arc::new(node)),
@@ -444,7 +445,7 @@ impl<L: LowerFs> Engine<L> {
         trigger: Trigger,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
+        let files: Vec<Arc<TempFile>> = self.temp.overlay.lock().temps.values().cloned().collect();
         let (done, error) = self.transform_group(&files, trigger, progress);
         // Every temp file went: no record frame is kept as room either.
         match self.free_empty_record_frames(0) {
@@ -517,7 +518,7 @@ impl<L: LowerFs> Engine<L> {
     /// them.
     fn least_recently_used(&self, frames: u64, max_files: usize) -> Vec<Arc<TempFile>> {
         // The files first (the overlay), then each one's state (a rank before the overlay).
-        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
+        let files: Vec<Arc<TempFile>> = self.temp.overlay.lock().temps.values().cloned().collect();
         let mut candidates: Vec<(u64, Arc<TempFile>)> = files
             .iter()
             .filter_map(|f| {

@@ -77,7 +77,8 @@ impl<L: LowerFs> Engine<L> {
         if attr.kind() != FileKind::Directory {
             return;
         }
-        if let Some((_, t)) = self.overlay.lock().dirs.get(&key).and_then(|d| d.times.as_ref()) {
+        if let Some((_, t)) = self.temp.overlay.lock().dirs.get(&key).and_then(|d| d.times.as_ref())
+        {
             attr.mtime = attr.mtime.max(t.mtime);
             attr.ctime = attr.ctime.max(t.ctime);
         }
@@ -91,7 +92,7 @@ impl<L: LowerFs> Engine<L> {
         key: DirKey,
         attr: &Attr,
     ) -> FsResult<()> {
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         let Some((frame, old)) = idx.dirs.get(&key).and_then(|d| d.times.clone()) else {
             return Ok(());
         };
@@ -111,6 +112,7 @@ impl<L: LowerFs> Engine<L> {
     /// freed.
     pub fn settle_dir_times(&self) -> FsResult<u64> {
         let pending: Vec<(DirKey, Arc<L::Node>, Written)> = self
+            .temp
             .overlay
             .lock()
             .dirs
@@ -140,7 +142,7 @@ impl<L: LowerFs> Engine<L> {
             }
         }
         self.base.syncfs_lower()?;
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         let done: Vec<(DirKey, FrameId)> = pending
             .into_iter()
             .filter(|(key, _, w)| {
@@ -167,7 +169,7 @@ impl<L: LowerFs> Engine<L> {
     /// (each costs a frame). Called after operations that can leave such a directory.
     pub(crate) fn settle_if_many(&self) {
         let many = {
-            let idx = self.overlay.lock();
+            let idx = self.temp.overlay.lock();
             idx.dirs.len() > MAX_RECORDS && idx.times_only() > MAX_RECORDS
         };
         if many && let Err(e) = self.settle_dir_times() {
@@ -195,7 +197,7 @@ impl<L: LowerFs> Engine<L> {
                 .atomically(|tx| gone.iter().try_for_each(|&frame| tx.free_frame(frame)))
                 .map_err(StartError::Settle)?;
         }
-        let mut idx = self.overlay.lock();
+        let mut idx = self.temp.overlay.lock();
         for (node, f) in attach {
             let key = self.base.lower.key(&node);
             Self::apply_dir_times(&mut idx, key, &node, (f.frame, f.times));
@@ -210,7 +212,7 @@ impl<L: LowerFs> Engine<L> {
         for (key, node, handle) in missing {
             // The directory's own times: nothing changes for the application.
             let attr = self.base.lower.getattr(&node).map_err(StartError::Lower)?;
-            let mut idx = self.overlay.lock();
+            let mut idx = self.temp.overlay.lock();
             let written = self
                 .base
                 .atomically(|tx| {

@@ -26,7 +26,8 @@ use lower::{DirEntry, FileKind, LowerFs};
 use crate::base::error::{FsResult, answer};
 use crate::base::handles::Handle;
 use crate::base::inodes::TEMP_BASE;
-use crate::engine::{Engine, Open};
+use crate::engine::Engine;
+use crate::tempfs::names::Open;
 use crate::tempfs::{self, TempFile};
 pub use times::DirTimes;
 
@@ -136,7 +137,7 @@ impl<L: LowerFs> Engine<L> {
         let snapshot = {
             let mut l = listing.lock();
             if offset == 0 {
-                *l = if self.overlay.lock().has_entries(*key) {
+                *l = if self.temp.overlay.lock().has_entries(*key) {
                     Some(Arc::new(self.snapshot_dir(file, *key)?))
                 } else {
                     None
@@ -165,7 +166,8 @@ impl<L: LowerFs> Engine<L> {
     /// name moving from the overlay into the lower directory meanwhile (a transform) is in
     /// one of the two; a name in both is listed once, as the temp file.
     fn snapshot_dir(&self, file: &L::File, key: DirKey) -> FsResult<Vec<Listed>> {
-        let temps = self.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
+        let temps =
+            self.temp.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
         let mut lower_entries = Vec::new();
         let mut too_many = false;
         self.base.lower.readdir(file, 0, &mut |e| {
