@@ -175,8 +175,12 @@ UNCOUNTED_ABORTS = (
     "route profile could not learn a file')",
     "engine/records.rs release_slot / free_empty_slots: freeing an empty record frame (stderr "
     "'an empty record frame was not freed')",
+    "tempfs/rename.rs rename: a temp file renamed into a directory whose pending times need a "
+    "frame; rolled back, the file transformed and renamed in the lower directory (counted only "
+    "among `tempfiles.transformed.nvram_full`, with the write path's transforms)",
     "tempfs/transform.rs back_to_live, mark, free_step: a transform's record update or its "
-    "final free (back_to_live silent; the others as 'transform failed')",
+    "final free (back_to_live silent; the others fail the transform: stderr 'transform "
+    "failed' from a pressure or background round, else the error of the operation)",
     "cache/writeback.rs commit_batch and cache/ops.rs drop_cached: a write-back batch's or a "
     "deleted file's frees (stderr 'write-back failed', 'freeing the cached pages')",
     "journal/checkpoint.rs free_batch, overlay/pending.rs settle_dir_times: frees of "
