@@ -5,6 +5,8 @@ real fsx output. No root, no mounts."""
 import copy
 import json
 
+import pytest
+
 from nvbench import cli, load
 
 
@@ -36,7 +38,7 @@ def test_error_check_real_end_of_run(samples):
     e = load.error_check(end)
     # a real run: 1198 WRITE attempts found NVRAM full and were retried after pressure relief;
     # each aborted its transaction, so they are not errors an application saw
-    assert e["write_retries"] == 1198 == e["transactions_aborted"]
+    assert e["aborts_by_kind"]["write_retries"] == 1198 == e["transactions_aborted"]
     assert e["ok"] and not e["data_path_errors"] and not e["errors_over_requests"]
     assert e["requests_total"] == sum(end["requests"].values())
     end["nvram"]["transactions_aborted"] = 1197          # a write error that was not a retry
@@ -55,7 +57,7 @@ def test_error_check_with_retries_counted_apart(samples):
     end = stat(samples, "nvstack_stat_load_end.json")
     end["retries"] = {"write": end["errors"].pop("write")}
     e = load.error_check(end)
-    assert e["ok"] and e["write_retries"] == 1198 == e["transactions_aborted"]
+    assert e["ok"] and e["aborts_by_kind"]["write_retries"] == 1198 == e["transactions_aborted"]
     end["errors"]["write"] = 1
     assert load.error_check(end)["data_path_errors"] == {"write": 1}
     assert not load.error_check(end)["ok"]
@@ -104,8 +106,8 @@ def test_checks_of_a_run_with_background_transforms_and_a_route_profile(samples)
     # a full NVRAM aborted writes (retried), creates (sent to the lower directory) and
     # journal records (applied without one): all answered without an error
     assert e["ok"] and e["transactions_aborted"] == 7781
-    assert (e["write_retries"], e["creates_sent_down"], e["records_not_journaled"]) == \
-        (1248, 3385, 3148)
+    assert e["aborts_by_kind"] == {"write_retries": 1248, "creates_sent_down": 3385,
+                                   "records_not_journaled": 3148, "fetches_failed": 0}
     end["tempfiles"]["created_in_lower_nvram_full"] -= 1  # an abort nobody accounts for
     assert not load.error_check(end)["ok"]
     p = load.pressure_check({}, stat(samples, "nvstack_stat_load_bg_end.json"))
@@ -117,6 +119,86 @@ def test_checks_of_a_run_with_background_transforms_and_a_route_profile(samples)
     fl["nvram"]["frames_used"] = 1
     fl["passthrough"]["profile_files"] = 0                 # no profile: nothing may be left
     assert not load.flush_check(fl)["ok"]
+
+
+def test_error_check_of_a_run_with_async_bg_fetches_that_found_nvram_full(samples):
+    # --nbw async-bg (the default since 2026-11-28): the background fetcher's merge of a
+    # patched page aborts when it finds no frame (the patch stays). The three kinds the check
+    # knew before missed exactly these 20; now every abort has its kind and its count.
+    end = stat(samples, "nvstack_stat_load_asyncbg_end.json")
+    assert end["nbw"]["mode"] == "async-bg"
+    e = load.error_check(end)
+    assert e["ok"] and e["aborts_unaccounted"] == 0 and "gap" not in e
+    assert e["aborts_by_kind"] == {"write_retries": 1209, "creates_sent_down": 53,
+                                   "records_not_journaled": 68, "fetches_failed": 20}
+    assert e["transactions_aborted"] == 1350 == sum(e["aborts_by_kind"].values())
+    end["nbw"]["fetches_failed"] = 0                      # the check as it was: 20 short
+    e = load.error_check(end)
+    assert not e["ok"] and e["aborts_unaccounted"] == 20
+    assert e["gap"].startswith("20 of 1,350 aborted transactions are of no counted kind")
+
+
+def test_every_abort_kind_has_its_counter_in_a_real_stat(samples):
+    # A renamed or moved counter would read as 0 and show as unaccounted aborts: every
+    # kind's counter is where the stat of today's nvstack has it.
+    end = stat(samples, "nvstack_stat_load_asyncbg_end.json")
+    for kind in load.ABORT_KINDS:
+        d = end
+        for k in kind.counter:
+            assert k in d, f"{kind.name}: {'.'.join(kind.counter)} not in nvstack stat"
+            d = d[k]
+        assert isinstance(d, int) and d > 0, kind.name
+    assert [k.name for k in load.ABORT_KINDS] == list(load.abort_kinds(end))
+
+
+def _snapshot(aborted, write=0, creates=0, unjournaled=0, fetches=0, legacy=False):
+    """A counter snapshot as `nvstack stat --json` has it, only what error_check reads."""
+    s = {"requests": {"write": 100, "create": 10}, "errors": {},
+         "nvram": {"transactions_aborted": aborted},
+         "tempfiles": {"created_in_lower_nvram_full": creates},
+         "journal": {"not_journaled": unjournaled}, "nbw": {"fetches_failed": fetches}}
+    if legacy:                                            # before 2026-11-28
+        s["errors"]["write"] = write
+    else:
+        s["retries"] = {"write": write} if write else {}
+    return s
+
+
+@pytest.mark.parametrize("snap, ok, unaccounted, gap", [
+    (_snapshot(0), True, 0, None),
+    (_snapshot(10, write=10), True, 0, None),
+    (_snapshot(4799, write=4489, creates=80, unjournaled=163, fetches=67), True, 0, None),
+    (_snapshot(67, fetches=67), True, 0, None),
+    (_snapshot(5, write=2, legacy=True, fetches=3), True, 0, None),
+    # the run of the issue, read by the check that knew three kinds
+    (_snapshot(4799, write=4489, creates=80, unjournaled=163), False, 67,
+     "67 of 4,799 aborted transactions are of no counted kind (not write_retries 4,489 + "
+     "creates_sent_down 80 + records_not_journaled 163 + fetches_failed 0)"),
+    (_snapshot(1), False, 1, "1 of 1 aborted transactions are of no counted kind"),
+    # a kind's counter counted something that aborted nothing
+    (_snapshot(3, write=3, unjournaled=1), False, -1,
+     "the kinds count 1 more than the 3 aborted transactions"),
+], ids=["idle", "writes", "issue-44-run", "fetches-only", "legacy-stat", "issue-44-three-kinds",
+        "one-uncounted", "overcounted"])
+def test_error_check_accounts_for_every_aborted_transaction_by_kind(snap, ok, unaccounted, gap):
+    e = load.error_check(snap)
+    assert e["ok"] is ok and e["aborts_unaccounted"] == unaccounted
+    assert set(e["aborts_by_kind"]) == {"write_retries", "creates_sent_down",
+                                        "records_not_journaled", "fetches_failed"}
+    assert sum(e["aborts_by_kind"].values()) + unaccounted == e["transactions_aborted"]
+    if gap is None:
+        assert "gap" not in e
+    else:
+        assert e["gap"].startswith(gap), e["gap"]
+    text = load.summary_text({**SUMMARY_RUN, "checks": {"errors": e}})
+    assert f"| errors | {'yes' if ok else '**NO**'} |" in text
+    assert "aborts_by_kind {'write_retries': " in text     # every kind, named, in the summary
+    assert f"aborts_unaccounted {unaccounted:,}" in text
+
+
+SUMMARY_RUN = {"status": "ok", "device": "hdd-7200", "timing": "account",
+               "nvram_bytes": 32 << 20, "dirty_high": 50, "dirty_low": 30, "postmarks": 8,
+               "fsx_processes": 2, "duration_s": 180.0, "wall_seconds": 185.4}
 
 
 def test_fsx_check(samples):
