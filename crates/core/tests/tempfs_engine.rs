@@ -6,11 +6,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-<<<<<<< HEAD
-use engine::{Engine, EngineConfig, FsError, Share, TempConfig};
-=======
-use engine::{CacheConfig, Engine, EngineConfig, FsError, Nbw, TempConfig};
->>>>>>> rooms-load
+use engine::{CacheConfig, Engine, EngineConfig, FsError, Nbw, Share, TempConfig};
 use lower::{Creds, Errno, LowerFs, MemConfig, MemLower};
 use nvram::{FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -212,13 +208,9 @@ fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
         lower.write(&f, 0, &cold).unwrap();
     }
     let cache = CacheConfig { nbw: Nbw::AsyncBg, ..CacheConfig::default() };
-    let config = EngineConfig { temp: TempConfig::default(), cache, ..EngineConfig::default() };
+    let config = EngineConfig { temp: temp(), cache, ..config(temp()) };
     // No share: nothing relieves pressure until a write finds the region full.
-<<<<<<< HEAD
-    let e = engine(MemLower::default(), 24, temp());
-=======
     let e = Engine::new(lower, pool(24), config).unwrap();
->>>>>>> rooms-load
     let root = e.root_id();
     let cold_id = e.lookup(root, name("cold")).unwrap().node_id;
     let cold_fh = e.open(cold_id, libc::O_RDWR).unwrap();
