@@ -190,3 +190,16 @@ impl<L: LowerFs> Base<L> {
         }
     }
 }
+
+/// The set-ID bits a write or truncate by an unprivileged caller removes (as the kernel's
+/// `should_remove_suid` says; `Engine::kill_suidgid`).
+pub(crate) fn suidgid_bits(mode: u32) -> u32 {
+    let mut kill = 0;
+    if mode & libc::S_ISUID != 0 {
+        kill |= libc::S_ISUID;
+    }
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    kill
+}

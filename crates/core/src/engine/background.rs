@@ -1,5 +1,5 @@
 //! What the daemon's threads and tools call between requests: the page cache's write-back and
-//! fetches, the bells its sleeping threads wait on, and the consistency checks of the tests.
+//! fetches, TempFFS's background transforms and flush, the bells its sleeping threads wait on, and the consistency checks of the tests.
 //! Each is the mechanism's own, reached through the engine that holds it and the base.
 
 use lower::LowerFs;
@@ -8,6 +8,7 @@ use super::Engine;
 use crate::base::error::{FsError, FsResult};
 use crate::base::sync::Bell;
 use crate::cache::Reason;
+use crate::tempfs::Trigger;
 
 impl<L: LowerFs> Engine<L> {
     /// Writes back every dirty page (`nvstack flush`, unmount); returns the pages written and
@@ -59,5 +60,30 @@ impl<L: LowerFs> Engine<L> {
     /// Checks the page cache's volatile mirror against itself (tests; no operation may run).
     pub fn check_cache(&self) -> Result<(), String> {
         self.cache.check_cache()
+    }
+
+    /// `--tempfile-background`: the daemon's transformer thread calls this in a loop
+    /// (`tempfs/transform.rs`); returns the files transformed.
+    pub fn transform_in_background(&self) -> u64 {
+        self.temp.transform_in_background(&self.base)
+    }
+
+    /// `nvstack flush`: transforms every temp file, then settles pending directory times.
+    pub fn flush_tempfiles(&self, progress: &mut dyn FnMut(u64, u64)) -> (u64, Option<FsError>) {
+        self.temp.flush_tempfiles(&self.base, progress)
+    }
+
+    /// Transforms temp file `f` into a lower file now (tests, tools; `tempfs/transform.rs`).
+    pub fn transform(
+        &self,
+        f: &std::sync::Arc<crate::tempfs::TempFile>,
+        trigger: Trigger,
+    ) -> FsResult<()> {
+        self.temp.transform(&self.base, f, trigger)
+    }
+
+    /// Settles pending directory times into the lower directories; returns the records freed.
+    pub fn settle_dir_times(&self) -> FsResult<u64> {
+        self.temp.settle_dir_times(&self.base)
     }
 }

@@ -16,6 +16,7 @@
 mod background;
 mod clock;
 mod durability;
+mod pressure;
 pub mod routing;
 pub mod start;
 pub mod stats;
@@ -28,11 +29,11 @@ use txn::Pool;
 use crate::base::counters::Op;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::handles::Handle;
-use crate::base::inodes::{Identity, Inode, ROOT_ID, TEMP_BASE};
+use crate::base::inodes::{Identity, Inode, ROOT_ID};
 use crate::base::{Base, Entry, Failpoints, OpTx};
 use crate::cache::{CacheConfig, PageCache};
 use crate::tempfs::names::{Obj, Open};
-use crate::tempfs::{TempConfig, TempFile, TempFs, TempState, data};
+use crate::tempfs::{Fate, TempConfig, TempFile, TempFs};
 
 /// Limits and knobs of an engine, fixed at mount. The default (with the nested configurations'
 /// defaults) is what `nvstack mount` runs with when no flag is given: the mount's flags take
@@ -176,41 +177,15 @@ impl<L: LowerFs> Engine<L> {
         Entry { node_id, attr: self.shown_attr(key, attr) }
     }
 
-    /// Registers a temp file with the kernel (one lookup). Called with the file's state
-    /// locked and the file resident, so that a transform cannot re-key it in between.
-    pub(crate) fn temp_entry(&self, f: &Arc<TempFile>, st: &TempState) -> Entry {
-        let node_id = self.temp.nodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
-        Entry { node_id, attr: self.temp_attr(f, st) }
-    }
-
     /// A lower object's attributes as the mount shows them: a cached file's size and times
     /// from its record, a directory's times with its pending ones.
     pub(crate) fn shown_attr(&self, key: (u64, u64), mut attr: Attr) -> Attr {
         match attr.kind() {
             lower::FileKind::Regular => self.cache.cached_attr(key, &mut attr),
-            lower::FileKind::Directory => self.dir_times_over(key, &mut attr),
+            lower::FileKind::Directory => self.temp.dir_times_over(key, &mut attr),
             _ => {}
         }
         attr
-    }
-
-    pub(crate) fn temp_attr(&self, f: &TempFile, st: &TempState) -> Attr {
-        let r = &st.rec;
-        Attr {
-            dev: self.base.root_dev,
-            ino: TEMP_BASE + f.serial,
-            size: r.size,
-            blocks: st.pages.len() as u64 * (data::PAGE / 512),
-            atime: r.atime,
-            mtime: r.mtime,
-            ctime: r.ctime,
-            mode: r.mode,
-            nlink: r.nlink,
-            uid: r.uid,
-            gid: r.gid,
-            rdev: 0,
-            blksize: data::PAGE as u32,
-        }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -257,21 +232,16 @@ impl<L: LowerFs> Engine<L> {
         })
     }
 
+    /// The temp file behind a node id, if it is one and still in NVRAM (tests, tools).
+    pub fn temp_file(&self, node_id: u64) -> Option<Arc<TempFile>> {
+        match self.obj(node_id) {
+            Ok(Obj::Temp(f)) if f.lock().fate == Fate::Resident => Some(f),
+            _ => None,
+        }
+    }
+
     /// The root's node id (always 1).
     pub fn root_id(&self) -> u64 {
         ROOT_ID
     }
-}
-
-/// The set-ID bits a write or truncate by an unprivileged caller removes (see
-/// `Engine::kill_suidgid`).
-pub(crate) fn suidgid_bits(mode: u32) -> u32 {
-    let mut kill = 0;
-    if mode & libc::S_ISUID != 0 {
-        kill |= libc::S_ISUID;
-    }
-    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
-        kill |= libc::S_ISGID;
-    }
-    kill
 }

@@ -73,12 +73,12 @@ impl<L: LowerFs> Engine<L> {
             engine.base.group_commit();
         }
         engine.journal.checkpoint(&engine.base, Why::Recovery).map_err(StartError::Settle)?;
-        engine.rebuild_tempfiles()?;
-        engine.rebuild_dir_times()?;
+        engine.temp.rebuild_tempfiles(&engine.base)?;
+        engine.temp.rebuild_dir_times(&engine.base)?;
         engine.cache.rebuild_cache(&engine.base)?;
         engine.routes.load(crate::route::profile::scan(&engine.base.pool)?);
         if !engine.temp.config.enabled {
-            engine.transform_all(Trigger::Unmount, &mut |_, _| {});
+            engine.temp.transform_all(&engine.base, Trigger::Unmount, &mut |_, _| {});
         }
         if !engine.cache.config().enabled
             && let (_, Some(e)) =
@@ -95,9 +95,9 @@ impl<L: LowerFs> Engine<L> {
     /// every open handle is closed, the region is marked clean.
     pub fn shutdown(self) {
         if self.temp.config.transform_on_unmount {
-            self.transform_all(Trigger::Unmount, &mut |_, _| {});
+            self.temp.transform_all(&self.base, Trigger::Unmount, &mut |_, _| {});
         }
-        if let Err(e) = self.settle_dir_times() {
+        if let Err(e) = self.temp.settle_dir_times(&self.base) {
             eprintln!("nvstack: settling pending directory times at unmount failed: {e}");
         }
         if let Err(e) =

@@ -10,8 +10,9 @@ use crate::base::OpTx;
 use crate::base::counters::Op;
 use crate::base::error::{FsResult, answer};
 use crate::base::inodes::ROOT_ID;
+use crate::base::suidgid_bits;
 use crate::cache::Cached;
-use crate::engine::{Engine, suidgid_bits};
+use crate::engine::Engine;
 use crate::tempfs::names::{Obj, Open};
 use crate::tempfs::{self, Fate};
 
@@ -28,7 +29,9 @@ impl<L: LowerFs> Engine<L> {
                     Obj::Temp(f) => {
                         let st = f.lock();
                         match st.fate {
-                            Fate::Resident => return Ok(self.temp_attr(&f, &st)),
+                            Fate::Resident => {
+                                return Ok(crate::tempfs::TempFs::temp_attr(&self.base, &f, &st));
+                            }
                             Fate::Freed => return Err(answer(libc::ENOENT)),
                             Fate::Transformed => {} // the inode now names the lower file
                         }
@@ -52,10 +55,12 @@ impl<L: LowerFs> Engine<L> {
             loop {
                 let node = match self.obj(node_id)? {
                     Obj::Lower(n) => n,
-                    Obj::Temp(f) => match self.temp_setattr(tx, &f, set, unprivileged)? {
-                        Some(attr) => return Ok(attr),
-                        None => continue, // transformed meanwhile
-                    },
+                    Obj::Temp(f) => {
+                        match self.temp.temp_setattr(&self.base, tx, &f, set, unprivileged)? {
+                            Some(attr) => return Ok(attr),
+                            None => continue, // transformed meanwhile
+                        }
+                    }
                 };
                 let handle = fh.and_then(|fh| self.temp.handles.get(fh));
                 let file = match handle.as_deref().map(|h| &h.file) {
@@ -83,7 +88,7 @@ impl<L: LowerFs> Engine<L> {
                 let attr = self.journal.ns_setattr(&self.base, tx, &node, file, set)?;
                 if set.mtime.is_some() && attr.kind() == lower::FileKind::Directory {
                     // Explicit times: pending ones (temp-file changes) follow them.
-                    self.follow_dir_times(tx, key, &attr)?;
+                    self.temp.follow_dir_times(&self.base, tx, key, &attr)?;
                 }
                 return Ok(self.shown_attr(key, attr));
             }

@@ -34,7 +34,7 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         self.op(Op::Readdir, |_| {
             let h = self.handle(fh)?;
-            self.list_merged(&h, offset, &mut |l| emit(l.entry.clone()))
+            self.temp.list_merged(&self.base, &h, offset, &mut |l| emit(l.entry.clone()))
         })
     }
 
@@ -52,7 +52,7 @@ impl<L: LowerFs> Engine<L> {
             let handle = self.handle(fh)?;
             let dir = self.dir(handle.node_id)?;
             let mut failure = None;
-            self.list_merged(&handle, offset, &mut |listed| {
+            self.temp.list_merged(&self.base, &handle, offset, &mut |listed| {
                 let entry = &listed.entry;
                 if entry.name == "." || entry.name == ".." {
                     return emit(entry, None);
@@ -62,7 +62,7 @@ impl<L: LowerFs> Engine<L> {
                         // Under the file's lock a transform cannot re-key it meanwhile.
                         let st = f.lock();
                         if st.fate == Fate::Resident {
-                            Ok(self.temp_entry(f, &st))
+                            Ok(self.temp.temp_entry(&self.base, f, &st))
                         } else {
                             drop(st);
                             self.base.lower.lookup(&dir, &entry.name).map(|(n, a)| self.entry(n, a))

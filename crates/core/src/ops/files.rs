@@ -30,10 +30,12 @@ impl<L: LowerFs> Engine<L> {
             loop {
                 let node = match self.obj(node_id)? {
                     Obj::Lower(n) => n,
-                    Obj::Temp(f) => match self.temp_open(tx, node_id, &f, flags)? {
-                        Some(fh) => return Ok(self.nvram_route(node_id, fh, flags)),
-                        None => continue,
-                    },
+                    Obj::Temp(f) => {
+                        match self.temp.temp_open(&self.base, tx, node_id, &f, flags)? {
+                            Some(fh) => return Ok(self.nvram_route(node_id, fh, flags)),
+                            None => continue,
+                        }
+                    }
                 };
                 // O_DIRECT is the kernel's business above FUSE (it bypasses its page cache and
                 // sends us every request); our lower IO uses buffers of any alignment.
@@ -118,7 +120,9 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<(Entry, Opened)> {
         self.op(Op::Create, |tx| {
             let p = self.dir(parent)?;
-            if let Some((entry, fh)) = self.temp_create(tx, creds, &p, name, mode, flags)? {
+            if let Some((entry, fh)) =
+                self.temp.temp_create(&self.base, tx, creds, (&p, name), mode, flags)?
+            {
                 return Ok((entry, self.nvram_route(entry.node_id, fh, flags)));
             }
             self.check_new_name(&p, name)?;
@@ -154,7 +158,7 @@ impl<L: LowerFs> Engine<L> {
                 self.learn_route(tx, h.node_id, Signal::SmallWrites);
             }
             if let Open::Temp { file, .. } = &h.file {
-                self.temp_release(tx, file)?;
+                self.temp.temp_release(&self.base, tx, file)?;
             }
             Ok(passthrough)
         })

@@ -39,7 +39,7 @@ impl<L: LowerFs> Engine<L> {
                     if st.fate == Fate::Resident {
                         let n = data::read(&self.base.pool, &st.pages, st.rec.size, offset, buf);
                         st.last_use = self.temp.lru.tick();
-                        self.temp_touch_atime(tx, file, &mut st)?;
+                        crate::tempfs::TempFs::temp_touch_atime(&self.base, tx, file, &mut st)?;
                         drop(st);
                         Counters::add(&self.base.counters.app_bytes_read, n as u64);
                         reply(&buf[..n]);
@@ -110,7 +110,8 @@ impl<L: LowerFs> Engine<L> {
             }
             match result {
                 Ok((n, After::Temp(file))) => {
-                    self.after_temp_write(&file);
+                    self.temp.after_write(&self.base, &file);
+                    self.relieve_pressure(false);
                     return Ok(n);
                 }
                 Ok((n, After::Cached)) => {
@@ -120,22 +121,13 @@ impl<L: LowerFs> Engine<L> {
                 Ok((n, After::Nothing)) => return Ok(n),
                 Err(FsError::Nvram(TxError::NoFrames)) if !pressured => {
                     pressured = true;
-                    if let Err(e) = self
-                        .journal
-                        .checkpoint(&self.base, crate::journal::checkpoint::Why::Pressure)
-                    {
-                        eprintln!("nvstack: journal checkpoint for room failed: {e}");
-                    }
-                    self.relieve_pressure(true);
-                    if let Err(e) = self.cache.writeback_for_room(&self.base) {
-                        eprintln!("nvstack: write-back for room failed: {e}");
-                    }
+                    self.make_room();
                 }
                 Err(FsError::Nvram(e)) => {
                     let h = self.handle(fh)?;
                     match &h.file {
                         Open::Temp { file, .. } if file.lock().fate == Fate::Resident => {
-                            self.transform(file, tempfs::Trigger::NvramFull)?;
+                            self.temp.transform(&self.base, file, tempfs::Trigger::NvramFull)?;
                         }
                         _ if !write_through => {
                             write_through = true;
@@ -162,7 +154,8 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<(usize, After)> {
         let h = self.handle(fh)?;
         if let Open::Temp { file, .. } = &h.file
-            && let Some(written) = self.temp_write(otx, file, offset, data, kill_suidgid)?
+            && let Some(written) =
+                self.temp.temp_write(&self.base, otx, file, offset, data, kill_suidgid)?
         {
             return Ok((written, After::Temp(Arc::clone(file))));
         }

@@ -17,7 +17,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Entry> {
         self.op(Op::Lookup, |_| {
             let p = self.dir(parent)?;
-            if let Some(e) = self.temp_lookup(&p, name) {
+            if let Some(e) = self.temp.temp_lookup(&self.base, &p, name) {
                 return Ok(e);
             }
             if tempfs::is_hidden(name) {
@@ -107,7 +107,7 @@ impl<L: LowerFs> Engine<L> {
                     if f.lock().fate == Fate::Freed {
                         return Err(answer(libc::ENOENT));
                     }
-                    self.transform(&f, trigger)?;
+                    self.temp.transform(&self.base, &f, trigger)?;
                 }
             }
         }
@@ -116,7 +116,7 @@ impl<L: LowerFs> Engine<L> {
     pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         self.op(Op::Unlink, |tx| {
             let p = self.dir(parent)?;
-            if self.temp_unlink(tx, &p, name)? {
+            if self.temp.temp_unlink(&self.base, tx, &p, name)? {
                 return Ok(());
             }
             if tempfs::is_hidden(name) {
@@ -124,7 +124,7 @@ impl<L: LowerFs> Engine<L> {
             }
             self.journal.ns_unlink(&self.base, tx, &p, name)
         })?;
-        self.settle_if_many();
+        self.temp.settle_if_many(&self.base);
         Ok(())
     }
 
@@ -159,9 +159,16 @@ impl<L: LowerFs> Engine<L> {
         self.op(Op::Rename, |tx| {
             let p = self.dir(parent)?;
             let np = self.dir(newparent)?;
-            self.rename_merged(tx, &p, name, &np, newname, flags)
+            self.temp.rename_merged(
+                &self.base,
+                &self.journal,
+                tx,
+                (&p, name),
+                (&np, newname),
+                flags,
+            )
         })?;
-        self.settle_if_many();
+        self.temp.settle_if_many(&self.base);
         Ok(())
     }
 

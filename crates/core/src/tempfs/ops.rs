@@ -11,7 +11,10 @@ use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use lower::{Creds, LowerFs, SetAttr};
+use lower::{Attr, Creds, LowerFs, SetAttr};
+
+use crate::base::inodes::{Identity, TEMP_BASE};
+use crate::tempfs::names::Obj;
 use txn::Tx;
 
 use crate::base::Entry;
@@ -19,7 +22,8 @@ use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::slots;
-use crate::engine::{Engine, suidgid_bits};
+use crate::base::{Base, suidgid_bits};
+use crate::tempfs::TempFs;
 use crate::tempfs::names::Open;
 use crate::tempfs::overlay::DirKey;
 use crate::tempfs::{self, Fate, Place, Record, State, TempFile, TempState, data};
@@ -37,18 +41,45 @@ pub(super) enum Unnamed {
     Kept(Record),
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
+    /// Registers a temp file with the kernel (one lookup). Called with the file's state
+    /// locked and the file resident, so that a transform cannot re-key it in between.
+    pub(crate) fn temp_entry(&self, b: &Base<L>, f: &Arc<TempFile>, st: &TempState) -> Entry {
+        let node_id = self.nodes.remember(Obj::Temp(Arc::clone(f)), Identity::Nvram(f.serial));
+        Entry { node_id, attr: Self::temp_attr(b, f, st) }
+    }
+
+    /// A temp file's attributes, from its record.
+    pub(crate) fn temp_attr(b: &Base<L>, f: &TempFile, st: &TempState) -> Attr {
+        let r = &st.rec;
+        Attr {
+            dev: b.root_dev,
+            ino: TEMP_BASE + f.serial,
+            size: r.size,
+            blocks: st.pages.len() as u64 * (data::PAGE / 512),
+            atime: r.atime,
+            mtime: r.mtime,
+            ctime: r.ctime,
+            mode: r.mode,
+            nlink: r.nlink,
+            uid: r.uid,
+            gid: r.gid,
+            rdev: 0,
+            blksize: data::PAGE as u32,
+        }
+    }
+
     /// The temp file named `name` in `dir`, registered with the kernel (one lookup).
-    pub(crate) fn temp_lookup(&self, dir: &L::Node, name: &OsStr) -> Option<Entry> {
-        let key = self.base.lower.key(dir);
-        let mut f = Arc::clone(self.temp.overlay.lock().get(key, name)?);
+    pub(crate) fn temp_lookup(&self, b: &Base<L>, dir: &L::Node, name: &OsStr) -> Option<Entry> {
+        let key = b.lower.key(dir);
+        let mut f = Arc::clone(self.overlay.lock().get(key, name)?);
         loop {
             let st = f.lock();
             // With the file's lock held its name cannot change (O5); the overlay, read again
             // under it, says whether the file read before still has the name.
-            let now = self.temp.overlay.lock().get(key, name).cloned();
+            let now = self.overlay.lock().get(key, name).cloned();
             match now {
-                Some(g) if Arc::ptr_eq(&g, &f) => return Some(self.temp_entry(&f, &st)),
+                Some(g) if Arc::ptr_eq(&g, &f) => return Some(self.temp_entry(b, &f, &st)),
                 Some(g) => {
                     drop(st);
                     f = g;
@@ -69,17 +100,17 @@ impl<L: LowerFs> Engine<L> {
     /// section 8.)
     pub(crate) fn temp_create(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         creds: &Creds,
-        dir: &Arc<L::Node>,
-        name: &OsStr,
+        (dir, name): (&Arc<L::Node>, &OsStr),
         mode: u32,
         flags: i32,
     ) -> FsResult<Option<(Entry, u64)>> {
-        let key = self.base.lower.key(dir);
-        if !self.temp.config.enabled
+        let key = b.lower.key(dir);
+        if !self.config.enabled
             || !matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG)
-            || key.0 != self.base.root_dev
+            || key.0 != b.root_dev
             || tempfs::is_hidden(name)
         {
             return Ok(None);
@@ -87,12 +118,12 @@ impl<L: LowerFs> Engine<L> {
         if name.len() > tempfs::record::MAX_NAME {
             return Err(answer(libc::ENAMETOOLONG));
         }
-        let Some((handle, dir_attr)) = self.temp_create_checks(dir, key, name)? else {
+        let Some((handle, dir_attr)) = self.temp_create_checks(b, dir, key, name)? else {
             return Ok(None);
         };
         let (gid, perm) = init_owner(creds, &dir_attr, mode);
-        let now = self.base.lower.now();
-        let mut idx = self.temp.overlay.lock();
+        let now = b.lower.now();
+        let mut idx = self.overlay.lock();
         if idx.get(key, name).is_some() {
             return Err(answer(libc::EEXIST));
         }
@@ -114,22 +145,22 @@ impl<L: LowerFs> Engine<L> {
         };
         // The record in a reserved slot (or a fresh record frame, T6), and the directory's
         // pending times (P3), in one transaction.
-        let reserved = self.temp.slots.lock().reserve();
+        let reserved = self.slots.lock().reserve();
         let attempt = (|| {
             let tx = otx.tx();
             let place = slots::put_new(tx, tempfs::record::KIND_RECORDS, reserved, &rec.encode())?;
-            Ok((place, self.tx_dir_times(tx, &idx, key, &handle, now)?))
+            Ok((place, Self::tx_dir_times(b, tx, &idx, key, &handle, now)?))
         })();
         let full = matches!(attempt, Err(txn::TxError::NoFrames));
         let ended = otx.end(attempt.map_err(FsError::from));
-        self.temp.slots.lock().settle_new(reserved, ended.as_ref().ok().map(|(p, _)| *p));
+        self.slots.lock().settle_new(reserved, ended.as_ref().ok().map(|(p, _)| *p));
         let (place, times) = match ended {
             Ok(done) => done,
             Err(e) => {
                 if full {
                     // A full NVRAM: the file goes to the lower file system (never an error
                     // there).
-                    Counters::add(&self.temp.counters.created_in_lower_nvram_full, 1);
+                    Counters::add(&self.counters.created_in_lower_nvram_full, 1);
                     return Ok(None);
                 }
                 return Err(e);
@@ -145,20 +176,21 @@ impl<L: LowerFs> Engine<L> {
                 pages: std::collections::BTreeMap::new(),
                 opens: 1,
                 fate: Fate::Resident,
-                last_use: self.temp.lru.tick(),
+                last_use: self.lru.tick(),
             },
         ));
         idx.insert_name(key, dir, &handle, name, Arc::clone(&f));
         idx.temps.insert(serial, Arc::clone(&f));
         drop(idx);
-        Counters::add(&self.temp.counters.created, 1);
-        self.base.space.add_file();
-        self.open_created(otx, &f, key, name, flags).map(Some)
+        Counters::add(&self.counters.created, 1);
+        b.space.add_file();
+        self.open_created(b, otx, &f, key, name, flags).map(Some)
     }
 
     /// The kernel's lookup and open handle of a temp file just created (its `opens` is 1).
     fn open_created(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         f: &Arc<TempFile>,
         key: DirKey,
@@ -166,20 +198,20 @@ impl<L: LowerFs> Engine<L> {
         flags: i32,
     ) -> FsResult<(Entry, u64)> {
         let st = f.lock();
-        let entry = self.temp_entry(f, &st);
+        let entry = self.temp_entry(b, f, &st);
         drop(st);
         let open =
             Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
-        let Some(fh) = self.temp.handles.insert(entry.node_id, open) else {
+        let Some(fh) = self.handles.insert(entry.node_id, open) else {
             // Too many open files: take the new file back (as a failed open(O_CREAT) would
             // leave it, it may stay; removing it is kinder and is what we do).
-            self.temp.nodes.forget(entry.node_id, 1);
+            self.nodes.forget(entry.node_id, 1);
             let mut st = f.lock();
             st.opens = 0;
-            let r = self.tx_unname(otx.tx(), f, &st);
+            let r = Self::tx_unname(b, otx.tx(), f, &st);
             if let Ok(u) = otx.end(r) {
-                let mut idx = self.temp.overlay.lock();
-                self.apply_unname(f, &mut st, u);
+                let mut idx = self.overlay.lock();
+                self.apply_unname(b, f, &mut st, u);
                 idx.remove_name(key, name);
                 idx.temps.remove(&f.serial);
             }
@@ -194,41 +226,48 @@ impl<L: LowerFs> Engine<L> {
     /// with space for the new file reserved.
     fn temp_create_checks(
         &self,
+        b: &Base<L>,
         dir: &L::Node,
         key: DirKey,
         name: &OsStr,
     ) -> FsResult<Option<(Vec<u8>, lower::Attr)>> {
-        match self.base.lower.getxattr(dir, OsStr::new("system.posix_acl_default"), 0) {
+        match b.lower.getxattr(dir, OsStr::new("system.posix_acl_default"), 0) {
             Ok(_) => return Ok(None),
             Err(lower::Errno(libc::ENODATA | libc::EOPNOTSUPP)) => {}
             Err(e) => return Err(e.into()),
         }
-        let dir_attr = self.base.lower.getattr(dir)?;
-        match self.base.lower.lookup(dir, name) {
+        let dir_attr = b.lower.getattr(dir)?;
+        match b.lower.lookup(dir, name) {
             Ok(_) => return Err(answer(libc::EEXIST)),
             Err(lower::Errno(libc::ENOENT)) => {}
             Err(e) => return Err(e.into()),
         }
-        let handle = self.dir_handle_of(key, dir)?;
+        let handle = self.dir_handle_of(b, key, dir)?;
         if handle.len() > tempfs::record::MAX_HANDLE {
             return Ok(None);
         }
-        self.base.reserve(1)?;
+        b.reserve(1)?;
         Ok(Some((handle, dir_attr)))
     }
 
     /// The durable handle of lower directory `dir` (key `key`): the overlay's copy when it
     /// holds temp files there, else asked of the lower file system (no lock held).
-    pub(super) fn dir_handle_of(&self, key: DirKey, dir: &L::Node) -> FsResult<Vec<u8>> {
-        if let Some(d) = self.temp.overlay.lock().dirs.get(&key) {
+    pub(super) fn dir_handle_of(
+        &self,
+        b: &Base<L>,
+        key: DirKey,
+        dir: &L::Node,
+    ) -> FsResult<Vec<u8>> {
+        if let Some(d) = self.overlay.lock().dirs.get(&key) {
             return Ok(d.handle.clone());
         }
-        Ok(self.base.lower.dir_handle(dir)?)
+        Ok(b.lower.dir_handle(dir)?)
     }
 
     /// Opens a temp file; `None` when it was transformed meanwhile (open the lower file).
     pub(crate) fn temp_open(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         node_id: u64,
         f: &Arc<TempFile>,
@@ -244,26 +283,31 @@ impl<L: LowerFs> Engine<L> {
             Fate::Freed => return Err(answer(libc::ENOENT)),
         }
         if flags & libc::O_TRUNC != 0 && st.rec.size > 0 {
-            let r = self.tx_truncate(otx.tx(), f, &st, 0);
+            let r = Self::tx_truncate(b, otx.tx(), f, &st, 0);
             let t = otx.end(r)?;
-            self.apply_truncate(&mut st, t);
+            self.apply_truncate(b, &mut st, t);
         }
         let open =
             Open::Temp { file: Arc::clone(f), flags: reopen_flags(flags), lower: OnceLock::new() };
-        let fh = self.temp.handles.insert(node_id, open).ok_or(answer(libc::EMFILE))?;
+        let fh = self.handles.insert(node_id, open).ok_or(answer(libc::EMFILE))?;
         st.opens += 1;
-        st.last_use = self.temp.lru.tick();
+        st.last_use = self.lru.tick();
         Ok(Some(fh))
     }
 
     /// Last close of an unlinked temp file frees it.
-    pub(crate) fn temp_release(&self, otx: &mut OpTx<'_>, f: &Arc<TempFile>) -> FsResult<()> {
+    pub(crate) fn temp_release(
+        &self,
+        b: &Base<L>,
+        otx: &mut OpTx<'_>,
+        f: &Arc<TempFile>,
+    ) -> FsResult<()> {
         let mut st = f.lock();
         if st.opens == 1 && st.rec.nlink == 0 && st.fate == Fate::Resident {
             let r = Self::tx_free(otx.tx(), f, &st);
             let n = otx.end(r)?;
-            self.apply_free(f, &mut st, n);
-            self.temp.overlay.lock().temps.remove(&f.serial);
+            self.apply_free(b, f, &mut st, n);
+            self.overlay.lock().temps.remove(&f.serial);
         }
         st.opens = st.opens.saturating_sub(1);
         Ok(())
@@ -276,40 +320,40 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// After the transaction of `tx_free` committed.
-    pub(super) fn apply_free(&self, f: &TempFile, st: &mut TempState, pages: u64) {
-        self.release_record(f.place);
+    pub(super) fn apply_free(&self, b: &Base<L>, f: &TempFile, st: &mut TempState, pages: u64) {
+        self.release_record(b, f.place);
         st.pages.clear();
         st.fate = Fate::Freed;
-        self.temp.counters.pages_resident.fetch_sub(pages, Ordering::Relaxed);
-        self.base.space.sub(pages);
-        self.base.space.sub_file();
+        self.counters.pages_resident.fetch_sub(pages, Ordering::Relaxed);
+        b.space.sub(pages);
+        b.space.sub_file();
     }
 
     /// After the removal of the record at `place` committed (`data::free_all`): the slot
     /// released (`Engine::release_slot`).
-    pub(crate) fn release_record(&self, place: Place) {
-        let freed = self.base.release_slot(&self.temp.slots, place);
-        Counters::add(&self.temp.counters.record_frames_freed, freed);
+    pub(crate) fn release_record(&self, b: &Base<L>, place: Place) {
+        let freed = b.release_slot(&self.slots, place);
+        Counters::add(&self.counters.record_frames_freed, freed);
     }
 
     /// Frees the temp files' record frames without a record, all but `keep`.
-    pub(crate) fn free_empty_record_frames(&self, keep: usize) -> FsResult<()> {
-        let freed = self.base.free_empty_slots(&self.temp.slots, keep)?;
-        Counters::add(&self.temp.counters.record_frames_freed, freed);
+    pub(crate) fn free_empty_record_frames(&self, b: &Base<L>, keep: usize) -> FsResult<()> {
+        let freed = b.free_empty_slots(&self.slots, keep)?;
+        Counters::add(&self.counters.record_frames_freed, freed);
         Ok(())
     }
 
     /// Sets the size of a temp file in `tx` (the caller holds its state, stable); returns the
     /// new record and page map and the number of pages freed, applied by `apply_truncate`.
     fn tx_truncate(
-        &self,
+        b: &Base<L>,
         tx: &mut Tx<'_>,
         f: &TempFile,
         st: &TempState,
         size: u64,
     ) -> FsResult<Truncated> {
         let mut rec = st.rec.clone();
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         rec.size = size;
         rec.mtime = now;
         rec.ctime = now;
@@ -319,24 +363,24 @@ impl<L: LowerFs> Engine<L> {
         Ok(Truncated { rec, pages, freed })
     }
 
-    fn apply_truncate(&self, st: &mut TempState, t: Truncated) {
+    fn apply_truncate(&self, b: &Base<L>, st: &mut TempState, t: Truncated) {
         st.rec = t.rec;
         st.pages = t.pages;
-        self.temp.counters.pages_resident.fetch_sub(t.freed, Ordering::Relaxed);
-        self.base.space.sub(t.freed);
+        self.counters.pages_resident.fetch_sub(t.freed, Ordering::Relaxed);
+        b.space.sub(t.freed);
     }
 
     /// relatime, as the lower file system mounts by default: a read updates atime when it is
     /// not newer than mtime or ctime, or older than a day. (A frozen file is left alone.)
     pub(crate) fn temp_touch_atime(
-        &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         f: &TempFile,
         st: &mut TempState,
     ) -> FsResult<()> {
         const DAY: i64 = 24 * 3600;
         let r = &st.rec;
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         if r.state == State::Transforming
             || (r.atime > r.mtime && r.atime > r.ctime && now.0 - r.atime.0 < DAY)
         {
@@ -353,6 +397,7 @@ impl<L: LowerFs> Engine<L> {
     /// Writes to a temp file; `None` when it has been transformed (write to the lower file).
     pub(crate) fn temp_write(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         f: &Arc<TempFile>,
         offset: u64,
@@ -372,9 +417,9 @@ impl<L: LowerFs> Engine<L> {
         let first = offset / data::PAGE;
         let last = end.div_ceil(data::PAGE);
         let missing = (first..last).filter(|p| !st.pages.contains_key(p)).count() as u64;
-        self.base.reserve(missing)?;
+        b.reserve(missing)?;
         let mut rec = st.rec.clone();
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         rec.size = rec.size.max(end);
         rec.mtime = now;
         rec.ctime = now;
@@ -390,17 +435,18 @@ impl<L: LowerFs> Engine<L> {
         });
         otx.end(r.map(drop).map_err(FsError::from))?;
         st.rec = rec;
-        st.last_use = self.temp.lru.tick();
-        self.temp.counters.pages_resident.fetch_add(missing, Ordering::Relaxed);
-        self.base.space.add(missing);
-        Counters::add(&self.temp.counters.bytes_written_by_apps, buf.len() as u64);
-        Counters::add(&self.base.counters.app_bytes_written, buf.len() as u64);
+        st.last_use = self.lru.tick();
+        self.counters.pages_resident.fetch_add(missing, Ordering::Relaxed);
+        b.space.add(missing);
+        Counters::add(&self.counters.bytes_written_by_apps, buf.len() as u64);
+        Counters::add(&b.counters.app_bytes_written, buf.len() as u64);
         Ok(Some(buf.len()))
     }
 
     /// setattr of a temp file; `None` when it has been transformed (use the lower file).
     pub(crate) fn temp_setattr(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         f: &Arc<TempFile>,
         set: &SetAttr,
@@ -418,7 +464,7 @@ impl<L: LowerFs> Engine<L> {
         let r = (|| {
             let tx = otx.tx();
             let truncated = match set.size {
-                Some(size) => Some(self.tx_truncate(tx, f, &st, size)?),
+                Some(size) => Some(Self::tx_truncate(b, tx, f, &st, size)?),
                 None => None,
             };
             let mut rec = truncated.as_ref().map_or_else(|| st.rec.clone(), |t| t.rec.clone());
@@ -438,33 +484,34 @@ impl<L: LowerFs> Engine<L> {
                 rec.mode &= !suidgid_bits(rec.mode);
             }
             if let Some(t) = set.atime {
-                rec.atime = self.base.time(t);
+                rec.atime = b.time(t);
             }
             if let Some(t) = set.mtime {
-                rec.mtime = self.base.time(t);
+                rec.mtime = b.time(t);
             }
-            rec.ctime = self.base.lower.now();
+            rec.ctime = b.lower.now();
             data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
             Ok((truncated, rec))
         })();
         let (truncated, rec) = otx.end(r)?;
         if let Some(t) = truncated {
-            self.apply_truncate(&mut st, t);
+            self.apply_truncate(b, &mut st, t);
         }
         st.rec = rec;
-        Ok(Some(self.temp_attr(f, &st)))
+        Ok(Some(Self::temp_attr(b, f, &st)))
     }
 
     /// Unlinks `name` if it is a temp file: `false` when it is not one.
     pub(crate) fn temp_unlink(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         dir: &Arc<L::Node>,
         name: &OsStr,
     ) -> FsResult<bool> {
-        let key = self.base.lower.key(dir);
+        let key = b.lower.key(dir);
         loop {
-            let Some(f) = self.temp.overlay.lock().get(key, name).cloned() else {
+            let Some(f) = self.overlay.lock().get(key, name).cloned() else {
                 return Ok(false);
             };
             let mut st = f.wait_stable(f.lock());
@@ -472,24 +519,24 @@ impl<L: LowerFs> Engine<L> {
                 continue; // renamed, transformed or unlinked meanwhile: look again
             }
             // Lower calls under this file's lock only (O1: the shadowed file goes first).
-            self.unlink_shadowed(dir, &st.rec)?;
-            let now = self.base.lower.now();
-            let mut idx = self.temp.overlay.lock();
+            Self::unlink_shadowed(b, dir, &st.rec)?;
+            let now = b.lower.now();
+            let mut idx = self.overlay.lock();
             let handle = st.rec.dir.clone();
             let r = (|| -> FsResult<_> {
                 let tx = otx.tx();
-                let unnamed = self.tx_unname(tx, &f, &st)?;
-                Ok((unnamed, self.tx_dir_times(tx, &idx, key, &handle, now)?))
+                let unnamed = Self::tx_unname(b, tx, &f, &st)?;
+                Ok((unnamed, Self::tx_dir_times(b, tx, &idx, key, &handle, now)?))
             })();
             let (unnamed, times) = otx.end(r)?;
             Self::apply_dir_times(&mut idx, key, dir, times);
-            self.apply_unname(&f, &mut st, unnamed);
+            self.apply_unname(b, &f, &mut st, unnamed);
             idx.remove_name(key, name);
             if st.fate == Fate::Freed {
                 idx.temps.remove(&f.serial);
             }
             drop(idx);
-            Counters::add(&self.temp.counters.deleted_in_nvram, 1);
+            Counters::add(&self.counters.deleted_in_nvram, 1);
             return Ok(true);
         }
     }
@@ -497,11 +544,11 @@ impl<L: LowerFs> Engine<L> {
     /// O1: a temp file leaves a name under which it hid a lower file: unlink that file first,
     /// durably (fsync of the directory), because once the NVRAM commit has taken the temp file
     /// away nothing would hide the lower file after a crash any more.
-    pub(super) fn unlink_shadowed(&self, dir: &L::Node, rec: &Record) -> FsResult<()> {
+    pub(super) fn unlink_shadowed(b: &Base<L>, dir: &L::Node, rec: &Record) -> FsResult<()> {
         if rec.shadows() {
-            let w1 = self.base.committed(); // the temp file that hid it was committed
-            match self.base.lower.unlink(&w1, dir, &rec.name) {
-                Ok(()) => self.sync_dir(dir)?,
+            let w1 = b.committed(); // the temp file that hid it was committed
+            match b.lower.unlink(&w1, dir, &rec.name) {
+                Ok(()) => Self::sync_dir(b, dir)?,
                 Err(lower::Errno(libc::ENOENT)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -512,7 +559,7 @@ impl<L: LowerFs> Engine<L> {
     /// Takes the name away from a temp file (unlink, or replaced by a rename): frees it or,
     /// while open, keeps it unnamed. Applied by `apply_unname` after the commit.
     pub(super) fn tx_unname(
-        &self,
+        b: &Base<L>,
         tx: &mut Tx<'_>,
         f: &TempFile,
         st: &TempState,
@@ -524,32 +571,32 @@ impl<L: LowerFs> Engine<L> {
         rec.nlink = 0;
         rec.name = std::ffi::OsString::new();
         rec.set_shadows(false);
-        rec.ctime = self.base.lower.now();
+        rec.ctime = b.lower.now();
         data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
         Ok(Unnamed::Kept(rec))
     }
 
-    pub(super) fn apply_unname(&self, f: &TempFile, st: &mut TempState, u: Unnamed) {
+    pub(super) fn apply_unname(&self, b: &Base<L>, f: &TempFile, st: &mut TempState, u: Unnamed) {
         match u {
-            Unnamed::Freed(pages) => self.apply_free(f, st, pages),
+            Unnamed::Freed(pages) => self.apply_free(b, f, st, pages),
             Unnamed::Kept(rec) => st.rec = rec,
         }
     }
 
-    /// After a write to a temp file committed: the size trigger, then NVRAM pressure.
-    pub(crate) fn after_temp_write(&self, f: &Arc<TempFile>) {
+    /// After a write to a temp file committed: the size trigger (NVRAM pressure follows,
+    /// `engine/pressure.rs`).
+    pub(crate) fn after_write(&self, b: &Base<L>, f: &Arc<TempFile>) {
         let too_big = {
             let st = f.lock();
-            st.fate == Fate::Resident && st.rec.nlink > 0 && st.rec.size > self.temp.config.max_size
+            st.fate == Fate::Resident && st.rec.nlink > 0 && st.rec.size > self.config.max_size
         };
         if too_big {
             // Failure leaves the file in NVRAM, which is still correct; it is retried on the
             // next write.
-            if let Err(e) = self.transform(f, tempfs::Trigger::Size) {
+            if let Err(e) = self.transform(b, f, tempfs::Trigger::Size) {
                 eprintln!("nvstack: size-triggered transform failed: {e}");
             }
         }
-        self.relieve_pressure(false);
     }
 }
 

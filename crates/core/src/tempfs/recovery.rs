@@ -8,25 +8,26 @@ use std::sync::atomic::Ordering;
 
 use lower::LowerFs;
 
+use crate::base::Base;
 use crate::base::error::StartError;
-use crate::engine::Engine;
+use crate::tempfs::TempFs;
 use crate::tempfs::overlay::Overlay;
 use crate::tempfs::{self, Fate, State, TempFile, TempState, Trigger, data};
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
     /// See the module docs.
-    pub(crate) fn rebuild_tempfiles(&self) -> Result<(), StartError> {
-        let scanned = tempfs::scan_all(&self.base.pool)?;
+    pub(crate) fn rebuild_tempfiles(&self, b: &Base<L>) -> Result<(), StartError> {
+        let scanned = tempfs::scan_all(&b.pool)?;
         {
             // T6: every record frame listed with its records' slots; empty ones beyond the
             // one kept as room (a crash can leave several) freed.
-            let mut slots = self.temp.slots.lock();
+            let mut slots = self.slots.lock();
             *slots = crate::base::slots::RecordSlots::default();
             for &(frame, taken) in &scanned.record_frames {
                 slots.add_frame(frame, taken);
             }
             drop(slots);
-            self.free_empty_record_frames(1).map_err(StartError::RecordFrames)?;
+            self.free_empty_record_frames(b, 1).map_err(StartError::RecordFrames)?;
         }
         let found = scanned.files;
         let mut dirs: HashMap<Vec<u8>, Arc<L::Node>> = HashMap::new();
@@ -49,38 +50,37 @@ impl<L: LowerFs> Engine<L> {
                     last_use: 0,
                 },
             ));
-            self.temp.counters.pages_resident.fetch_add(pages, Ordering::Relaxed);
-            self.base.space.add(pages);
-            self.base.space.add_file();
+            self.counters.pages_resident.fetch_add(pages, Ordering::Relaxed);
+            b.space.add(pages);
+            b.space.add_file();
             if file.place.slot == crate::base::slots::WHOLE {
-                self.temp.slots.lock().add_whole();
+                self.slots.lock().add_whole();
             }
             let mut st = file.lock();
             if st.rec.nlink == 0 {
                 // Unlinked while open, and nothing is open after a restart.
-                let n = self
-                    .base
+                let n = b
                     .atomically(|tx| data::free_all(tx, file.place, &mut st.pages.clone()))
                     .map_err(|error| StartError::Redo { serial: file.serial, error })?;
-                self.release_record(file.place);
-                self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
-                self.base.space.sub(n);
-                self.base.space.sub_file();
+                self.release_record(b, file.place);
+                self.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
+                b.space.sub(n);
+                b.space.sub_file();
                 st.fate = Fate::Freed;
                 continue;
             }
             let dir = if let Some(d) = dirs.get(&st.rec.dir) {
                 Arc::clone(d)
             } else {
-                let node =
-                    self.base.lower.find_dir(&st.rec.dir, self.base.max_walk).map_err(|_| {
-                        StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) }
-                    })?;
+                let node = b
+                    .lower
+                    .find_dir(&st.rec.dir, b.max_walk)
+                    .map_err(|_| StartError::MissingDir { files: 1, handle: hex(&st.rec.dir) })?;
                 let node = Arc::new(node);
                 dirs.insert(st.rec.dir.clone(), Arc::clone(&node));
                 node
             };
-            let key = self.base.lower.key(&dir);
+            let key = b.lower.key(&dir);
             st.dir = key;
             let (name, handle) = (st.rec.name.clone(), st.rec.dir.clone());
             if st.rec.state == State::Transforming {
@@ -90,9 +90,9 @@ impl<L: LowerFs> Engine<L> {
             idx.insert_name(key, &dir, &handle, &name, Arc::clone(&file));
             idx.temps.insert(file.serial, file);
         }
-        *self.temp.overlay.lock() = idx;
+        *self.overlay.lock() = idx;
         for f in redo {
-            self.finish_transform(&f, Trigger::Recovery, self.base.committed())
+            self.finish_transform(b, &f, Trigger::Recovery, b.committed())
                 .map_err(|error| StartError::Redo { serial: f.serial, error })?;
         }
         Ok(())

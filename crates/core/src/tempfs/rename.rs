@@ -14,10 +14,12 @@ use std::sync::Arc;
 use lower::{FileKind, LowerFs};
 use txn::{Tx, TxError};
 
+use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
-use crate::engine::Engine;
+use crate::journal::Journal;
+use crate::tempfs::TempFs;
 use crate::tempfs::overlay::pending::Written;
 use crate::tempfs::overlay::{DirKey, Overlay};
 use crate::tempfs::{self, Fate, State, TempFile, data};
@@ -28,18 +30,18 @@ const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
 /// One side of a rename: the lower directory, its key, the name.
 type Side<'a, N> = (&'a Arc<N>, DirKey, &'a OsStr);
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
     /// rename(2) over the merged namespace (see O1, O2).
     pub(crate) fn rename_merged(
         &self,
+        b: &Base<L>,
+        journal: &Journal,
         otx: &mut OpTx<'_>,
-        p: &Arc<L::Node>,
-        name: &OsStr,
-        np: &Arc<L::Node>,
-        newname: &OsStr,
+        (p, name): (&Arc<L::Node>, &OsStr),
+        (np, newname): (&Arc<L::Node>, &OsStr),
         flags: u32,
     ) -> FsResult<()> {
-        let (k1, k2) = (self.base.lower.key(p), self.base.lower.key(np));
+        let (k1, k2) = (b.lower.key(p), b.lower.key(np));
         if tempfs::is_hidden(name) {
             return Err(answer(libc::ENOENT));
         }
@@ -51,26 +53,29 @@ impl<L: LowerFs> Engine<L> {
         }
         loop {
             let (src, dst) = {
-                let idx = self.temp.overlay.lock();
+                let idx = self.overlay.lock();
                 (idx.get(k1, name).cloned(), idx.get(k2, newname).cloned())
             };
             let done = match (src, dst) {
-                (None, None) => Some(self.rename_lower(otx, p, name, np, newname, flags)?),
+                (None, None) => {
+                    Some(self.rename_lower(b, journal, otx, (p, name), (np, newname), flags)?)
+                }
                 (None, Some(d)) => {
                     // A lower object onto a temp name.
-                    let (_, src_attr) = self.base.lower.lookup(p, name)?;
+                    let (_, src_attr) = b.lower.lookup(p, name)?;
                     if flags & NOREPLACE != 0 {
                         return Err(answer(libc::EEXIST));
                     }
                     if src_attr.kind() == FileKind::Directory && flags & EXCHANGE == 0 {
                         return Err(answer(libc::ENOTDIR));
                     }
-                    self.transform(&d, tempfs::Trigger::LowerRename)?; // O2
+                    self.transform(b, &d, tempfs::Trigger::LowerRename)?; // O2
                     None
                 }
                 (Some(s), dst) => {
                     let renamed = match &dst {
                         None => self.rename_temp_to_free(
+                            b,
                             otx,
                             &s,
                             (p, k1, name),
@@ -78,6 +83,7 @@ impl<L: LowerFs> Engine<L> {
                             flags,
                         ),
                         Some(d) => self.rename_temp_onto_temp(
+                            b,
                             otx,
                             (&s, p, k1, name),
                             (d, np, k2, newname),
@@ -88,7 +94,7 @@ impl<L: LowerFs> Engine<L> {
                         // No frame for the target directory's pending times: the file
                         // leaves NVRAM and the lower file system renames it.
                         Err(FsError::Nvram(TxError::NoFrames)) => {
-                            self.transform(&s, tempfs::Trigger::NvramFull)?;
+                            self.transform(b, &s, tempfs::Trigger::NvramFull)?;
                             None
                         }
                         other => other?,
@@ -104,38 +110,39 @@ impl<L: LowerFs> Engine<L> {
     /// rename of two lower names (neither is a temp file).
     fn rename_lower(
         &self,
+        b: &Base<L>,
+        journal: &Journal,
         otx: &mut OpTx<'_>,
-        p: &L::Node,
-        name: &OsStr,
-        np: &L::Node,
-        newname: &OsStr,
+        (p, name): (&L::Node, &OsStr),
+        (np, newname): (&L::Node, &OsStr),
         flags: u32,
     ) -> FsResult<()> {
         // O3: a lower directory holding temp files is not empty.
         if flags & EXCHANGE == 0
-            && let Ok((target, attr)) = self.base.lower.lookup(np, newname)
+            && let Ok((target, attr)) = b.lower.lookup(np, newname)
             && attr.kind() == FileKind::Directory
-            && self.temp.overlay.lock().has_entries(self.base.lower.key(&target))
+            && self.overlay.lock().has_entries(b.lower.key(&target))
         {
-            let (_, src_attr) = self.base.lower.lookup(p, name)?;
+            let (_, src_attr) = b.lower.lookup(p, name)?;
             if src_attr.kind() == FileKind::Directory {
                 return Err(answer(libc::ENOTEMPTY));
             }
         }
-        self.journal.ns_rename(&self.base, otx, (p, name), (np, newname), flags)
+        journal.ns_rename(b, otx, (p, name), (np, newname), flags)
     }
 
     /// rename of a temp file onto a name that is not a temp file (free, or a lower object).
     /// `None`: something changed meanwhile; the caller starts over.
     fn rename_temp_to_free(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         s: &Arc<TempFile>,
         (p, k1, name): Side<'_, L::Node>,
         (np, k2, newname): Side<'_, L::Node>,
         flags: u32,
     ) -> FsResult<Option<()>> {
-        let (target, victim_links) = match self.base.lower.lookup(np, newname) {
+        let (target, victim_links) = match b.lower.lookup(np, newname) {
             Ok((_, attr)) => (Some(attr.kind()), attr.nlink),
             Err(lower::Errno(libc::ENOENT)) => (None, 0),
             Err(e) => return Err(e.into()),
@@ -152,17 +159,17 @@ impl<L: LowerFs> Engine<L> {
         // O2, and a regular file with other links: shadowing would leave its link
         // count one too high, so the lower rename does it (after a transform).
         if flags & EXCHANGE != 0 || (target == Some(FileKind::Regular) && victim_links > 1) {
-            self.transform(s, tempfs::Trigger::LowerRename)?;
+            self.transform(b, s, tempfs::Trigger::LowerRename)?;
             return Ok(None);
         }
         if k1 == k2 && name == newname {
             return Ok(Some(()));
         }
         // Temp files stay on the lower root's file system.
-        if k2.0 != self.base.root_dev {
+        if k2.0 != b.root_dev {
             return Err(answer(libc::EXDEV));
         }
-        let handle = self.dir_handle_of(k2, np)?;
+        let handle = self.dir_handle_of(b, k2, np)?;
         if handle.len() > tempfs::record::MAX_HANDLE {
             return Err(answer(libc::EXDEV));
         }
@@ -171,12 +178,12 @@ impl<L: LowerFs> Engine<L> {
             return Ok(None);
         }
         // Lower calls under the file's own lock (O1: the shadowed file goes first).
-        self.unlink_shadowed(p, &st.rec)?;
-        let mut idx = self.temp.overlay.lock();
+        Self::unlink_shadowed(b, p, &st.rec)?;
+        let mut idx = self.overlay.lock();
         if idx.get(k2, newname).is_some() {
             return Ok(None); // a temp file took the target meanwhile
         }
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         let mut rec = st.rec.clone();
         rec.dir.clone_from(&handle);
         rec.name = newname.to_os_string();
@@ -186,7 +193,7 @@ impl<L: LowerFs> Engine<L> {
         let r = (|| -> FsResult<_> {
             let tx = otx.tx();
             data::put_record(tx, s.place, &rec)?;
-            Ok(self.tx_renamed_dirs(tx, &idx, (k1, &old_handle), (k2, &handle), now)?)
+            Ok(Self::tx_renamed_dirs(b, tx, &idx, (k1, &old_handle), (k2, &handle), now)?)
         })();
         let times = otx.end(r)?;
         Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
@@ -201,26 +208,27 @@ impl<L: LowerFs> Engine<L> {
     /// something changed meanwhile; the caller starts over.
     fn rename_temp_onto_temp(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
-        (s, p, k1, name): (&Arc<TempFile>, &Arc<L::Node>, DirKey, &OsStr),
-        (d, np, k2, newname): (&Arc<TempFile>, &Arc<L::Node>, DirKey, &OsStr),
+        (src, p, k1, name): (&Arc<TempFile>, &Arc<L::Node>, DirKey, &OsStr),
+        (dst, np, k2, newname): (&Arc<TempFile>, &Arc<L::Node>, DirKey, &OsStr),
         flags: u32,
     ) -> FsResult<Option<()>> {
-        if Arc::ptr_eq(s, d) {
+        if Arc::ptr_eq(src, dst) {
             return Ok(Some(()));
         }
         if flags & NOREPLACE != 0 {
             return Err(answer(libc::EEXIST));
         }
-        let h1 = self.dir_handle_of(k1, p)?;
-        let h2 = self.dir_handle_of(k2, np)?;
+        let h1 = self.dir_handle_of(b, k1, p)?;
+        let h2 = self.dir_handle_of(b, k2, np)?;
         // Two files: locked in serial order (`TempFile::lock`; the only place two are held).
-        let (first, second) = if s.serial < d.serial { (s, d) } else { (d, s) };
+        let (first, second) = if src.serial < dst.serial { (src, dst) } else { (dst, src) };
         let g1 = first.lock();
         let g2 = second.lock();
-        let (mut ss, mut ds) = if s.serial < d.serial { (g1, g2) } else { (g2, g1) };
+        let (mut ss, mut ds) = if src.serial < dst.serial { (g1, g2) } else { (g2, g1) };
         if ss.rec.state == State::Transforming || ds.rec.state == State::Transforming {
-            let busy = if ss.rec.state == State::Transforming { s } else { d };
+            let busy = if ss.rec.state == State::Transforming { src } else { dst };
             drop(ss);
             drop(ds);
             drop(busy.wait_stable(busy.lock()));
@@ -229,7 +237,7 @@ impl<L: LowerFs> Engine<L> {
         if !ss.is_named(k1, name) || !ds.is_named(k2, newname) {
             return Ok(None);
         }
-        let now = self.base.lower.now();
+        let now = b.lower.now();
         if flags & EXCHANGE != 0 {
             let mut rs = ss.rec.clone();
             let mut rd = ds.rec.clone();
@@ -240,12 +248,12 @@ impl<L: LowerFs> Engine<L> {
             rd.set_shadows(s_shadows);
             rs.ctime = now;
             rd.ctime = now;
-            let mut idx = self.temp.overlay.lock();
+            let mut idx = self.overlay.lock();
             let r = (|| -> FsResult<_> {
                 let tx = otx.tx();
-                data::put_record(tx, s.place, &rs)?;
-                data::put_record(tx, d.place, &rd)?;
-                Ok(self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?)
+                data::put_record(tx, src.place, &rs)?;
+                data::put_record(tx, dst.place, &rd)?;
+                Ok(Self::tx_renamed_dirs(b, tx, &idx, (k1, &h1), (k2, &h2), now)?)
             })();
             let times = otx.end(r)?;
             Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
@@ -254,52 +262,53 @@ impl<L: LowerFs> Engine<L> {
             (ss.dir, ds.dir) = (k2, k1);
             idx.remove_name(k1, name);
             idx.remove_name(k2, newname);
-            idx.insert_name(k2, np, &h2, newname, Arc::clone(s));
-            idx.insert_name(k1, p, &h1, name, Arc::clone(d));
+            idx.insert_name(k2, np, &h2, newname, Arc::clone(src));
+            idx.insert_name(k1, p, &h1, name, Arc::clone(dst));
             return Ok(Some(()));
         }
-        // s replaces d: d loses its name (its shadowed lower file, if any, stays
-        // shadowed by s); s leaves its old name (unlinking what it shadowed there).
+        // src replaces d: dst loses its name (its shadowed lower file, if any, stays
+        // shadowed by src); src leaves its old name (unlinking what it shadowed there).
         let mut rs = ss.rec.clone();
         let inherited = ds.rec.shadows();
-        self.unlink_shadowed(p, &ss.rec)?;
+        Self::unlink_shadowed(b, p, &ss.rec)?;
         (rs.dir, rs.name) = (h2.clone(), newname.to_os_string());
         rs.set_shadows(inherited);
         rs.ctime = now;
-        let mut idx = self.temp.overlay.lock();
+        let mut idx = self.overlay.lock();
         let r = (|| -> FsResult<_> {
             let tx = otx.tx();
-            let unnamed = self.tx_unname(tx, d, &ds)?;
-            data::put_record(tx, s.place, &rs)?;
-            Ok((unnamed, self.tx_renamed_dirs(tx, &idx, (k1, &h1), (k2, &h2), now)?))
+            let unnamed = Self::tx_unname(b, tx, dst, &ds)?;
+            data::put_record(tx, src.place, &rs)?;
+            Ok((unnamed, Self::tx_renamed_dirs(b, tx, &idx, (k1, &h1), (k2, &h2), now)?))
         })();
         let (unnamed, times) = otx.end(r)?;
         Self::apply_renamed_dirs(&mut idx, (k1, p), (k2, np), times);
-        self.apply_unname(d, &mut ds, unnamed);
+        self.apply_unname(b, dst, &mut ds, unnamed);
         ss.rec = rs;
         ss.dir = k2;
         idx.remove_name(k2, newname);
         if ds.fate == Fate::Freed {
-            idx.temps.remove(&d.serial);
+            idx.temps.remove(&dst.serial);
         }
         idx.remove_name(k1, name);
-        idx.insert_name(k2, np, &h2, newname, Arc::clone(s));
+        idx.insert_name(k2, np, &h2, newname, Arc::clone(src));
         drop(idx);
-        Counters::add(&self.temp.counters.deleted_in_nvram, 1);
+        Counters::add(&self.counters.deleted_in_nvram, 1);
         Ok(Some(()))
     }
 
     /// The pending times of both directories of a rename (one when they are the same).
     fn tx_renamed_dirs(
-        &self,
+        b: &Base<L>,
         tx: &mut Tx<'_>,
         idx: &Overlay<L::Node>,
         (k1, h1): (DirKey, &[u8]),
         (k2, h2): (DirKey, &[u8]),
         now: (i64, u32),
     ) -> Result<(Written, Option<Written>), TxError> {
-        let first = self.tx_dir_times(tx, idx, k1, h1, now)?;
-        let second = if k1 == k2 { None } else { Some(self.tx_dir_times(tx, idx, k2, h2, now)?) };
+        let first = Self::tx_dir_times(b, tx, idx, k1, h1, now)?;
+        let second =
+            if k1 == k2 { None } else { Some(Self::tx_dir_times(b, tx, idx, k2, h2, now)?) };
         Ok((first, second))
     }
 

@@ -28,12 +28,13 @@ use std::sync::atomic::Ordering;
 
 use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
 
+use crate::base::Base;
 use crate::base::Committed;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::inodes::Identity;
 use crate::base::slots::SLOTS;
-use crate::engine::Engine;
+use crate::tempfs::TempFs;
 use crate::tempfs::names::Obj;
 use crate::tempfs::overlay::DirKey;
 use crate::tempfs::{self, Fate, Record, State, TempFile, Trigger, data};
@@ -75,12 +76,12 @@ struct TransformJob<L: LowerFs> {
     w1: Committed,
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
     /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
     /// when another thread did it; a file that is unlinked or freed is left alone.
-    pub fn transform(&self, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
-        match self.mark(f)? {
-            Some(w1) => self.finish_transform(f, trigger, w1),
+    pub fn transform(&self, b: &Base<L>, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+        match Self::mark(b, f)? {
+            Some(w1) => self.finish_transform(b, f, trigger, w1),
             None => Ok(()),
         }
     }
@@ -89,17 +90,18 @@ impl<L: LowerFs> Engine<L> {
     /// committed).
     pub(super) fn finish_transform(
         &self,
+        b: &Base<L>,
         f: &Arc<TempFile>,
         trigger: Trigger,
         w1: Committed,
     ) -> FsResult<()> {
         let result = self.prepare(f, w1).and_then(|mut job| {
-            self.copy_step(&mut job, Sync::PerFile)?;
-            let node = self.rename_step(&job, Sync::PerFile)?;
-            self.free_step(&job, node, trigger)
+            Self::copy_step(b, &mut job, Sync::PerFile)?;
+            let node = Self::rename_step(b, &job, Sync::PerFile)?;
+            self.free_step(b, &job, node, trigger)
         });
         if result.is_err() {
-            self.back_to_live(f);
+            Self::back_to_live(b, f);
         }
         f.notify();
         result
@@ -108,7 +110,7 @@ impl<L: LowerFs> Engine<L> {
     /// After a failed step 2 or 3 the file stays in NVRAM, correct and complete. Its name may
     /// now have a lower file (the rename of step 3 may have happened), so it shadows one from
     /// now on (O1; unlinking a name without a lower file is harmless).
-    fn back_to_live(&self, f: &TempFile) {
+    fn back_to_live(b: &Base<L>, f: &TempFile) {
         let mut st = f.lock();
         if st.fate == Fate::Resident && st.rec.state == State::Transforming {
             let mut rec = st.rec.clone();
@@ -116,7 +118,7 @@ impl<L: LowerFs> Engine<L> {
             rec.set_shadows(true);
             // On failure (NVRAM full) the record stays Transforming: the next attempt or the
             // next mount finishes the transform.
-            if self.base.atomically(|tx| data::put_record(tx, f.place, &rec)).is_ok() {
+            if b.atomically(|tx| data::put_record(tx, f.place, &rec)).is_ok() {
                 st.rec = rec;
             }
         }
@@ -129,7 +131,7 @@ impl<L: LowerFs> Engine<L> {
             (st.rec.clone(), st.pages.clone(), st.dir)
         };
         let dir = {
-            let idx = self.temp.overlay.lock();
+            let idx = self.overlay.lock();
             Arc::clone(&idx.dirs.get(&key).ok_or(answer(libc::ESTALE))?.node)
         };
         let hidden = tempfs::hidden_name(rec.serial);
@@ -138,16 +140,16 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// Step 2; the hidden file is removed again when it fails.
-    fn copy_step(&self, job: &mut TransformJob<L>, sync: Sync) -> FsResult<()> {
+    fn copy_step(b: &Base<L>, job: &mut TransformJob<L>, sync: Sync) -> FsResult<()> {
         let per_file = sync == Sync::PerFile;
-        match self.copy_out(&job.w1, &job.dir, &job.hidden, &job.rec, &job.pages, per_file) {
+        match Self::copy_out(b, &job.w1, &job.dir, &job.hidden, &job.rec, &job.pages, per_file) {
             Ok((span, written)) => {
                 (job.span, job.written) = (span, written);
-                self.base.fail("transform.copied");
+                b.fail("transform.copied");
                 Ok(())
             }
             Err(e) => {
-                let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
+                let _ = b.lower.unlink(&job.w1, &job.dir, &job.hidden);
                 Err(e)
             }
         }
@@ -156,24 +158,21 @@ impl<L: LowerFs> Engine<L> {
     /// Step 3 (the directory fsync only with `Sync::PerFile`; a batch syncs the file system
     /// once). No lock: the name is the overlay's until step 4 removes it, so a lookup (overlay
     /// first, then the lower directory) finds the file in one of the two at every instant.
-    fn rename_step(&self, job: &TransformJob<L>, sync: Sync) -> FsResult<L::Node> {
-        let renamed = self
-            .base
+    fn rename_step(b: &Base<L>, job: &TransformJob<L>, sync: Sync) -> FsResult<L::Node> {
+        let renamed = b
             .lower
             .rename(&job.w1, &job.dir, &job.hidden, &job.dir, &job.rec.name, 0)
-            .and_then(|()| {
-                if sync == Sync::PerFile { self.base.lower.sync_dir(&job.dir) } else { Ok(()) }
-            })
-            .and_then(|()| self.base.lower.lookup(&job.dir, &job.rec.name));
+            .and_then(|()| if sync == Sync::PerFile { b.lower.sync_dir(&job.dir) } else { Ok(()) })
+            .and_then(|()| b.lower.lookup(&job.dir, &job.rec.name));
         match renamed {
             Ok((node, _)) => {
                 if sync == Sync::PerFile {
-                    self.base.fail("transform.renamed");
+                    b.fail("transform.renamed");
                 }
                 Ok(node)
             }
             Err(e) => {
-                let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
+                let _ = b.lower.unlink(&job.w1, &job.dir, &job.hidden);
                 Err(e.into())
             }
         }
@@ -181,38 +180,44 @@ impl<L: LowerFs> Engine<L> {
 
     /// Step 4: one transaction frees the record and the data frames; the index forgets the
     /// name; the node id now names the lower file.
-    fn free_step(&self, job: &TransformJob<L>, node: L::Node, trigger: Trigger) -> FsResult<()> {
+    fn free_step(
+        &self,
+        b: &Base<L>,
+        job: &TransformJob<L>,
+        node: L::Node,
+        trigger: Trigger,
+    ) -> FsResult<()> {
         let f = &job.f;
         let mut st = f.lock();
         // On failure the lower file is complete; the record stays Transforming and is
         // finished by the next attempt or at the next mount.
-        self.base.atomically(|tx| data::free_all(tx, f.place, &mut st.pages.clone()))?;
-        self.base.fail("transform.freed");
-        self.release_record(f.place);
+        b.atomically(|tx| data::free_all(tx, f.place, &mut st.pages.clone()))?;
+        b.fail("transform.freed");
+        self.release_record(b, f.place);
         let n = st.pages.len() as u64;
         // The name leaves the overlay with the file's lock held (O5).
-        let mut idx = self.temp.overlay.lock();
+        let mut idx = self.overlay.lock();
         st.pages.clear();
         st.fate = Fate::Transformed;
         idx.remove_name(job.key, &job.rec.name);
         idx.temps.remove(&f.serial);
         drop(idx);
-        let new_key = Identity::lower(self.base.lower.key(&node));
-        self.temp.nodes.rekey(
+        let new_key = Identity::lower(b.lower.key(&node));
+        self.nodes.rekey(
             crate::base::inodes::TEMP_BASE + f.serial,
             new_key,
             Obj::Lower(Arc::new(node)),
         );
         drop(st);
-        self.temp.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
-        self.base.space.sub(n);
-        self.base.space.sub_file();
-        self.temp.counters.transformed(trigger);
-        Counters::add(&self.temp.counters.bytes_transformed, job.rec.size);
-        Counters::add(&self.base.counters.lower_bytes_written, job.written);
+        self.counters.pages_resident.fetch_sub(n, Ordering::Relaxed);
+        b.space.sub(n);
+        b.space.sub_file();
+        self.counters.transformed(trigger);
+        Counters::add(&self.counters.bytes_transformed, job.rec.size);
+        Counters::add(&b.counters.lower_bytes_written, job.written);
         if let Some(span) = job.span {
-            Counters::add(&self.temp.counters.span_files, 1);
-            Counters::add(&self.temp.counters.span_blocks_sum, span);
+            Counters::add(&self.counters.span_files, 1);
+            Counters::add(&self.counters.span_blocks_sum, span);
         }
         Ok(())
     }
@@ -220,7 +225,7 @@ impl<L: LowerFs> Engine<L> {
     /// Step 1 for one file: `Ok(None)` when there is nothing to do (freed, unlinked,
     /// transformed, or being transformed by another thread, which this call waits for), else
     /// the W1 proof for its steps 2 and 3.
-    fn mark(&self, f: &Arc<TempFile>) -> FsResult<Option<Committed>> {
+    fn mark(b: &Base<L>, f: &Arc<TempFile>) -> FsResult<Option<Committed>> {
         let mut st = f.lock();
         if st.fate != Fate::Resident || st.rec.nlink == 0 {
             return Ok(None);
@@ -231,12 +236,12 @@ impl<L: LowerFs> Engine<L> {
         }
         let mut rec = st.rec.clone();
         rec.state = State::Transforming;
-        self.base.atomically(|tx| data::put_record(tx, f.place, &rec))?;
+        b.atomically(|tx| data::put_record(tx, f.place, &rec))?;
         st.rec = rec;
         drop(st);
         // W1: step 1 and the data step 2 copies are durable before the lower file appears.
-        let w1 = self.base.committed();
-        self.base.fail("transform.marked");
+        let w1 = b.committed();
+        b.fail("transform.marked");
         Ok(Some(w1))
     }
 
@@ -247,16 +252,18 @@ impl<L: LowerFs> Engine<L> {
     /// file: step 4 of any file runs only after its rename is durable.
     pub fn transform_group(
         &self,
+        b: &Base<L>,
         files: &[Arc<TempFile>],
         trigger: Trigger,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        self.transform_in_groups(files, GROUP, trigger, progress)
+        self.transform_in_groups(b, files, GROUP, trigger, progress)
     }
 
     /// `transform_group` with groups of at most `group_size` files.
     fn transform_in_groups(
         &self,
+        b: &Base<L>,
         files: &[Arc<TempFile>],
         group_size: usize,
         trigger: Trigger,
@@ -268,11 +275,11 @@ impl<L: LowerFs> Engine<L> {
         for group in files.chunks(group_size) {
             let mut jobs = Vec::new();
             for f in group {
-                match self.mark(f).and_then(|w1| w1.map(|w1| self.prepare(f, w1)).transpose()) {
+                match Self::mark(b, f).and_then(|w1| w1.map(|w1| self.prepare(f, w1)).transpose()) {
                     Ok(Some(job)) => jobs.push(job),
                     Ok(None) => {}
                     Err(e) => {
-                        self.back_to_live(f);
+                        Self::back_to_live(b, f);
                         f.notify();
                         first_error.get_or_insert(e);
                     }
@@ -280,51 +287,51 @@ impl<L: LowerFs> Engine<L> {
             }
             let mut copied = Vec::new();
             for mut job in jobs {
-                match self.copy_step(&mut job, Sync::Group) {
+                match Self::copy_step(b, &mut job, Sync::Group) {
                     Ok(()) => copied.push(job),
                     Err(e) => {
-                        self.back_to_live(&job.f);
+                        Self::back_to_live(b, &job.f);
                         job.f.notify();
                         first_error.get_or_insert(e);
                     }
                 }
             }
             let mut renamed = Vec::new();
-            if let Err(e) = self.base.syncfs_lower() {
+            if let Err(e) = b.syncfs_lower() {
                 for job in &copied {
-                    let _ = self.base.lower.unlink(&job.w1, &job.dir, &job.hidden);
-                    self.back_to_live(&job.f);
+                    let _ = b.lower.unlink(&job.w1, &job.dir, &job.hidden);
+                    Self::back_to_live(b, &job.f);
                     job.f.notify();
                 }
                 first_error.get_or_insert(e);
                 copied.clear();
             }
             for job in copied {
-                match self.rename_step(&job, Sync::Group) {
+                match Self::rename_step(b, &job, Sync::Group) {
                     Ok(node) => renamed.push((job, node)),
                     Err(e) => {
-                        self.back_to_live(&job.f);
+                        Self::back_to_live(b, &job.f);
                         job.f.notify();
                         first_error.get_or_insert(e);
                     }
                 }
             }
             if !renamed.is_empty() {
-                if let Err(e) = self.base.syncfs_lower() {
+                if let Err(e) = b.syncfs_lower() {
                     // Renamed but maybe not durable: keep them transforming (a later attempt
                     // or the next mount finishes them) - but let waiters see them as live.
                     for (job, _) in &renamed {
-                        self.back_to_live(&job.f);
+                        Self::back_to_live(b, &job.f);
                         job.f.notify();
                     }
                     first_error.get_or_insert(e);
                     renamed.clear();
                 } else {
-                    self.base.fail("transform.renamed");
+                    b.fail("transform.renamed");
                 }
             }
             for (job, node) in renamed {
-                match self.free_step(&job, node, trigger) {
+                match self.free_step(b, &job, node, trigger) {
                     Ok(()) => done += 1,
                     Err(e) => {
                         first_error.get_or_insert(e);
@@ -338,16 +345,16 @@ impl<L: LowerFs> Engine<L> {
         (done, first_error)
     }
 
-    pub(crate) fn sync_dir(&self, dir: &L::Node) -> lower::Result<()> {
-        let d = self.base.lower.opendir(dir)?;
-        self.base.lower.fsyncdir(&d, false)
+    pub(crate) fn sync_dir(b: &Base<L>, dir: &L::Node) -> lower::Result<()> {
+        let d = b.lower.opendir(dir)?;
+        b.lower.fsyncdir(&d, false)
     }
 
     /// Step 2: the hidden file with the data and attributes, durable. Returns the file span
     /// in blocks (FIEMAP: first to last physical block) when the lower file system maps it,
     /// and the bytes written.
     fn copy_out(
-        &self,
+        b: &Base<L>,
         w1: &Committed,
         dir: &L::Node,
         hidden: &OsString,
@@ -356,17 +363,17 @@ impl<L: LowerFs> Engine<L> {
         fsync: bool,
     ) -> FsResult<(Option<u64>, u64)> {
         let root = Creds { uid: 0, gid: 0, groups: Vec::new() };
-        let created = match self.base.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR) {
+        let created = match b.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR) {
             Err(lower::Errno(libc::EEXIST)) => {
                 // Left by an interrupted attempt: start over.
-                self.base.lower.unlink(w1, dir, hidden)?;
-                self.base.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR)?
+                b.lower.unlink(w1, dir, hidden)?;
+                b.lower.create(w1, &root, dir, hidden, 0o600, libc::O_RDWR)?
             }
             other => other?,
         };
         let (node, _, file) = created;
         if rec.size > 0 {
-            match self.base.lower.fallocate(w1, &file, 0, 0, rec.size) {
+            match b.lower.fallocate(w1, &file, 0, 0, rec.size) {
                 Ok(()) | Err(lower::Errno(libc::EOPNOTSUPP | libc::ENOSYS)) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -380,7 +387,7 @@ impl<L: LowerFs> Engine<L> {
             let len = (buf.len() as u64).min(rec.size.saturating_sub(offset)) as usize;
             let mut done = 0;
             while done < len {
-                done += self.base.lower.write(w1, &file, offset + done as u64, &buf[done..len])?;
+                done += b.lower.write(w1, &file, offset + done as u64, &buf[done..len])?;
             }
             written.set(written.get() + done as u64);
             buf.clear();
@@ -398,7 +405,7 @@ impl<L: LowerFs> Engine<L> {
             }
             let at = buf.len();
             buf.resize(at + data::PAGE as usize, 0);
-            self.base.pool.read(self.base.pool.frame_offset(frame), &mut buf[at..]);
+            b.pool.read(b.pool.frame_offset(frame), &mut buf[at..]);
             expected = page + 1;
         }
         if let Some(start) = run_start {
@@ -406,9 +413,9 @@ impl<L: LowerFs> Engine<L> {
         }
         // Size (trailing holes), owner, then mode (chown clears set-ID bits), then times.
         let size = SetAttr { size: Some(rec.size), ..SetAttr::default() };
-        self.base.lower.setattr(w1, &node, Some(&file), &size)?;
+        b.lower.setattr(w1, &node, Some(&file), &size)?;
         let owner = SetAttr { uid: Some(rec.uid), gid: Some(rec.gid), ..SetAttr::default() };
-        match self.base.lower.setattr(w1, &node, Some(&file), &owner) {
+        match b.lower.setattr(w1, &node, Some(&file), &owner) {
             // An unprivileged daemon cannot give files away; its lower creates cannot either.
             Ok(_) | Err(lower::Errno(libc::EPERM)) => {}
             Err(e) => return Err(e.into()),
@@ -419,13 +426,13 @@ impl<L: LowerFs> Engine<L> {
             mtime: Some(TimeSet::At(rec.mtime.0, rec.mtime.1)),
             ..SetAttr::default()
         };
-        self.base.lower.setattr(w1, &node, Some(&file), &rest)?;
+        b.lower.setattr(w1, &node, Some(&file), &rest)?;
         if fsync {
-            self.base.lower.fsync(&file, false)?;
+            b.lower.fsync(&file, false)?;
         }
-        let span = match self.base.lower.fiemap(&file) {
+        let span = match b.lower.fiemap(&file) {
             Ok(extents) if !extents.is_empty() => {
-                let attr = self.base.lower.getattr(&node)?;
+                let attr = b.lower.getattr(&node)?;
                 let block = u64::from(attr.blksize.max(512));
                 let first = extents.iter().map(|e| e.physical).min().unwrap_or(0);
                 let last = extents.iter().map(|e| e.physical + e.length).max().unwrap_or(0);
@@ -433,7 +440,7 @@ impl<L: LowerFs> Engine<L> {
             }
             _ => None,
         };
-        debug_assert!(self.base.lower.getattr(&node).is_ok_and(|a| a.kind() == FileKind::Regular));
+        debug_assert!(b.lower.getattr(&node).is_ok_and(|a| a.kind() == FileKind::Regular));
         Ok((span, written.get()))
     }
 
@@ -442,31 +449,29 @@ impl<L: LowerFs> Engine<L> {
     /// were still tried).
     pub fn transform_all(
         &self,
+        b: &Base<L>,
         trigger: Trigger,
         progress: &mut dyn FnMut(u64, u64),
     ) -> (u64, Option<FsError>) {
-        let files: Vec<Arc<TempFile>> = self.temp.overlay.lock().temps.values().cloned().collect();
-        let (done, error) = self.transform_group(&files, trigger, progress);
+        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
+        let (done, error) = self.transform_group(b, &files, trigger, progress);
         // Every temp file went: no record frame is kept as room either.
-        match self.free_empty_record_frames(0) {
+        match self.free_empty_record_frames(b, 0) {
             Ok(()) => (done, error),
             Err(e) => (done, error.or(Some(e))),
         }
     }
 
-    /// NVRAM pressure (thesis 3.1.1): when temp files hold more than their share of frames, or
-    /// `force` (a write found no free frame), transform the least recently used temp files
-    /// until N = NR_WB * NR_TempFFS / NR_Dirty pages are freed, NR_Dirty counting the page
-    /// cache's dirty pages too (the rest of the room comes from write-back).
-    pub(crate) fn relieve_pressure(&self, force: bool) {
-        if !force && self.temp_frames() <= self.temp.limits.max_frames {
-            return;
-        }
-        let nr_tempffs = self.temp.pages_resident();
-        let nr_dirty = (nr_tempffs + self.cache.pages_dirty()).max(1);
-        let target = (self.temp.config.writeback_batch * nr_tempffs / nr_dirty).max(1);
-        // None: another thread is at it.
-        let _ = self.lru_round(target, usize::MAX, GROUP, Trigger::Pressure);
+    /// Whether temp files hold more than their share of the region's frames.
+    pub(crate) fn over_share(&self) -> bool {
+        self.temp_frames() > self.limits.max_frames
+    }
+
+    /// A pressure round (`engine/pressure.rs` decides when and how much): the least recently
+    /// used temp files worth `pages` pages are transformed. Does nothing while another round
+    /// runs.
+    pub(crate) fn pressure_round(&self, b: &Base<L>, pages: u64) {
+        let _ = self.lru_round(b, pages, usize::MAX, GROUP, Trigger::Pressure);
     }
 
     /// One round of the background transformer (`--tempfile-background`, design.md section
@@ -477,12 +482,13 @@ impl<L: LowerFs> Engine<L> {
     /// request). Returns the files transformed: 0 when under the mark, when another round
     /// runs, or when nothing could be transformed (the caller then waits before it looks
     /// again).
-    pub fn transform_in_background(&self) -> u64 {
-        if self.temp_frames() <= self.temp.limits.background_frames {
+    pub fn transform_in_background(&self, b: &Base<L>) -> u64 {
+        if self.temp_frames() <= self.limits.background_frames {
             return 0;
         }
-        let frames = BACKGROUND_BATCHES * self.temp.config.writeback_batch.max(1);
-        self.lru_round(frames, BACKGROUND_GROUP, BACKGROUND_GROUP, Trigger::Background).unwrap_or(0)
+        let frames = BACKGROUND_BATCHES * self.config.writeback_batch.max(1);
+        self.lru_round(b, frames, BACKGROUND_GROUP, BACKGROUND_GROUP, Trigger::Background)
+            .unwrap_or(0)
     }
 
     /// One round of least-recently-used transforms (pressure, background): the oldest named
@@ -491,26 +497,27 @@ impl<L: LowerFs> Engine<L> {
     /// `None` when another runs, else the files transformed.
     fn lru_round(
         &self,
+        b: &Base<L>,
         frames: u64,
         max_files: usize,
         group: usize,
         trigger: Trigger,
     ) -> Option<u64> {
-        if self.temp.relieving.swap(true, Ordering::AcqRel) {
+        if self.relieving.swap(true, Ordering::AcqRel) {
             return None;
         }
         let chosen = self.least_recently_used(frames, max_files);
-        let (done, error) = self.transform_in_groups(&chosen, group, trigger, &mut |_, _| {});
+        let (done, error) = self.transform_in_groups(b, &chosen, group, trigger, &mut |_, _| {});
         if let Some(e) = error {
             eprintln!("nvstack: {} transform failed: {e}", trigger.name());
         }
-        self.temp.relieving.store(false, Ordering::Release);
+        self.relieving.store(false, Ordering::Release);
         Some(done)
     }
 
     /// Frames temp files hold: their pages and the record frames (eight records a frame).
     pub(crate) fn temp_frames(&self) -> u64 {
-        self.temp.pages_resident() + self.temp.slots.frames()
+        self.pages_resident() + self.slots.frames()
     }
 
     /// The least recently used named, resident temp files, oldest first, until their frames
@@ -518,7 +525,7 @@ impl<L: LowerFs> Engine<L> {
     /// them.
     fn least_recently_used(&self, frames: u64, max_files: usize) -> Vec<Arc<TempFile>> {
         // The files first (the overlay), then each one's state (a rank before the overlay).
-        let files: Vec<Arc<TempFile>> = self.temp.overlay.lock().temps.values().cloned().collect();
+        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
         let mut candidates: Vec<(u64, Arc<TempFile>)> = files
             .iter()
             .filter_map(|f| {
@@ -542,19 +549,15 @@ impl<L: LowerFs> Engine<L> {
     }
 
     /// `nvstack flush`: transforms every temp file, then settles pending directory times.
-    pub fn flush_tempfiles(&self, progress: &mut dyn FnMut(u64, u64)) -> (u64, Option<FsError>) {
-        let (done, error) = self.transform_all(Trigger::Flush, progress);
-        match self.settle_dir_times() {
+    pub fn flush_tempfiles(
+        &self,
+        b: &Base<L>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> (u64, Option<FsError>) {
+        let (done, error) = self.transform_all(b, Trigger::Flush, progress);
+        match self.settle_dir_times(b) {
             Ok(_) => (done, error),
             Err(e) => (done, error.or(Some(e))),
-        }
-    }
-
-    /// The temp file behind a node id, if it is one and still in NVRAM (tests, tools).
-    pub fn temp_file(&self, node_id: u64) -> Option<Arc<TempFile>> {
-        match self.obj(node_id) {
-            Ok(Obj::Temp(f)) if f.lock().fate == Fate::Resident => Some(f),
-            _ => None,
         }
     }
 }

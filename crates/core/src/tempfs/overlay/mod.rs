@@ -23,10 +23,11 @@ use std::sync::Arc;
 
 use lower::{DirEntry, FileKind, LowerFs};
 
+use crate::base::Base;
 use crate::base::error::{FsResult, answer};
 use crate::base::handles::Handle;
 use crate::base::inodes::TEMP_BASE;
-use crate::engine::Engine;
+use crate::tempfs::TempFs;
 use crate::tempfs::names::Open;
 use crate::tempfs::{self, TempFile};
 pub use times::DirTimes;
@@ -122,11 +123,12 @@ impl<N> Overlay<N> {
     }
 }
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
     /// Lists a directory for readdir: the lower entries (nvstack's hidden names left out) and,
     /// when the directory holds temp files, the merged snapshot (see `Open::Dir`).
     pub(crate) fn list_merged(
         &self,
+        b: &Base<L>,
         h: &Handle<Open<L>>,
         offset: u64,
         emit: &mut dyn FnMut(&Listed) -> bool,
@@ -137,8 +139,8 @@ impl<L: LowerFs> Engine<L> {
         let snapshot = {
             let mut l = listing.lock();
             if offset == 0 {
-                *l = if self.temp.overlay.lock().has_entries(*key) {
-                    Some(Arc::new(self.snapshot_dir(file, *key)?))
+                *l = if self.overlay.lock().has_entries(*key) {
+                    Some(Arc::new(self.snapshot_dir(b, file, *key)?))
                 } else {
                     None
                 };
@@ -153,7 +155,7 @@ impl<L: LowerFs> Engine<L> {
             }
             return Ok(());
         }
-        self.base.lower.readdir(file, offset, &mut |entry| {
+        b.lower.readdir(file, offset, &mut |entry| {
             if tempfs::is_hidden(&entry.name) {
                 return true;
             }
@@ -165,12 +167,11 @@ impl<L: LowerFs> Engine<L> {
     /// The merged listing: the overlay's names read *before* the lower directory, so that a
     /// name moving from the overlay into the lower directory meanwhile (a transform) is in
     /// one of the two; a name in both is listed once, as the temp file.
-    fn snapshot_dir(&self, file: &L::File, key: DirKey) -> FsResult<Vec<Listed>> {
-        let temps =
-            self.temp.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
+    fn snapshot_dir(&self, b: &Base<L>, file: &L::File, key: DirKey) -> FsResult<Vec<Listed>> {
+        let temps = self.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
         let mut lower_entries = Vec::new();
         let mut too_many = false;
-        self.base.lower.readdir(file, 0, &mut |e| {
+        b.lower.readdir(file, 0, &mut |e| {
             if lower_entries.len() >= MAX_LISTING {
                 too_many = true;
                 return false;

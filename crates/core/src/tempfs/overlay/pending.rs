@@ -18,19 +18,20 @@ use txn::{FrameId, FrameTag, Tx, TxError};
 
 use super::times::{self, DirTimes, KIND_DIR_TIMES, MAX_RECORDS};
 use super::{DirKey, Overlay};
+use crate::base::Base;
 use crate::base::OpTx;
 use crate::base::error::StartError;
 use crate::base::error::{FsError, FsResult};
-use crate::engine::Engine;
+use crate::tempfs::TempFs;
 
 /// A record written by a transaction, mirrored into the overlay after its commit.
 pub(crate) type Written = (FrameId, DirTimes);
 
-impl<L: LowerFs> Engine<L> {
+impl<L: LowerFs> TempFs<L> {
     /// In `tx`, with the overlay held until after the commit: the directory `key` changed
     /// `now` through a temp file. The mirror is `apply_dir_times` after the commit.
     pub(crate) fn tx_dir_times(
-        &self,
+        b: &Base<L>,
         tx: &mut Tx<'_>,
         idx: &Overlay<L::Node>,
         key: DirKey,
@@ -38,23 +39,23 @@ impl<L: LowerFs> Engine<L> {
         now: (i64, u32),
     ) -> Result<Written, TxError> {
         let times = DirTimes { mtime: now, ctime: now, handle: handle.to_vec() };
-        self.tx_put_dir_times(tx, idx, key, times)
+        Self::tx_put_dir_times(b, tx, idx, key, times)
     }
 
     /// In `tx`: the directory's record says `times` (written over its record, or a new one).
     fn tx_put_dir_times(
-        &self,
+        b: &Base<L>,
         tx: &mut Tx<'_>,
         idx: &Overlay<L::Node>,
         key: DirKey,
         times: DirTimes,
     ) -> Result<Written, TxError> {
         let frame = if let Some(&(frame, _)) = idx.dirs.get(&key).and_then(|d| d.times.as_ref()) {
-            tx.update(self.base.pool.frame_offset(frame), &times.encode())?;
+            tx.update(b.pool.frame_offset(frame), &times.encode())?;
             frame
         } else {
             let frame = tx.alloc_frame(FrameTag { kind: KIND_DIR_TIMES, owner: 0, index: 0 })?;
-            tx.write(self.base.pool.frame_offset(frame), &times.encode());
+            tx.write(b.pool.frame_offset(frame), &times.encode());
             frame
         };
         Ok((frame, times))
@@ -77,8 +78,7 @@ impl<L: LowerFs> Engine<L> {
         if attr.kind() != FileKind::Directory {
             return;
         }
-        if let Some((_, t)) = self.temp.overlay.lock().dirs.get(&key).and_then(|d| d.times.as_ref())
-        {
+        if let Some((_, t)) = self.overlay.lock().dirs.get(&key).and_then(|d| d.times.as_ref()) {
             attr.mtime = attr.mtime.max(t.mtime);
             attr.ctime = attr.ctime.max(t.ctime);
         }
@@ -88,19 +88,18 @@ impl<L: LowerFs> Engine<L> {
     /// which now has `attr`: pending times follow it, so that the mount shows what was set.
     pub(crate) fn follow_dir_times(
         &self,
+        b: &Base<L>,
         otx: &mut OpTx<'_>,
         key: DirKey,
         attr: &Attr,
     ) -> FsResult<()> {
-        let mut idx = self.temp.overlay.lock();
+        let mut idx = self.overlay.lock();
         let Some((frame, old)) = idx.dirs.get(&key).and_then(|d| d.times.clone()) else {
             return Ok(());
         };
         let times = DirTimes { mtime: attr.mtime, ctime: attr.ctime, handle: old.handle };
-        let written = otx
-            .tx()
-            .update(self.base.pool.frame_offset(frame), &times.encode())
-            .map_err(FsError::from);
+        let written =
+            otx.tx().update(b.pool.frame_offset(frame), &times.encode()).map_err(FsError::from);
         otx.end(written)?;
         if let Some(d) = idx.dirs.get_mut(&key) {
             d.times = Some((frame, times));
@@ -110,9 +109,8 @@ impl<L: LowerFs> Engine<L> {
 
     /// Settles pending directory times (see the module docs); returns how many records were
     /// freed.
-    pub fn settle_dir_times(&self) -> FsResult<u64> {
+    pub fn settle_dir_times(&self, b: &Base<L>) -> FsResult<u64> {
         let pending: Vec<(DirKey, Arc<L::Node>, Written)> = self
-            .temp
             .overlay
             .lock()
             .dirs
@@ -122,9 +120,9 @@ impl<L: LowerFs> Engine<L> {
         if pending.is_empty() {
             return Ok(0);
         }
-        let w1 = self.base.committed(); // the times written are committed state
+        let w1 = b.committed(); // the times written are committed state
         for (_, node, (_, t)) in &pending {
-            match self.base.lower.getattr(node) {
+            match b.lower.getattr(node) {
                 // A directory removed since has nothing to keep.
                 Ok(a) if a.nlink == 0 => {}
                 Ok(a) if t.mtime > a.mtime => {
@@ -132,7 +130,7 @@ impl<L: LowerFs> Engine<L> {
                         mtime: Some(TimeSet::At(t.mtime.0, t.mtime.1)),
                         ..SetAttr::default()
                     };
-                    match self.base.lower.setattr(&w1, node, None, &set) {
+                    match b.lower.setattr(&w1, node, None, &set) {
                         Ok(_) | Err(lower::Errno(libc::ENOENT | libc::ESTALE)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -141,8 +139,8 @@ impl<L: LowerFs> Engine<L> {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.base.syncfs_lower()?;
-        let mut idx = self.temp.overlay.lock();
+        b.syncfs_lower()?;
+        let mut idx = self.overlay.lock();
         let done: Vec<(DirKey, FrameId)> = pending
             .into_iter()
             .filter(|(key, _, w)| {
@@ -151,8 +149,7 @@ impl<L: LowerFs> Engine<L> {
             .map(|(key, _, (frame, _))| (key, frame))
             .collect();
         if !done.is_empty() {
-            self.base
-                .atomically(|tx| done.iter().try_for_each(|&(_, frame)| tx.free_frame(frame)))?;
+            b.atomically(|tx| done.iter().try_for_each(|&(_, frame)| tx.free_frame(frame)))?;
         }
         for (key, _) in &done {
             if let Some(d) = idx.dirs.get_mut(key) {
@@ -167,12 +164,12 @@ impl<L: LowerFs> Engine<L> {
 
     /// Settles when more than `MAX_RECORDS` directories without temp files have pending times
     /// (each costs a frame). Called after operations that can leave such a directory.
-    pub(crate) fn settle_if_many(&self) {
+    pub(crate) fn settle_if_many(&self, b: &Base<L>) {
         let many = {
-            let idx = self.temp.overlay.lock();
+            let idx = self.overlay.lock();
             idx.dirs.len() > MAX_RECORDS && idx.times_only() > MAX_RECORDS
         };
-        if many && let Err(e) = self.settle_dir_times() {
+        if many && let Err(e) = self.settle_dir_times(b) {
             eprintln!("nvstack: settling pending directory times failed (they stay in NVRAM): {e}");
         }
     }
@@ -181,25 +178,24 @@ impl<L: LowerFs> Engine<L> {
     /// directories (found by handle; the record of a directory that is gone is freed), a
     /// record made for every directory holding temp files without one (P3: a region written
     /// before pending times existed), then settled.
-    pub(crate) fn rebuild_dir_times(&self) -> Result<(), StartError> {
-        let found = times::scan(&self.base.pool)?;
+    pub(crate) fn rebuild_dir_times(&self, b: &Base<L>) -> Result<(), StartError> {
+        let found = times::scan(&b.pool)?;
         let mut gone = Vec::new();
         let mut attach = Vec::new();
         for f in found {
-            match self.base.lower.find_dir(&f.times.handle, self.base.max_walk) {
+            match b.lower.find_dir(&f.times.handle, b.max_walk) {
                 Ok(node) => attach.push((Arc::new(node), f)),
                 Err(lower::Errno(libc::ENOENT | libc::ESTALE)) => gone.push(f.frame),
                 Err(error) => return Err(StartError::Lower(error)),
             }
         }
         if !gone.is_empty() {
-            self.base
-                .atomically(|tx| gone.iter().try_for_each(|&frame| tx.free_frame(frame)))
+            b.atomically(|tx| gone.iter().try_for_each(|&frame| tx.free_frame(frame)))
                 .map_err(StartError::Settle)?;
         }
-        let mut idx = self.temp.overlay.lock();
+        let mut idx = self.overlay.lock();
         for (node, f) in attach {
-            let key = self.base.lower.key(&node);
+            let key = b.lower.key(&node);
             Self::apply_dir_times(&mut idx, key, &node, (f.frame, f.times));
         }
         let missing: Vec<(DirKey, Arc<L::Node>, Vec<u8>)> = idx
@@ -211,18 +207,17 @@ impl<L: LowerFs> Engine<L> {
         drop(idx);
         for (key, node, handle) in missing {
             // The directory's own times: nothing changes for the application.
-            let attr = self.base.lower.getattr(&node).map_err(StartError::Lower)?;
-            let mut idx = self.temp.overlay.lock();
-            let written = self
-                .base
+            let attr = b.lower.getattr(&node).map_err(StartError::Lower)?;
+            let mut idx = self.overlay.lock();
+            let written = b
                 .atomically(|tx| {
                     let times = DirTimes { mtime: attr.mtime, ctime: attr.ctime, handle };
-                    self.tx_put_dir_times(tx, &idx, key, times)
+                    Self::tx_put_dir_times(b, tx, &idx, key, times)
                 })
                 .map_err(StartError::Settle)?;
             Self::apply_dir_times(&mut idx, key, &node, written);
         }
-        self.settle_dir_times().map_err(StartError::Settle)?;
+        self.settle_dir_times(b).map_err(StartError::Settle)?;
         Ok(())
     }
 }
