@@ -34,7 +34,6 @@ pub mod base;
 pub mod cache;
 pub mod engine;
 pub mod journal;
-mod ops;
 pub mod route;
 pub mod tempfs;
 

@@ -52,7 +52,7 @@ pub enum BindingError {
     #[error("lower directory path longer than {PATH_MAX_BYTES} bytes")]
     PathTooLong,
     #[error("writing the lower-directory record: {0}")]
-    Nvram(crate::FsError),
+    Nvram(crate::base::error::FsError),
 }
 
 fn encode(b: &Binding) -> Vec<u8> {
@@ -111,7 +111,7 @@ pub fn bind_or_check(pool: &Pool, ours: &Binding) -> Result<bool, BindingError> 
     }
     let (root, _) = pool.root_range();
     let mut otx = crate::base::OpTx::new(pool);
-    let written = otx.tx().update(root, &encode(ours)).map_err(crate::FsError::from);
+    let written = otx.tx().update(root, &encode(ours)).map_err(crate::base::error::FsError::from);
     otx.end(written).map_err(BindingError::Nvram)?;
     Ok(true)
 }

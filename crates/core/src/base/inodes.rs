@@ -29,6 +29,9 @@ pub const FOREIGN_BASE: u64 = 1 << 62;
 /// Node ids of temp files: `TEMP_BASE + serial`.
 pub const TEMP_BASE: u64 = 1 << 61;
 
+/// A lower object's volatile identity: its (device, inode number).
+pub type Key = (u64, u64);
+
 /// What an inode names, durably enough to find it again while the kernel knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Identity {

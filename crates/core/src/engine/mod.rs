@@ -16,6 +16,7 @@
 mod background;
 mod clock;
 mod durability;
+mod ops;
 mod pressure;
 pub mod routing;
 pub mod start;

@@ -19,6 +19,8 @@
 //! transform therefore holds no lock during its lower IO.
 
 pub mod data;
+mod file;
+mod listing;
 pub mod names;
 mod ops;
 pub mod overlay;
@@ -28,7 +30,6 @@ mod rename;
 mod transform;
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use txn::{FrameId, FrameTag, Pool};
@@ -36,13 +37,14 @@ use txn::{FrameId, FrameTag, Pool};
 use crate::base::handles::HandleTable;
 use crate::base::inodes::InodeTable;
 use crate::base::share::Share;
-use crate::base::sync::{Condvar, Mutex, MutexGuard, Rank};
-use crate::tempfs::overlay::{DirKey, Overlay};
+use crate::base::sync::{Mutex, Rank};
+use crate::tempfs::overlay::Overlay;
 use lower::LowerFs;
 use names::{Obj, Open};
 
 use crate::base::slots;
 pub use crate::base::slots::Place;
+pub use file::{Fate, TempFile, TempState};
 pub use record::{Record, State};
 
 pub use crate::base::hidden::{HIDDEN_PREFIX, hidden_name, is_hidden};
@@ -166,85 +168,6 @@ pub struct TempLimits {
     pub max_frames: u64,
     /// Above this many frames the background transformer runs (`u64::MAX`: never).
     pub background_frames: u64,
-}
-
-/// What became of a temp file object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fate {
-    /// In NVRAM.
-    Resident,
-    /// Deleted: its frames are free. The node id answers ESTALE/ENOENT.
-    Freed,
-    /// Now a lower file: handles reopen it, the inode table names its lower node.
-    Transformed,
-}
-
-/// The volatile state of a temp file (mirror of its record plus the page map).
-#[derive(Debug)]
-pub struct TempState {
-    pub rec: Record,
-    pub dir: DirKey,
-    pub pages: BTreeMap<u64, FrameId>,
-    /// Open handles (an unlinked file lives until the last one closes).
-    pub opens: u32,
-    pub fate: Fate,
-    /// Last use tick (for LRU).
-    pub last_use: u64,
-}
-
-impl TempState {
-    /// The file is in NVRAM, live (not being transformed), and has the name `name` in the
-    /// directory `dir`. O5: a temp file's name (state and overlay entry together) changes only
-    /// while its lock and the overlay are held, so under its lock this is also what the
-    /// overlay says.
-    pub fn is_named(&self, dir: DirKey, name: &OsStr) -> bool {
-        self.fate == Fate::Resident
-            && self.rec.state == State::Live
-            && self.rec.nlink > 0
-            && self.dir == dir
-            && self.rec.name == name
-    }
-}
-
-/// A temp file. `place` (where its record is) and `serial` never change.
-#[derive(Debug)]
-pub struct TempFile {
-    pub place: Place,
-    pub serial: u64,
-    state: Mutex<TempState>,
-    changed: Condvar,
-}
-
-impl TempFile {
-    pub fn new(place: Place, st: TempState) -> TempFile {
-        TempFile {
-            place,
-            serial: st.rec.serial,
-            state: Mutex::new(Rank::TempFile, st),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Two files are locked in serial order (a rename of one temp file onto another).
-    pub fn lock(&self) -> MutexGuard<'_, TempState> {
-        self.state.lock_nth(self.serial)
-    }
-
-    /// Waits until the file is not being transformed; returns the guard re-taken.
-    pub fn wait_stable<'a>(
-        &'a self,
-        mut g: MutexGuard<'a, TempState>,
-    ) -> MutexGuard<'a, TempState> {
-        while g.rec.state == State::Transforming && g.fate == Fate::Resident {
-            g = self.changed.wait(g);
-        }
-        g
-    }
-
-    /// Wakes waiters after a transform ended.
-    pub fn notify(&self) {
-        self.changed.notify_all();
-    }
 }
 
 /// The temp-file store's engine-wide state: its knobs, counters and LRU clock. (Its files are

@@ -9,8 +9,7 @@ use std::sync::{Arc, OnceLock};
 use lower::LowerFs;
 
 use super::TempFile;
-use super::overlay::{DirKey, Listed};
-use crate::base::sync::Mutex;
+use super::overlay::{DirKey, Listing};
 
 /// What a node id names.
 #[derive(Debug)]
@@ -49,5 +48,5 @@ pub enum Open<L: LowerFs> {
     Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },
     /// An open lower directory; `listing` is the merged snapshot taken at offset 0 when the
     /// directory held temp files (offsets are then positions in it: stable across changes).
-    Dir { file: L::File, key: DirKey, listing: Mutex<Option<Arc<Vec<Listed>>>> },
+    Dir { file: L::File, key: DirKey, listing: Listing },
 }

@@ -21,25 +21,24 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
 
-use lower::{DirEntry, FileKind, LowerFs};
+use lower::DirEntry;
 
-use crate::base::Base;
-use crate::base::error::{FsResult, answer};
-use crate::base::handles::Handle;
-use crate::base::inodes::TEMP_BASE;
-use crate::tempfs::TempFs;
-use crate::tempfs::names::Open;
-use crate::tempfs::{self, TempFile};
+use crate::base::sync::Mutex;
+use crate::tempfs::file::TempFile;
 pub use times::DirTimes;
 
 pub(crate) mod pending;
 pub mod times;
 
 /// The volatile identity of a lower directory: its (device, inode) key.
-pub type DirKey = (u64, u64);
+pub type DirKey = crate::base::inodes::Key;
 
 /// Most entries of a merged directory listing (it is held in memory per open directory).
 pub const MAX_LISTING: usize = 1 << 22;
+
+/// An open directory's merged listing, taken at offset 0 (rank `Listing`; `None` while the
+/// directory holds no temp files).
+pub type Listing = Mutex<Option<Arc<Vec<Listed>>>>;
 
 /// One entry of a merged directory listing (a directory holding temp files).
 #[derive(Debug, Clone)]
@@ -120,89 +119,5 @@ impl<N> Overlay<N> {
         f: Arc<TempFile>,
     ) {
         self.dir_entry(dir, node, handle).names.insert(name.to_os_string(), f);
-    }
-}
-
-impl<L: LowerFs> TempFs<L> {
-    /// Lists a directory for readdir: the lower entries (nvstack's hidden names left out) and,
-    /// when the directory holds temp files, the merged snapshot (see `Open::Dir`).
-    pub(crate) fn list_merged(
-        &self,
-        b: &Base<L>,
-        h: &Handle<Open<L>>,
-        offset: u64,
-        emit: &mut dyn FnMut(&Listed) -> bool,
-    ) -> FsResult<()> {
-        let Open::Dir { file, key, listing } = &h.file else {
-            return Err(answer(libc::ENOTDIR));
-        };
-        let snapshot = {
-            let mut l = listing.lock();
-            if offset == 0 {
-                *l = if self.overlay.lock().has_entries(*key) {
-                    Some(Arc::new(self.snapshot_dir(b, file, *key)?))
-                } else {
-                    None
-                };
-            }
-            l.clone()
-        };
-        if let Some(entries) = snapshot {
-            for l in entries.iter().skip(offset as usize) {
-                if !emit(l) {
-                    break;
-                }
-            }
-            return Ok(());
-        }
-        b.lower.readdir(file, offset, &mut |entry| {
-            if tempfs::is_hidden(&entry.name) {
-                return true;
-            }
-            emit(&Listed { entry, temp: None })
-        })?;
-        Ok(())
-    }
-
-    /// The merged listing: the overlay's names read *before* the lower directory, so that a
-    /// name moving from the overlay into the lower directory meanwhile (a transform) is in
-    /// one of the two; a name in both is listed once, as the temp file.
-    fn snapshot_dir(&self, b: &Base<L>, file: &L::File, key: DirKey) -> FsResult<Vec<Listed>> {
-        let temps = self.overlay.lock().dirs.get(&key).map(|d| d.names.clone()).unwrap_or_default();
-        let mut lower_entries = Vec::new();
-        let mut too_many = false;
-        b.lower.readdir(file, 0, &mut |e| {
-            if lower_entries.len() >= MAX_LISTING {
-                too_many = true;
-                return false;
-            }
-            lower_entries.push(e);
-            true
-        })?;
-        if too_many {
-            return Err(answer(libc::EOVERFLOW));
-        }
-        let mut out = Vec::with_capacity(lower_entries.len() + temps.len());
-        for e in lower_entries {
-            if tempfs::is_hidden(&e.name) || temps.contains_key(&e.name) {
-                continue; // hidden, or shadowed by a temp file (O1)
-            }
-            out.push(Listed { entry: e, temp: None });
-        }
-        for (name, f) in temps {
-            out.push(Listed {
-                entry: DirEntry {
-                    ino: TEMP_BASE + f.serial,
-                    offset: 0,
-                    kind: Some(FileKind::Regular),
-                    name,
-                },
-                temp: Some(f),
-            });
-        }
-        for (i, l) in out.iter_mut().enumerate() {
-            l.entry.offset = i as u64 + 1;
-        }
-        Ok(out)
     }
 }

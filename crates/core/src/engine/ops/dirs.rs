@@ -6,11 +6,13 @@ use lower::{DirEntry, LowerFs, StatFs};
 use crate::base::Entry;
 use crate::base::counters::{Counters, Op};
 use crate::base::error::{FsResult, answer};
+use crate::base::handles::Handle;
 use crate::base::inodes::ROOT_ID;
 use crate::base::sync::{Mutex, Rank};
 use crate::engine::{Engine, stale};
 use crate::tempfs::Fate;
 use crate::tempfs::names::{Obj, Open};
+use crate::tempfs::overlay::{DirKey, Listing};
 
 impl<L: LowerFs> Engine<L> {
     pub fn opendir(&self, node_id: u64) -> FsResult<u64> {
@@ -34,7 +36,9 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<()> {
         self.op(Op::Readdir, |_| {
             let h = self.handle(fh)?;
-            self.temp.list_merged(&self.base, &h, offset, &mut |l| emit(l.entry.clone()))
+            self.temp.list_merged(&self.base, Self::open_dir(&h)?, offset, &mut |l| {
+                emit(l.entry.clone())
+            })
         })
     }
 
@@ -52,7 +56,7 @@ impl<L: LowerFs> Engine<L> {
             let handle = self.handle(fh)?;
             let dir = self.dir(handle.node_id)?;
             let mut failure = None;
-            self.temp.list_merged(&self.base, &handle, offset, &mut |listed| {
+            self.temp.list_merged(&self.base, Self::open_dir(&handle)?, offset, &mut |listed| {
                 let entry = &listed.entry;
                 if entry.name == "." || entry.name == ".." {
                     return emit(entry, None);
@@ -135,5 +139,15 @@ impl<L: LowerFs> Engine<L> {
             s.ffree = s.ffree.saturating_sub(self.base.space.files());
             Ok(s)
         })
+    }
+}
+
+impl<L: LowerFs> Engine<L> {
+    /// The parts of an open directory the merged listing needs; ENOTDIR for another handle.
+    fn open_dir(h: &Handle<Open<L>>) -> FsResult<(&L::File, &DirKey, &Listing)> {
+        match &h.file {
+            Open::Dir { file, key, listing } => Ok((file, key, listing)),
+            _ => Err(answer(libc::ENOTDIR)),
+        }
     }
 }

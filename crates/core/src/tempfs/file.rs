@@ -1,0 +1,92 @@
+//! One temp file in memory: the mirror of its record and page map ([`TempState`]) behind its
+//! lock (rank `TempFile`), what became of it ([`Fate`]), and the condition variable that
+//! writers wait on while it is being transformed.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
+use txn::FrameId;
+
+use super::record::{Record, State};
+use crate::base::inodes::Key as DirKey;
+use crate::base::slots::Place;
+use crate::base::sync::{Condvar, Mutex, MutexGuard, Rank};
+
+/// What became of a temp file object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// In NVRAM.
+    Resident,
+    /// Deleted: its frames are free. The node id answers ESTALE/ENOENT.
+    Freed,
+    /// Now a lower file: handles reopen it, the inode table names its lower node.
+    Transformed,
+}
+
+/// The volatile state of a temp file (mirror of its record plus the page map).
+#[derive(Debug)]
+pub struct TempState {
+    pub rec: Record,
+    pub dir: DirKey,
+    pub pages: BTreeMap<u64, FrameId>,
+    /// Open handles (an unlinked file lives until the last one closes).
+    pub opens: u32,
+    pub fate: Fate,
+    /// Last use tick (for LRU).
+    pub last_use: u64,
+}
+
+impl TempState {
+    /// The file is in NVRAM, live (not being transformed), and has the name `name` in the
+    /// directory `dir`. O5: a temp file's name (state and overlay entry together) changes only
+    /// while its lock and the overlay are held, so under its lock this is also what the
+    /// overlay says.
+    pub fn is_named(&self, dir: DirKey, name: &OsStr) -> bool {
+        self.fate == Fate::Resident
+            && self.rec.state == State::Live
+            && self.rec.nlink > 0
+            && self.dir == dir
+            && self.rec.name == name
+    }
+}
+
+/// A temp file. `place` (where its record is) and `serial` never change.
+#[derive(Debug)]
+pub struct TempFile {
+    pub place: Place,
+    pub serial: u64,
+    state: Mutex<TempState>,
+    changed: Condvar,
+}
+
+impl TempFile {
+    pub fn new(place: Place, st: TempState) -> TempFile {
+        TempFile {
+            place,
+            serial: st.rec.serial,
+            state: Mutex::new(Rank::TempFile, st),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Two files are locked in serial order (a rename of one temp file onto another).
+    pub fn lock(&self) -> MutexGuard<'_, TempState> {
+        self.state.lock_nth(self.serial)
+    }
+
+    /// Waits until the file is not being transformed; returns the guard re-taken.
+    pub fn wait_stable<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, TempState>,
+    ) -> MutexGuard<'a, TempState> {
+        while g.rec.state == State::Transforming && g.fate == Fate::Resident {
+            g = self.changed.wait(g);
+        }
+        g
+    }
+
+    /// Wakes waiters after a transform ended.
+    pub fn notify(&self) {
+        self.changed.notify_all();
+    }
+}
