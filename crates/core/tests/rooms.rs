@@ -131,9 +131,8 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let rel = |p: &Path| p.strip_prefix(&src).expect("in src").to_string_lossy().replace('\\', "/");
     let modules: BTreeMap<Vec<String>, String> =
         files.iter().map(|p| (module_of(&rel(p)), rel(p))).collect();
-    let resolve = |segs: &[String]| {
-        (0..=segs.len()).rev().find_map(|n| modules.get(&segs[..n].to_vec()).cloned())
-    };
+    let resolve =
+        |segs: &[String]| (0..=segs.len()).rev().find_map(|n| modules.get(&segs[..n]).cloned());
     let mut edges = BTreeMap::new();
     for path in &files {
         let me = rel(path);
@@ -230,40 +229,41 @@ fn is_child(parent: &str, child: &str) -> bool {
     cd == pd || (child.ends_with("/mod.rs") && dir(&cd) == pd)
 }
 
+/// Depth-first search from `v` for a back edge; the cycle it closes.
+fn visit(
+    v: &str,
+    edges: &BTreeMap<String, BTreeSet<String>>,
+    state: &mut BTreeMap<String, u8>,
+    stack: &mut Vec<String>,
+) -> Option<Vec<String>> {
+    state.insert(v.to_string(), 1);
+    stack.push(v.to_string());
+    for w in edges.get(v).into_iter().flatten() {
+        match state.get(w.as_str()) {
+            Some(1) => {
+                let from = stack.iter().position(|s| s == w).expect("on the stack");
+                let mut cycle = stack[from..].to_vec();
+                cycle.push(w.clone());
+                return Some(cycle);
+            }
+            Some(_) => {}
+            None => {
+                if let Some(c) = visit(w, edges, state, stack) {
+                    return Some(c);
+                }
+            }
+        }
+    }
+    stack.pop();
+    state.insert(v.to_string(), 2);
+    None
+}
+
 #[test]
 fn no_file_of_the_engine_is_part_of_an_import_cycle() {
     let mut edges = graph();
     for (file, used) in &mut edges {
         used.retain(|target| !is_child(file, target));
-    }
-    // Depth-first search for a back edge, reporting the cycle it closes.
-    fn visit(
-        v: &str,
-        edges: &BTreeMap<String, BTreeSet<String>>,
-        state: &mut BTreeMap<String, u8>,
-        stack: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
-        state.insert(v.to_string(), 1);
-        stack.push(v.to_string());
-        for w in edges.get(v).into_iter().flatten() {
-            match state.get(w.as_str()) {
-                Some(1) => {
-                    let from = stack.iter().position(|s| s == w).expect("on the stack");
-                    let mut cycle = stack[from..].to_vec();
-                    cycle.push(w.clone());
-                    return Some(cycle);
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(c) = visit(w, edges, state, stack) {
-                        return Some(c);
-                    }
-                }
-            }
-        }
-        stack.pop();
-        state.insert(v.to_string(), 2);
-        None
     }
     let mut state = BTreeMap::new();
     for v in edges.keys() {
