@@ -22,7 +22,8 @@
 //! format, its rollback, switching the undo area between formats), `group.rs` (the running
 //! group: page covering, group commit, protecting the region), `frames.rs` (descriptor format, free
 //! list), `pool.rs` (format, open = recovery, stats, inspect), `tx.rs` (the transaction and its
-//! rules), `ranges.rs` (range sets), `testkit.rs` (the seeded workload the crash tests and the
+//! rules), `ranges.rs` (range sets), `slots.rs` (frames divided into slots: the occupancy every packed
+//! record kind keeps), `testkit.rs` (the seeded workload the crash tests and the
 //! benchmark drive).
 
 pub mod frames;
@@ -30,6 +31,7 @@ pub mod group;
 pub mod journal;
 pub mod pool;
 pub mod ranges;
+pub mod slots;
 pub mod testkit;
 pub mod tx;
 pub mod undo;

@@ -1,3 +1,14 @@
+//! The one slot allocator: frames divided into slots, which every packed record kind of the
+//! region uses - the temp files' and cached files' records, one to a slot of eight
+//! ([`RecordSlots`], below), the metadata journal's redo records, a run of 256-byte slots out of
+//! sixteen (`journal/`), and a cached file's patches, a run of 64-byte slots out of 64
+//! (`cache/patchframe.rs`) - and the device's NVRAM block cache, a sector to a slot of seven
+//! (`crates/device/src/nvcache/`). [`SlotMap`] (`crates/txn/src/slots.rs`, beside the frame
+//! allocator) is the volatile occupancy they share: which slots of each frame are taken, which
+//! frames have room, which are empty, and the frames by their longest free run; each user
+//! keeps its own policy over it (lowest frame first, the open frame first, best fit) and its
+//! own invariants of what a free slot holds (zero, or a free entry).
+//!
 //! Records packed eight to a frame: the temp files' records (`tempfs`, 496 bytes) and the
 //! cached files' records (`cache`, 216 bytes), so that a small file costs its data frames and
 //! an eighth of a frame, not a whole frame for its record.
@@ -27,10 +38,10 @@
 //! crash can leave more empty frames: recovery lists them like any other and frees all but
 //! one.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvram::layout::FRAME_SIZE;
+pub use txn::slots::{Run, SlotMap, run_mask};
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use crate::base::sync::{Mutex, MutexGuard, Rank};
@@ -178,19 +189,20 @@ pub fn taken(records: &[(Place, Vec<u8>)]) -> u8 {
     records.iter().fold(0, |t, (p, _)| t | 1 << p.slot)
 }
 
-/// The volatile list of record frames and their taken slots (T6).
-#[derive(Debug, Default)]
+/// The volatile list of record frames and their taken slots (T6), over the slot map.
+#[derive(Debug)]
 pub struct RecordSlots {
-    /// Every record frame -> its taken slots (bit i: slot i).
-    frames: BTreeMap<FrameId, u8>,
-    /// Frames with a free slot (a subset of `frames`).
-    roomy: BTreeSet<FrameId>,
-    /// Frames with no slot taken (a subset of `roomy`): kept apart so that a release knows
-    /// in O(log n) whether another empty frame exists.
-    empty: BTreeSet<FrameId>,
+    /// Every record frame and its taken slots (bit i: slot i).
+    map: SlotMap,
     /// Records alone in a frame of their own ([`WHOLE`], regions written before records were
     /// packed): a frame each.
     whole: u64,
+}
+
+impl Default for RecordSlots {
+    fn default() -> Self {
+        RecordSlots { map: SlotMap::new(SLOTS), whole: 0 }
+    }
 }
 
 /// A user's [`RecordSlots`] behind its lock (rank `RecordSlots`), with the number of frames it
@@ -267,30 +279,17 @@ impl RecordSlots {
     /// Lists a record frame with the slots `taken` (a fresh frame after its commit, or one
     /// found at mount).
     pub fn add_frame(&mut self, frame: FrameId, taken: u8) {
-        debug_assert!(!self.frames.contains_key(&frame), "a record frame is listed once");
-        self.frames.insert(frame, taken);
-        if taken != u8::MAX {
-            self.roomy.insert(frame);
-        }
-        if taken == 0 {
-            self.empty.insert(frame);
-        }
+        self.map.add_frame(frame, u64::from(taken));
     }
 
     /// Takes a free slot of the lowest-numbered frame with one (records gather in few frames
     /// instead of spreading over all); `None` when every listed frame is full.
     pub fn reserve(&mut self) -> Option<Place> {
-        let &frame = self.roomy.iter().next()?;
-        let taken = self.frames.get_mut(&frame).expect("roomy frames are listed");
-        if *taken == 0 {
-            self.empty.remove(&frame);
-        }
-        let slot = taken.trailing_ones() as u8;
-        *taken |= 1 << slot;
-        if *taken == u8::MAX {
-            self.roomy.remove(&frame);
-        }
-        Some(Place { frame, slot })
+        let frame = self.map.lowest_roomy()?;
+        let taken = self.map.bits(frame).expect("roomy frames are listed");
+        let slot = taken.trailing_ones() as usize;
+        self.map.take(Run { frame, slot, slots: 1 });
+        Some(Place { frame, slot: slot as u8 })
     }
 
     /// A reservation whose transaction rolled back (its slot is zero again).
@@ -321,22 +320,17 @@ impl RecordSlots {
             self.whole = self.whole.saturating_sub(1); // its frame went in the transaction
             return Released::Kept;
         }
-        let Some(taken) = self.frames.get_mut(&place.frame) else {
+        if self.map.bits(place.frame).is_none() {
             debug_assert!(false, "T6: a released slot's frame is listed");
             return Released::Kept;
-        };
-        debug_assert!(*taken & (1 << place.slot) != 0, "T6: a released slot was taken");
-        *taken &= !(1 << place.slot);
-        self.roomy.insert(place.frame);
-        if *taken != 0 {
+        }
+        // Another empty frame (this one holds the record until now): the one kept as room.
+        let another_empty = self.map.empty().next().is_some();
+        let left = self.map.release(Run { frame: place.frame, slot: place.slot.into(), slots: 1 });
+        if left != 0 || !another_empty {
             return Released::Kept;
         }
-        if self.empty.is_empty() {
-            self.empty.insert(place.frame); // the one kept as room
-            return Released::Kept;
-        }
-        self.frames.remove(&place.frame);
-        self.roomy.remove(&place.frame);
+        self.map.set(place.frame, None);
         Released::FreeFrame(place.frame)
     }
 
@@ -344,11 +338,9 @@ impl RecordSlots {
     /// caller to free (recovery keeps one after a crash left several; a flush or an unmount,
     /// which transformed every temp file, keeps none).
     pub fn take_empty(&mut self, keep: usize) -> Vec<FrameId> {
-        let gone: Vec<FrameId> = self.empty.iter().copied().skip(keep).collect();
-        for f in &gone {
-            self.frames.remove(f);
-            self.roomy.remove(f);
-            self.empty.remove(f);
+        let gone: Vec<FrameId> = self.map.empty().skip(keep).collect();
+        for &f in &gone {
+            self.map.set(f, None);
         }
         gone
     }
@@ -356,17 +348,12 @@ impl RecordSlots {
     /// The frames the records take (`nvstack stat`, the watermarks and the share): the
     /// record frames, and a frame for each record still alone in one.
     pub fn frames(&self) -> u64 {
-        self.frames.len() as u64 + self.whole
+        self.map.len() as u64 + self.whole
     }
 
-    /// `roomy` and `empty` are exactly the listed frames with a free slot and with none taken.
-    #[cfg(test)]
-    fn consistent(&self) -> bool {
-        let roomy: BTreeSet<FrameId> =
-            self.frames.iter().filter(|&(_, &t)| t != u8::MAX).map(|(&f, _)| f).collect();
-        let empty: BTreeSet<FrameId> =
-            self.frames.iter().filter(|&(_, &t)| t == 0).map(|(&f, _)| f).collect();
-        roomy == self.roomy && empty == self.empty
+    /// T6's bookkeeping agrees with itself (the slot map's indexes).
+    pub fn check(&self) -> Result<(), String> {
+        self.map.check()
     }
 }
 
@@ -491,8 +478,8 @@ mod tests {
                     }
                     _ => {}
                 }
-                assert!(s.consistent(), "seed {seed}");
-                assert!(s.empty.len() <= 1, "at most one empty frame kept");
+                assert!(s.check().is_ok(), "seed {seed}");
+                assert!(s.map.empty().count() <= 1, "at most one empty frame kept");
                 let mut seen = std::collections::HashSet::new();
                 assert!(taken.iter().all(|p| seen.insert(*p)), "no slot given twice");
             }

@@ -17,25 +17,15 @@
 //! Every store is snapshotted first (or lands in a frame this transaction allocated), so a
 //! crash before the commit leaves the frame as it was.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 
 use super::patch::{KIND_PATCHES, SLOT, SLOTS};
+use crate::base::slots::{SlotMap, run_mask};
 
-/// Where a patch lies: `slots` slots from `slot` on, in `frame`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Place {
-    pub frame: FrameId,
-    pub slot: usize,
-    pub slots: usize,
-}
-
-impl Place {
-    fn mask(&self) -> u64 {
-        run_mask(self.slot, self.slots)
-    }
-}
+/// Where a patch lies: `slots` slots from `slot` on, in `frame` (the one slot allocator's run).
+pub use crate::base::slots::Run as Place;
 
 /// What to restore on rollback, newest last.
 #[derive(Debug)]
@@ -46,13 +36,11 @@ enum Undo {
 
 /// The patch frames of one file: where each patched page's patch lies and which slots of each
 /// frame are taken.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PatchFrames {
     at: BTreeMap<u64, Place>,
     /// Occupied slots per frame (bit i = slot i); never 0 (an empty frame is freed).
-    used: BTreeMap<FrameId, u64>,
-    /// The frames of `used` with a free slot, by their longest run of free slots.
-    by_run: BTreeSet<(usize, FrameId)>,
+    used: SlotMap,
     /// Changes of the running transaction (`begin` .. `settle`).
     undo: Vec<Undo>,
     frames_at_begin: usize,
@@ -69,15 +57,16 @@ pub struct Settled {
     pub moved: u64,
 }
 
-/// The bits of slots `slot..slot + slots`.
-fn run_mask(slot: usize, slots: usize) -> u64 {
-    debug_assert!(slots >= 1 && slot + slots <= SLOTS);
-    (u64::MAX >> (SLOTS - slots)) << slot
-}
-
-/// The first run of `slots` free slots in a frame with occupancy `used`.
-fn free_run(used: u64, slots: usize) -> Option<usize> {
-    (0..=SLOTS - slots).find(|&s| used & run_mask(s, slots) == 0)
+impl Default for PatchFrames {
+    fn default() -> Self {
+        PatchFrames {
+            at: BTreeMap::new(),
+            used: SlotMap::new(SLOTS),
+            undo: Vec::new(),
+            frames_at_begin: 0,
+            moved: 0,
+        }
+    }
 }
 
 /// Stores `new` (whole slots) at `off` like `tx.update`, but snapshots and writes only the
@@ -108,30 +97,18 @@ fn update_changed_slots(tx: &mut Tx<'_>, pool: &Pool, off: u64, new: &[u8]) -> R
     Ok(())
 }
 
-/// The longest run of free slots in a frame with occupancy `used`.
-fn longest_free(used: u64) -> usize {
-    let (mut best, mut run) = (0, 0);
-    for i in 0..SLOTS {
-        run = if used & (1 << i) == 0 { run + 1 } else { 0 };
-        best = best.max(run);
-    }
-    best
-}
-
-/// The index of frames by longest free run, built from occupancies.
-fn index(used: &BTreeMap<FrameId, u64>) -> BTreeSet<(usize, FrameId)> {
-    used.iter().map(|(&f, &u)| (longest_free(u), f)).filter(|&(r, _)| r > 0).collect()
-}
-
 impl PatchFrames {
     /// The map of patches found at start (`recovery.rs`), already verified (P6).
     pub fn found(patches: impl IntoIterator<Item = (u64, Place)>) -> PatchFrames {
         let mut pf = PatchFrames::default();
+        let mut used: BTreeMap<FrameId, u64> = BTreeMap::new();
         for (page, place) in patches {
             pf.at.insert(page, place);
-            *pf.used.entry(place.frame).or_insert(0) |= place.mask();
+            *used.entry(place.frame).or_insert(0) |= place.mask();
         }
-        pf.by_run = index(&pf.used);
+        for (frame, bits) in used {
+            pf.used.add_frame(frame, bits);
+        }
         pf
     }
 
@@ -141,12 +118,12 @@ impl PatchFrames {
 
     /// The frames holding patches.
     pub fn frames(&self) -> impl Iterator<Item = FrameId> + '_ {
-        self.used.keys().copied()
+        self.used.frames()
     }
 
     /// The frame with the shortest longest free run that still holds `slots` slots.
     fn best_fit(&self, slots: usize) -> Option<FrameId> {
-        self.by_run.range((slots, FrameId(0))..).next().map(|&(_, f)| f)
+        self.used.best_fit(slots)
     }
 
     /// Whether `put` of a patch of `slots` slots for `page` needs no new frame: it stays in
@@ -159,7 +136,7 @@ impl PatchFrames {
     /// Whether a patch at `old` rewritten to `slots` slots stays in its run or grows into the
     /// free slots after it.
     fn in_place(&self, old: Place, slots: usize) -> bool {
-        let used = self.used[&old.frame];
+        let used = self.used.bits(old.frame).expect("a patch's frame is listed");
         slots <= old.slots
             || (old.slot + slots <= SLOTS && used & run_mask(old.slot, slots) & !old.mask() == 0)
     }
@@ -208,20 +185,11 @@ impl PatchFrames {
     }
 
     fn set_used(&mut self, frame: FrameId, bits: Option<u64>) {
-        if let Some(old) = self.used.remove(&frame) {
-            self.by_run.remove(&(longest_free(old), frame));
-        }
-        if let Some(b) = bits {
-            self.used.insert(frame, b);
-            let run = longest_free(b);
-            if run > 0 {
-                self.by_run.insert((run, frame));
-            }
-        }
+        self.used.set(frame, bits);
     }
 
     fn change_used(&mut self, frame: FrameId, bits: Option<u64>) {
-        self.undo.push(Undo::Used(frame, self.used.get(&frame).copied()));
+        self.undo.push(Undo::Used(frame, self.used.bits(frame)));
         self.set_used(frame, bits);
     }
 
@@ -248,7 +216,7 @@ impl PatchFrames {
         let slots = entry.len() / SLOT;
         let at = |p: Place| pool.frame_offset(p.frame) + (p.slot * SLOT) as u64;
         if let Some(old) = self.place(page) {
-            let used = self.used[&old.frame];
+            let used = self.used.bits(old.frame).expect("a patch's frame is listed");
             let grown = Place { slots, ..old };
             if self.in_place(old, slots) {
                 // Over the old run (and the free slots it grows into): the entry, then zeros
@@ -264,7 +232,8 @@ impl PatchFrames {
             self.moved += 1;
         }
         let candidate = self.best_fit(slots).map(|f| {
-            let slot = free_run(self.used[&f], slots).expect("the index says it fits");
+            let bits = self.used.bits(f).expect("a fitting frame is listed");
+            let slot = self.used.free_run(bits, slots).expect("the index says it fits");
             (f, slot)
         });
         let place = if let Some((frame, slot)) = candidate {
@@ -280,7 +249,7 @@ impl PatchFrames {
             tx.write(pool.frame_offset(frame), &bytes);
             Place { frame, slot: 0, slots }
         };
-        let used = self.used.get(&place.frame).copied().unwrap_or(0);
+        let used = self.used.bits(place.frame).unwrap_or(0);
         self.change_used(place.frame, Some(used | place.mask()));
         self.change_at(page, Some(place));
         Ok(place)
@@ -289,7 +258,7 @@ impl PatchFrames {
     /// The page's patch leaves NVRAM: its run zeroed, or its frame freed if it was the last.
     pub fn remove(&mut self, tx: &mut Tx<'_>, pool: &Pool, page: u64) -> Result<(), TxError> {
         let place = self.place(page).expect("removing a patch that is not there");
-        let left = self.used[&place.frame] & !place.mask();
+        let left = self.used.bits(place.frame).expect("a patch's frame is listed") & !place.mask();
         if left == 0 {
             tx.free_frame(place.frame)?;
             self.change_used(place.frame, None);
@@ -330,13 +299,12 @@ impl PatchFrames {
             }
             *bits |= p.mask();
         }
-        if seen != self.used {
-            return Err(format!("patch frame occupancy {:?} but places {:?}", self.used, seen));
+        let used: BTreeMap<FrameId, u64> =
+            self.used.frames().map(|f| (f, self.used.bits(f).unwrap_or(0))).collect();
+        if seen != used {
+            return Err(format!("patch frame occupancy {used:?} but places {seen:?}"));
         }
-        if index(&self.used) != self.by_run {
-            return Err("the index by free run disagrees with the occupancy".into());
-        }
-        Ok(())
+        self.used.check()
     }
 }
 
@@ -346,16 +314,17 @@ mod tests {
 
     #[test]
     fn runs_and_masks() {
+        let m = SlotMap::new(SLOTS);
         assert_eq!(run_mask(0, 64), u64::MAX);
         assert_eq!(run_mask(3, 2), 0b11000);
-        assert_eq!(free_run(0b111, 2), Some(3));
-        assert_eq!(free_run(u64::MAX >> 1, 1), Some(63));
-        assert_eq!(free_run(u64::MAX >> 1, 2), None);
-        assert_eq!(free_run(0, 64), Some(0));
-        assert_eq!(longest_free(0), 64);
-        assert_eq!(longest_free(u64::MAX), 0);
-        assert_eq!(longest_free(0b1000_0001), 56);
-        assert_eq!(longest_free(!0b0111_1110), 6);
-        assert_eq!(longest_free(!(0b111 << 40)), 3);
+        assert_eq!(m.free_run(0b111, 2), Some(3));
+        assert_eq!(m.free_run(u64::MAX >> 1, 1), Some(63));
+        assert_eq!(m.free_run(u64::MAX >> 1, 2), None);
+        assert_eq!(m.free_run(0, 64), Some(0));
+        assert_eq!(m.longest_free(0), 64);
+        assert_eq!(m.longest_free(u64::MAX), 0);
+        assert_eq!(m.longest_free(0b1000_0001), 56);
+        assert_eq!(m.longest_free(!0b0111_1110), 6);
+        assert_eq!(m.longest_free(!(0b111 << 40)), 3);
     }
 }

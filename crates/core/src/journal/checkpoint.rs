@@ -61,7 +61,7 @@ impl Journal {
         let now = b.lower.now();
         let (listed, idle): (Vec<(u64, Place)>, Vec<FrameId>) = {
             let pending = self.pending.lock();
-            let idle = pending.frames.iter().filter(|(_, u)| u.records == 0).map(|(&f, _)| f);
+            let idle = pending.idle_frames();
             (pending.records.iter().map(|(&s, &p)| (s, p)).collect(), idle.collect())
         };
         if listed.is_empty() && idle.is_empty() {
@@ -123,7 +123,8 @@ impl Journal {
             })
             .collect();
         let freed = |frame: &FrameId, records: &[(u64, Place)], pending: &Pending| {
-            pending.frames.get(frame).is_some_and(|u| u.records as usize == records.len())
+            pending.records_in(*frame) as usize == records.len()
+                && pending.slots.bits(*frame).is_some()
         };
         let plan: Vec<bool> = batch.iter().map(|(f, r)| freed(f, r, &pending)).collect();
         let written = (|| -> Result<(), TxError> {

@@ -36,7 +36,7 @@ pub mod checkpoint;
 pub mod record;
 mod replay;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -46,6 +46,7 @@ use txn::{FrameId, FrameTag, TxError};
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
+use crate::base::slots::SlotMap;
 use crate::base::sync::{Mutex, Rank};
 use crate::base::{Base, Committed};
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
@@ -106,19 +107,18 @@ pub struct Journal {
 }
 
 /// The committed records not yet checkpointed (see `Journal::pending`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Pending {
     /// Sequence -> where its record is.
     records: BTreeMap<u64, Place>,
-    /// Every journal frame -> its records in `records` and the slots they take (J1: a frame
-    /// is freed when its count reaches 0, by the next checkpoint; a frame found empty at
-    /// mount has 0 until the recovery checkpoint frees it; J2: a slot not taken is zero, M6).
-    frames: BTreeMap<FrameId, FrameUse>,
-    /// Frames with a slot not taken (a subset of `frames`), and how many such slots they
-    /// have in all: freed records' slots are taken again (an annulled creation's, those a
-    /// checkpoint zeroed), so a journal of short-lived files does not grow by them.
-    roomy: BTreeSet<FrameId>,
-    free_slots: u64,
+    /// Every journal frame and the slots its records take (J2: a slot not taken is zero, M6);
+    /// freed records' slots are taken again (an annulled creation's, those a checkpoint
+    /// zeroed), so a journal of short-lived files does not grow by them.
+    slots: SlotMap,
+    /// Every journal frame -> its records in `records` (J1: a frame is freed when its count
+    /// reaches 0, by the next checkpoint; a frame found empty at mount has 0 until the
+    /// recovery checkpoint frees it). Its keys are the slot map's frames.
+    records_in: BTreeMap<FrameId, u32>,
     /// The frame the last record went to: tried first (records of one burst share frames).
     open: Option<FrameId>,
     /// Creation records in `records` whose object no later record names (J3): object handle
@@ -129,55 +129,44 @@ struct Pending {
     created: HashMap<u64, Vec<u8>>,
 }
 
-/// A journal frame's records and the slots they take (bit i: slot i).
-#[derive(Clone, Copy, Debug, Default)]
-struct FrameUse {
-    records: u32,
-    taken: u16,
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            records: BTreeMap::new(),
+            slots: SlotMap::new(SLOTS),
+            records_in: BTreeMap::new(),
+            open: None,
+            creations: HashMap::new(),
+            created: HashMap::new(),
+        }
+    }
 }
-
-const ALL_SLOTS: u16 = u16::MAX;
-const _: () = assert!(SLOTS == 16, "one bit a slot");
 
 /// Frames with room looked at for a record that does not fit the open frame, at most (then
 /// a new frame): a record of several slots may find no run of them in frames with one free.
 const ROOM_SEARCH: usize = 64;
-
-/// The bits of `slots` slots from `slot` on.
-fn run(slot: usize, slots: usize) -> u16 {
-    debug_assert!(slots >= 1 && slot + slots <= SLOTS);
-    (((1u32 << slots) - 1) << slot) as u16
-}
-
-/// The first run of `slots` free slots in a frame whose taken slots are `taken`.
-fn free_run(taken: u16, slots: usize) -> Option<usize> {
-    (0..=SLOTS - slots).find(|&s| taken & run(s, slots) == 0)
-}
 
 impl Pending {
     /// Free slots for a record of `slots` slots in a frame the journal has: the open frame's,
     /// else those of the first frame with room that has a run of them.
     fn find_room(&self, slots: usize) -> Option<(FrameId, usize)> {
         let open = self.open.into_iter();
-        open.chain(self.roomy.iter().copied().take(ROOM_SEARCH)).find_map(|f| {
-            let taken = self.frames.get(&f)?.taken;
-            free_run(taken, slots).map(|s| (f, s))
+        open.chain(self.slots.roomy().take(ROOM_SEARCH)).find_map(|f| {
+            let taken = self.slots.bits(f)?;
+            self.slots.free_run(taken, slots).map(|s| (f, s))
         })
     }
 
     /// A new journal frame, no slot taken (J2: all zero).
     fn add_frame(&mut self, frame: FrameId) {
-        self.frames.insert(frame, FrameUse::default());
-        self.roomy.insert(frame);
-        self.free_slots += SLOTS as u64;
+        self.slots.add_frame(frame, 0);
+        self.records_in.insert(frame, 0);
     }
 
     /// A frame the journal lists no longer (freed).
     fn drop_frame(&mut self, frame: FrameId) {
-        if let Some(u) = self.frames.remove(&frame) {
-            self.free_slots -= u64::from(u.taken.count_zeros());
-        }
-        self.roomy.remove(&frame);
+        self.slots.set(frame, None);
+        self.records_in.remove(&frame);
         if self.open == Some(frame) {
             self.open = None;
         }
@@ -185,15 +174,8 @@ impl Pending {
 
     /// A record now at `place` (its frame is listed).
     fn take(&mut self, place: Place) {
-        let u = self.frames.get_mut(&place.frame).expect("a record's frame is listed");
-        let bits = run(place.slot, place.slots);
-        debug_assert_eq!(u.taken & bits, 0, "J2: a record goes to free slots");
-        u.taken |= bits;
-        u.records += 1;
-        self.free_slots -= place.slots as u64;
-        if u.taken == ALL_SLOTS {
-            self.roomy.remove(&place.frame);
-        }
+        self.slots.take(place);
+        *self.records_in.get_mut(&place.frame).expect("a record's frame is listed") += 1;
         self.open = Some(place.frame);
     }
 
@@ -207,12 +189,20 @@ impl Pending {
 
     /// The record at `place` left the journal and its slots were zeroed (M6).
     fn release(&mut self, place: Place) {
-        if let Some(u) = self.frames.get_mut(&place.frame) {
-            u.taken &= !run(place.slot, place.slots);
-            u.records -= 1;
-            self.free_slots += place.slots as u64;
-            self.roomy.insert(place.frame);
+        if let Some(n) = self.records_in.get_mut(&place.frame) {
+            *n -= 1;
+            self.slots.release(place);
         }
+    }
+
+    /// Frames holding no record (a checkpoint frees them).
+    fn idle_frames(&self) -> impl Iterator<Item = FrameId> + '_ {
+        self.records_in.iter().filter(|&(_, &n)| n == 0).map(|(&f, _)| f)
+    }
+
+    /// Records in `frame` (0 for one not listed).
+    fn records_in(&self, frame: FrameId) -> u32 {
+        self.records_in.get(&frame).copied().unwrap_or(0)
     }
 
     /// `handle` is named by a record after its creation's: that creation can no longer be
@@ -336,15 +326,16 @@ impl Journal {
             return false;
         }
         let pending = self.pending.lock();
-        let frames = pending.frames.len() as u64;
-        frames > self.frames_max || (frames == self.frames_max && pending.free_slots < SLOTS as u64)
+        let frames = pending.slots.len() as u64;
+        frames > self.frames_max
+            || (frames == self.frames_max && pending.slots.free_slots() < SLOTS as u64)
     }
 
     pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (records, frames) = {
             let pending = self.pending.lock();
-            (pending.records.len() as u64, pending.frames.len() as u64)
+            (pending.records.len() as u64, pending.slots.len() as u64)
         };
         JournalStats {
             enabled: self.enabled,
@@ -828,7 +819,7 @@ mod tests {
         for slot in 0..8 {
             p.release(place(1, slot, 1));
         }
-        assert_eq!((p.free_slots, p.frames[&FrameId(1)].records), (16, 8));
+        assert_eq!((p.slots.free_slots(), p.records_in(FrameId(1))), (16, 8));
         // Not in the open frame (2): in frame 1, whose first 8 slots are free again.
         assert_eq!(p.find_room(2), Some((FrameId(1), 0)));
         drop(p);
@@ -838,6 +829,6 @@ mod tests {
         let mut p = j.pending.lock();
         p.drop_frame(FrameId(3));
         p.drop_frame(FrameId(2));
-        assert_eq!((p.free_slots, p.roomy.len(), p.open), (8, 1, None));
+        assert_eq!((p.slots.free_slots(), p.slots.roomy().count(), p.open), (8, 1, None));
     }
 }

@@ -338,13 +338,8 @@ pub fn is_creation(op: Op) -> bool {
     matches!(op, Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
 }
 
-/// Where a record is: its frame, first slot and slot count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Place {
-    pub frame: txn::FrameId,
-    pub slot: usize,
-    pub slots: usize,
-}
+/// Where a record lies: a run of slots in a journal frame (the one slot allocator's `Run`).
+pub use crate::base::slots::Run as Place;
 
 /// One record found in the region (at mount, by `check` and `inspect`).
 #[derive(Debug)]

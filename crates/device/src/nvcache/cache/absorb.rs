@@ -14,7 +14,7 @@ use txn::FrameTag;
 
 use super::{Backing, CHUNK_SECTORS, NvCache, NvCacheError, Resident, Slot};
 use crate::classify::Class;
-use crate::nvcache::record::{self, ENTRY_SIZE, Entry, KIND_FRAME, SECTOR, SLOTS_PER_FRAME};
+use crate::nvcache::record::{self, ENTRY_SIZE, Entry, KIND_FRAME, SECTOR};
 
 impl NvCache {
     /// Absorbs whole sectors `(lbn, 512 bytes, class)` (distinct LBNs): durable when this
@@ -72,8 +72,8 @@ impl NvCache {
             let seq = self.next_seq + i as u64;
             let slot = if let Some(r) = self.index.get(&lbn) {
                 r.slot
-            } else if let Some(s) = free.pop_first() {
-                s
+            } else if let Some(run) = free.take_lowest() {
+                Self::slot_of(run)
             } else {
                 let frame = tx.alloc_frame(FrameTag { kind: KIND_FRAME, owner: 0, index: 0 })?;
                 let base = self.pool.frame_offset(frame);
@@ -81,9 +81,8 @@ impl NvCache {
                 // The header slot's entries start free (F3: a fresh frame needs no snapshot).
                 tx.write(base + record::FRAME_HEADER_SIZE as u64, &[0u8; ENTRY_SIZE * 7]);
                 fresh.insert(frame.0);
-                for s in 2..=SLOTS_PER_FRAME {
-                    free.insert(Slot { frame: frame.0, slot: s });
-                }
+                // The header (slot 0) and slot 1, taken now.
+                free.add_frame(frame, 0b11);
                 Slot { frame: frame.0, slot: 1 }
             };
             let (e, d) = self.slot_offsets(slot);

@@ -76,7 +76,7 @@ impl NvCache {
         for lbn in lbns {
             let r = self.index.remove(lbn).expect("forget of a resident sector");
             self.lrw.remove(&r.seq);
-            self.free.insert(r.slot);
+            self.free.release(Self::run_of(r.slot));
         }
     }
 

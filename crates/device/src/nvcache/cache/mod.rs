@@ -43,6 +43,7 @@ use std::io;
 
 use nvram::Area;
 use serde::Serialize;
+use txn::slots::{Run, SlotMap};
 use txn::{FrameId, Pool, TxError};
 
 use super::record::{self, Anchor, CacheMode, ENTRY_SIZE, Entry, SLOTS_PER_FRAME};
@@ -94,6 +95,9 @@ pub enum NvCacheError {
     #[error("NVRAM cache stopped after an earlier failure ({0}); attach again to recover")]
     Failed(String),
 }
+
+/// Slots of a frame in the slot map: the header's (0) and the sectors' (1..=7).
+pub(crate) const MAP_SLOTS: usize = SLOTS_PER_FRAME as usize + 1;
 
 /// A slot: frame index and slot number (1..=7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -149,8 +153,9 @@ pub struct NvCache {
     anchor: Anchor,
     /// Allocated cache frames.
     frames: BTreeSet<u64>,
-    /// Free slots of allocated frames; the lowest is used first (deterministic).
-    free: BTreeSet<Slot>,
+    /// The slots of allocated frames (slot 0, the header, always taken; the one slot
+    /// allocator's map, `txn::slots`); the lowest free one is used first (deterministic).
+    free: SlotMap,
     /// The hash on LBN: resident sector -> its slot.
     index: HashMap<u64, Resident>,
     /// LRW order: sequence number -> LBN; the first is the least recently written.
@@ -224,6 +229,16 @@ impl NvCache {
             self.failed = Some(e.to_string());
         }
         Err(e)
+    }
+
+    /// The slot a slot-map run names.
+    fn slot_of(run: Run) -> Slot {
+        Slot { frame: run.frame.0, slot: run.slot as u8 }
+    }
+
+    /// The slot-map run of a slot.
+    fn run_of(s: Slot) -> Run {
+        Run { frame: txn::FrameId(s.frame), slot: usize::from(s.slot), slots: 1 }
     }
 
     fn slot_offsets(&self, s: Slot) -> (u64, u64) {

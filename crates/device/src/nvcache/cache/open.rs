@@ -14,10 +14,13 @@ use std::sync::Arc;
 
 use nvram::layout::{FRAME_SIZE, UNDO_OFFSET};
 use nvram::{Area, FormatParams, MmapOptions, MmapRegion, Region};
+use txn::slots::SlotMap;
 use txn::{Consistency, Pool, RecoveryReport};
 
 use super::verify::{FrameState, read_frames};
-use super::{Counters, FRAMES_MIN, NvCache, NvCacheError, OpenReport, UNDO_SLOT_BYTES, UNDO_SLOTS};
+use super::{
+    Counters, FRAMES_MIN, MAP_SLOTS, NvCache, NvCacheError, OpenReport, UNDO_SLOT_BYTES, UNDO_SLOTS,
+};
 use crate::nvcache::record::{Anchor, CacheMode, ImageId, SECTOR, SLOTS_PER_FRAME};
 
 /// Bytes of a region for a cache of `capacity_sectors`.
@@ -118,7 +121,7 @@ impl NvCache {
             Some(a) => read_frames(&pool, &frames, a)?,
             None => FrameState {
                 frames: BTreeSet::new(),
-                free: BTreeSet::new(),
+                free: SlotMap::new(MAP_SLOTS),
                 index: HashMap::new(),
                 lrw: BTreeMap::new(),
             },

@@ -13,10 +13,11 @@ use nvram::layout::FRAME_SIZE;
 use serde::Serialize;
 use txn::{FrameId, FrameTag, Pool};
 
-use super::{NvCache, NvCacheError, Resident, Slot};
+use super::{MAP_SLOTS, NvCache, NvCacheError, Resident, Slot};
 use crate::nvcache::record::{
     self, Anchor, CacheMode, ENTRY_SIZE, Entry, ImageId, KIND_FRAME, SECTOR, SLOTS_PER_FRAME,
 };
+use txn::slots::SlotMap;
 
 /// One resident sector, as `check` and `inspect` list it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -90,7 +91,7 @@ pub fn scan(pool: &Pool) -> Result<Option<Scan>, NvCacheError> {
 /// The verified contents of the cache frames.
 pub(super) struct FrameState {
     pub(super) frames: BTreeSet<u64>,
-    pub(super) free: BTreeSet<Slot>,
+    pub(super) free: SlotMap,
     pub(super) index: HashMap<u64, Resident>,
     pub(super) lrw: BTreeMap<u64, u64>,
 }
@@ -103,7 +104,7 @@ pub(super) fn read_frames(
     let image_sectors = anchor.image.size_bytes / SECTOR as u64;
     let mut st = FrameState {
         frames: BTreeSet::new(),
-        free: BTreeSet::new(),
+        free: SlotMap::new(MAP_SLOTS),
         index: HashMap::new(),
         lrw: BTreeMap::new(),
     };
@@ -115,6 +116,8 @@ pub(super) fn read_frames(
         let bytes = pool.read_vec(pool.frame_offset(frame), FRAME_SIZE as usize);
         record::check_frame_header(frame.0, &bytes).map_err(|e| bad(format!("{e} (N1)")))?;
         st.frames.insert(frame.0);
+        // The header's slot (0) and every resident sector's: the frame's taken slots.
+        let mut taken = 1u64;
         for slot in 1..=SLOTS_PER_FRAME {
             let e = record::entry_offset(slot) as usize;
             let d = record::data_offset(slot) as usize;
@@ -122,10 +125,8 @@ pub(super) fn read_frames(
                 Entry::decode(&bytes[e..e + ENTRY_SIZE], frame.0, slot, &bytes[d..d + SECTOR])
                     .map_err(|why| bad(format!("slot {slot}: {why} (N2)")))?;
             let here = Slot { frame: frame.0, slot };
-            let Some(entry) = entry else {
-                st.free.insert(here);
-                continue;
-            };
+            let Some(entry) = entry else { continue };
+            taken |= 1 << slot;
             if entry.lbn >= image_sectors {
                 return Err(bad(format!(
                     "slot {slot}: sector {} beyond the image ({image_sectors} sectors)",
@@ -146,6 +147,7 @@ pub(super) fn read_frames(
             }
             st.index.insert(entry.lbn, Resident { slot: here, seq: entry.seq, class: entry.class });
         }
+        st.free.add_frame(frame, taken);
     }
     Ok(st)
 }
