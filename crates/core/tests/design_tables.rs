@@ -96,3 +96,34 @@ fn every_byte_table_in_the_design_document_is_the_codes() {
         }
     }
 }
+
+/// The table of frame kinds in docs/design.md (after `<!-- frame kinds -->`) is the code's
+/// (`engine::base::frames::KINDS`), row for row.
+#[test]
+fn the_frame_kinds_in_the_design_document_are_the_codes() {
+    let at =
+        DESIGN.find("<!-- frame kinds -->").expect("docs/design.md marks its table of frame kinds");
+    let rows: Vec<Vec<String>> = DESIGN[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>())
+        .filter(|c| c[0] != "kind" && !c[0].starts_with("---"))
+        .collect();
+    let code: Vec<Vec<String>> = engine::base::frames::KINDS
+        .iter()
+        .map(|k| {
+            let hex = format!("{:08x}", k.kind);
+            vec![
+                format!("0x{}_{}", &hex[..4], &hex[4..]),
+                k.name.to_string(),
+                k.room.to_string(),
+                k.holds.to_string(),
+                k.owner.to_string(),
+                k.index.to_string(),
+                (if k.made { "yes" } else { "no" }).to_string(),
+            ]
+        })
+        .collect();
+    assert_eq!(rows, code, "docs/design.md's frame kinds differ from base/frames.rs");
+}

@@ -151,3 +151,24 @@ fn an_engine_over_a_crash_image_sees_the_durable_tree() {
     remounted.release(fh).unwrap();
     remounted.shutdown();
 }
+
+/// Start-up reads the region's frames against the one table of frame kinds
+/// (`base/frames.rs`): a frame of a kind no room writes (another program's region, or damage)
+/// refuses the start, naming the frame and its kind, before anything changes the region.
+#[test]
+fn a_region_holding_a_frame_of_an_unknown_kind_is_refused_naming_it() {
+    let pool = pool();
+    let mut tx = pool.begin();
+    let frame = tx.alloc_frame(txn::FrameTag { kind: 0xde30, owner: 0, index: 0 }).unwrap();
+    tx.commit();
+    let err = Engine::new(MemLower::default(), pool, passthrough()).unwrap_err().to_string();
+    assert!(err.contains("0xde30") && err.contains(&format!("frame {}", frame.0)), "{err}");
+    // Every kind of the table is known: the check passes a region holding them all.
+    let pool = self::pool();
+    let mut tx = pool.begin();
+    for k in engine::base::frames::KINDS {
+        tx.alloc_frame(txn::FrameTag { kind: k.kind, owner: 0, index: 0 }).unwrap();
+    }
+    tx.commit();
+    engine::base::frames::check_known(&pool).unwrap();
+}

@@ -29,7 +29,13 @@ pub fn run(args: &CheckArgs) -> CliResult {
         )));
     }
     // Every record kind is part of the region: a damaged one is reported as the mount (or the
-    // device's attach) would refuse it.
+    // device's attach) would refuse it. A region of the block cache holds its own kind only.
+    let blocks_only = pool.allocated_frames().is_ok_and(|f| {
+        !f.is_empty() && f.iter().all(|(_, t)| t.kind == device::nvcache::record::KIND_FRAME)
+    });
+    if !blocks_only {
+        reported(&path, engine::base::frames::check_known(&pool).map_err(Into::into))?;
+    }
     let temps = reported(&path, engine::tempfs::scan(&pool).map_err(Into::into))?;
     let cached = reported(&path, engine::cache::scan(&pool).map_err(Into::into))?;
     let journal = reported(&path, engine::journal::record::scan(&pool).map_err(Into::into))?;
@@ -94,6 +100,9 @@ pub fn run(args: &CheckArgs) -> CliResult {
             p.profile.count()
         );
     }
+    if blocks.is_none() {
+        say_foreign(&path, &pool);
+    }
     if let Some(b) = &blocks {
         println!(
             "{path}: block cache of {} ({} mode): {} sector(s) cached and verified{}",
@@ -109,4 +118,18 @@ pub fn run(args: &CheckArgs) -> CliResult {
 /// Damage found by a scan: said on stderr with the region named, then the error (exit 4).
 fn reported<T>(path: &impl std::fmt::Display, found: CliResult<T>) -> CliResult<T> {
     found.inspect_err(|e| eprintln!("{path}: DAMAGED: {e}"))
+}
+
+/// Frames of kinds no mount reads (the engine's table of frame kinds, `base/frames.rs`): the
+/// region is another program's (the demo's, say) - a mount would refuse it.
+fn say_foreign(path: &std::path::Display<'_>, pool: &txn::Pool) {
+    let foreign = pool.allocated_frames().map_or(0, |f| {
+        f.iter().filter(|(_, t)| engine::base::frames::of(t.kind).is_none()).count()
+    });
+    if foreign > 0 {
+        println!(
+            "{path}: {foreign} frame(s) of kinds no mount reads (`nvstack inspect` names them): \
+             not a region `nvstack mount` takes"
+        );
+    }
 }

@@ -78,17 +78,7 @@ pub fn run(args: &InspectArgs) -> CliResult {
         report.frames_used, report.frames_free, report.frames_total
     );
     for (kind, n) in &report.frames_by_kind {
-        let what = match *kind {
-            engine::tempfs::record::KIND_OBJECT => "temp-file records",
-            engine::tempfs::record::KIND_DATA => "temp-file data pages",
-            engine::tempfs::overlay::times::KIND_DIR_TIMES => "pending directory times",
-            engine::journal::record::KIND_REDO => "metadata-journal records",
-            engine::cache::record::KIND_RECORD => "cached-file records",
-            engine::cache::record::KIND_PAGE => "cached dirty pages",
-            device::nvcache::record::KIND_FRAME => "block-cache frames (7 sectors each)",
-            engine::route::profile::KIND_PROFILE => "route profile",
-            _ => "",
-        };
+        let what = frame_kind_name(*kind);
         println!("  kind {kind:<#12x} {n:<10} {what}");
     }
     let busy: Vec<String> = report
@@ -444,4 +434,16 @@ fn print_dir_times(found: &CliResult<Vec<engine::tempfs::overlay::times::Found>>
 fn open_unlocked(path: &std::path::Path) -> CliResult<MmapRegion> {
     let options = MmapOptions { read_only: true, unlocked: true, ..MmapOptions::default() };
     Ok(MmapRegion::open(path, options)?)
+}
+
+/// What a frame of `kind` holds, from the engine's one table of frame kinds
+/// (`engine::base::frames`), or the device's block cache (its regions hold nothing else).
+fn frame_kind_name(kind: u32) -> &'static str {
+    match engine::base::frames::of(kind) {
+        Some(k) => k.name,
+        None if kind == device::nvcache::record::KIND_FRAME => {
+            "block-cache frames (7 sectors each)"
+        }
+        None => "unknown kind (not written by nvstack)",
+    }
 }

@@ -17,12 +17,13 @@
 //! temp files and cached pages alike), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
-//! `error.rs` (typed errors), `hidden.rs` (nvstack's own names in lower directories).
+//! `error.rs` (typed errors), `frames.rs` (the one table of frame kinds), `hidden.rs` (nvstack's own names in lower directories).
 
 pub mod binding;
 pub mod counters;
 pub mod durability;
 pub mod error;
+pub mod frames;
 pub mod handles;
 pub mod hidden;
 pub mod inodes;

@@ -26,13 +26,14 @@
 //! an eighth of the writes it now holds. A region holding patches of that format is refused at
 //! start with the way out named ([`KIND_PATCH_V1`]).
 
+use crate::base::frames;
 use nvram::checksum::checksum;
 
 use super::PAGE;
 
-pub const KIND_PATCHES: u32 = 0x5043_0004;
+pub const KIND_PATCHES: u32 = frames::PATCHES;
 /// The unpacked format (one patch per frame), refused at start.
-pub const KIND_PATCH_V1: u32 = 0x5043_0003;
+pub const KIND_PATCH_V1: u32 = frames::PATCH_V1;
 
 const FRAME: usize = 4096;
 /// A patch frame's unit of allocation.

@@ -26,14 +26,15 @@
 //! growing the file shows zeros). Every change rewrites the whole record inside the
 //! operation's transaction, so a crash shows the old or the new record.
 
+use crate::base::frames;
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
 /// A whole frame holding one record (regions written before records were packed).
-pub const KIND_RECORD: u32 = 0x5043_0001;
+pub const KIND_RECORD: u32 = frames::CACHE_RECORD;
 /// A frame of eight records (`crate::base::slots`).
-pub const KIND_RECORDS: u32 = 0x5043_0005;
-pub const KIND_PAGE: u32 = 0x5043_0002;
+pub const KIND_RECORDS: u32 = frames::CACHE_RECORDS;
+pub const KIND_PAGE: u32 = frames::CACHE_PAGE;
 
 pub const RECORD_SIZE: usize = 216;
 const MAGIC: &[u8; 8] = b"NVSPCF01";

@@ -29,6 +29,9 @@ impl<L: LowerFs> Engine<L> {
     /// files that were unlinked while open, finishes interrupted transforms, and with
     /// tempfiles off moves every temp file to the lower file system.
     pub fn new(lower: L, pool: Pool, config: EngineConfig) -> Result<Engine<L>, StartError> {
+        // Every frame is of a kind some room reads (`base/frames.rs`): a region of another
+        // kind, or damage, is refused before anything reads or changes it.
+        crate::base::frames::check_known(&pool)?;
         let policy = crate::cache::policy::by_name(config.cache.policy.name())
             .expect("an implementation for every write-back policy");
         // The knobs that depend on the region, resolved against its frames once.

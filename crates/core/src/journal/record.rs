@@ -31,6 +31,7 @@
 //! full journal checkpoints inside the request that filled it; packed, the same NVRAM holds
 //! 10-30 times as many.
 
+use crate::base::frames;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
@@ -38,10 +39,10 @@ use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
 /// The frame kind of packed journal frames.
-pub const KIND_REDO: u32 = 0x4d4a_0002;
+pub const KIND_REDO: u32 = frames::REDO;
 /// The one-record-per-frame format of earlier versions: refused with a clear error (its
 /// records are not replayed by this version, and ignoring them would lose changes).
-pub const KIND_REDO_V1: u32 = 0x4d4a_0001;
+pub const KIND_REDO_V1: u32 = frames::REDO_V1;
 
 pub const FRAME_SIZE: usize = 4096;
 /// The unit of allocation inside a journal frame.

@@ -21,10 +21,11 @@
 //! again; no data depends on it), but like every NVRAM structure it is rewritten whole inside
 //! a transaction and a damaged one is refused with its frame named.
 
+use crate::base::frames;
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
-pub const KIND_PROFILE: u32 = 0x5250_0001;
+pub const KIND_PROFILE: u32 = frames::PROFILE;
 
 /// Files the profile remembers (the record fills most of one 4 KiB frame).
 pub const CAPACITY: usize = 500;

@@ -31,6 +31,7 @@
 //! inside the operation's transaction (snapshot first), so a crash shows either the old or the
 //! new record.
 
+use crate::base::frames;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
@@ -38,10 +39,10 @@ use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
 /// A whole frame holding one record (regions written before records were packed).
-pub const KIND_OBJECT: u32 = 0x5446_0001;
+pub const KIND_OBJECT: u32 = frames::TEMP_RECORD;
 /// A frame of eight records (`crate::base::slots`).
-pub const KIND_RECORDS: u32 = 0x5446_0004;
-pub const KIND_DATA: u32 = 0x5446_0002;
+pub const KIND_RECORDS: u32 = frames::TEMP_RECORDS;
+pub const KIND_DATA: u32 = frames::TEMP_DATA;
 
 pub const RECORD_SIZE: usize = 496;
 const MAGIC: &[u8; 8] = b"NVSTMP01";

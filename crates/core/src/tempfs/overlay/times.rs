@@ -22,10 +22,11 @@
 //! later, one `syncfs`, then one transaction frees them) at mount, `nvstack flush`, unmount,
 //! and when more than [`MAX_RECORDS`] directories have pending times.
 
+use crate::base::frames;
 use nvram::checksum::checksum;
 use nvram::layout::{get_u32, get_u64, put_u32, put_u64};
 
-pub const KIND_DIR_TIMES: u32 = 0x5446_0003;
+pub const KIND_DIR_TIMES: u32 = frames::DIR_TIMES;
 
 pub const RECORD_SIZE: usize = 192;
 const MAGIC: &[u8; 8] = b"NVSDIR01";
