@@ -29,13 +29,7 @@ pub fn run(args: &CheckArgs) -> CliResult {
         )));
     }
     // Every record kind is part of the region: a damaged one is reported as the mount (or the
-    // device's attach) would refuse it. A region of the block cache holds its own kind only.
-    let blocks_only = pool.allocated_frames().is_ok_and(|f| {
-        !f.is_empty() && f.iter().all(|(_, t)| t.kind == device::nvcache::record::KIND_FRAME)
-    });
-    if !blocks_only {
-        reported(&path, engine::base::frames::check_known(&pool).map_err(Into::into))?;
-    }
+    // device's attach) would refuse it.
     let temps = reported(&path, engine::tempfs::scan(&pool).map_err(Into::into))?;
     let cached = reported(&path, engine::cache::scan(&pool).map_err(Into::into))?;
     let journal = reported(&path, engine::journal::record::scan(&pool).map_err(Into::into))?;
