@@ -12,8 +12,10 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use common::region;
-use engine::{CacheConfig, Engine, EngineConfig, Nbw, Reason, Share, TempConfig, WritebackPolicy};
-use lower::{Creds, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
+use engine::{
+    CacheConfig, Engine, EngineConfig, FsError, Nbw, Reason, Share, TempConfig, WritebackPolicy,
+};
+use lower::{Creds, Errno, LogicalClock, LowerFs, MemConfig, MemLower, SetAttr};
 use nvram::SimRegion;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -889,5 +891,45 @@ fn a_record_in_a_whole_frame_from_before_the_packing_is_recovered_and_written_ba
     assert_eq!(lower_content(&lower, "old"), want);
     assert_eq!((e.stats().cache.files, e.stats().cache.record_frames), (0, 0), "its frame freed");
     assert_eq!(e.stats().nvram.frames_free, e.stats().nvram.frames_total);
+    e.shutdown();
+}
+
+/// A temp file's pages and a cached file's dirty pages take one NVRAM data path: both refuse a
+/// write or a truncate past `i64::MAX` (the kernel's limit for a FUSE file) with EFBIG, and a
+/// refused call changes nothing.
+#[test]
+fn temp_files_and_cached_files_refuse_the_same_sizes() {
+    let lower = MemLower::default();
+    lower_file(&lower, "cached", b"lower");
+    let temp = TempConfig { share: Share::Percent(100), ..TempConfig::default() };
+    let config = EngineConfig { temp, ..config(cache()) };
+    let e =
+        Engine::new(lower.clone(), Pool::open(region(64), Consistency::Undo).unwrap().0, config)
+            .unwrap();
+    let (_, temp_fh) = e.create(&ROOT, e.root_id(), name("temp"), 0o644, libc::O_RDWR).unwrap();
+    let (cached_id, cached_fh) = open(&e, "cached", libc::O_RDWR);
+    let temp_id = e.lookup(e.root_id(), name("temp")).unwrap().node_id;
+    for fh in [temp_fh, cached_fh] {
+        e.write(fh, 0, b"x", false).unwrap();
+    }
+    assert_eq!(e.stats().tempfiles.files_resident, 1, "one temp file");
+    assert_eq!(e.stats().cache.files, 1, "one cached file");
+    let max = i64::MAX as u64;
+    let efbig = FsError::Answer(Errno(libc::EFBIG));
+    let too_big = SetAttr { size: Some(max + 1), ..SetAttr::default() };
+    for (what, id, fh, want) in
+        [("temp", temp_id, temp_fh, &b"x"[..]), ("cached", cached_id, cached_fh, &b"xower"[..])]
+    {
+        for (offset, len) in [(max - 1, 2usize), (max, 1), (u64::MAX, 1)] {
+            let err = e.write(fh, offset, &vec![b'y'; len], false).unwrap_err();
+            assert_eq!(err, efbig, "{what}: a write of {len} at {offset}");
+        }
+        let err = e.setattr(id, Some(fh), &too_big, false).unwrap_err();
+        assert_eq!(err, efbig, "{what}: a truncate to i64::MAX + 1");
+        assert_eq!(read(&e, fh, 0, 64), want, "{what}: the refused calls changed nothing");
+    }
+    for fh in [temp_fh, cached_fh] {
+        e.release(fh).unwrap();
+    }
     e.shutdown();
 }

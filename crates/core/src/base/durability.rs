@@ -14,7 +14,7 @@
 //! Epochs make this race-free without a lock across the sync: the epoch counter advances
 //! before every sync starts; a change is marked with the epoch it saw *after* it reached the
 //! lower file system; a sync that started at epoch `e` covers every mark `<= e`. Invariant
-//! D1: an object changed in the lower file system and not yet covered by a completed sync is
+//! E1: an object changed in the lower file system and not yet covered by a completed sync is
 //! in the map. At start the engine syncs the lower file system once, so that changes made
 //! before the mount (or by a daemon that died) are covered too.
 

@@ -12,7 +12,7 @@
 //! names a mechanism (checked by `crates/core/tests/rooms.rs`).
 //!
 //! Files: `lowerfs.rs` (the facade; L1, W1), `optx.rs` (the one transaction idiom),
-//! `durability.rs` (unsynced lower objects, sync epochs: D1), `space.rs` (ENOSPC at write
+//! `durability.rs` (unsynced lower objects, sync epochs: E1), `space.rs` (ENOSPC at write
 //! time), `counters.rs` (requests per operation, bytes), `pages.rs` (file data in page frames, for
 //! temp files and cached pages alike), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the

@@ -375,8 +375,7 @@ impl<L: LowerFs> PageCache<L> {
             match plan {
                 Plan::Page { page, bytes, patched, .. } => {
                     let tag = FrameTag { kind: KIND_PAGE, owner: object, index: *page };
-                    let frame = tx.alloc_frame(tag)?;
-                    tx.write(pool.frame_offset(frame), &bytes[..]);
+                    let frame = crate::base::pages::fresh_page(tx, tag, &bytes[..])?;
                     if *patched {
                         pf.remove(tx, pool, *page)?;
                     }

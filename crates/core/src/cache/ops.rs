@@ -31,6 +31,7 @@ use super::{PAGE, Reason};
 use crate::base::Base;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
+use crate::base::pages::{self, DataRecord};
 use crate::base::slots;
 use crate::base::{Committed, OpTx};
 
@@ -163,31 +164,25 @@ impl<L: LowerFs> PageCache<L> {
         if st.gone {
             return Ok(None); // written back and freed meanwhile: look it up again
         }
-        let end = offset.checked_add(data.len() as u64).ok_or(answer(libc::EFBIG))?;
+        let end = pages::write_end(offset, data.len())?;
         let plans = self.plan_write(b, cf, &mut st, offset, data)?;
         let unmapped =
             plans.iter().filter(|p| p.is_new() && matches!(p.loc(), Loc::Logical { .. })).count();
         b.reserve(unmapped as u64)?;
         // Phase 2: NVRAM only.
-        let pool = &b.pool;
         let now = b.lower.now();
         let mut rec = st.rec.clone();
-        rec.size = rec.size.max(end);
-        rec.mtime = now;
-        rec.ctime = now;
+        rec.written(end, now);
         let mut touched: Vec<u64> = Vec::new();
-        let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
+        let state::CacheState { pages: dirty, patches, patch_frames, .. } = &mut *st;
         let frames = self.patch_tx(patch_frames, |pf| {
             let written = (|| -> Result<Vec<txn::FrameId>, txn::TxError> {
                 let tx = otx.tx();
-                for (page, in_page, done, n) in crate::base::pages::pieces(offset, data.len()) {
-                    if let Some(meta) = pages.get(&page)
+                for (page, in_page, done, n) in pages::pieces(offset, data.len()) {
+                    if let Some(meta) = dirty.get(&page)
                         && !patches.contains_key(&page)
                     {
-                        tx.update(
-                            pool.frame_offset(meta.frame) + in_page as u64,
-                            &data[done..done + n],
-                        )?;
+                        pages::store(tx, meta.frame, in_page, &data[done..done + n])?;
                         touched.push(page);
                     }
                 }
@@ -397,8 +392,8 @@ impl<L: LowerFs> PageCache<L> {
         let tick = self.tick();
         let c = &self.counters;
         let mut t = None;
-        let state::CacheState { pages, patches, .. } = &mut *st;
-        for (&page, meta) in pages.range_mut(first..=last) {
+        let state::CacheState { pages: dirty, patches, .. } = &mut *st;
+        for (&page, meta) in dirty.range_mut(first..=last) {
             let (lo, hi) = wanted(offset, len as u64, page);
             let at = (page * PAGE + lo as u64 - offset) as usize;
             let out = &mut buf[at..at + (hi - lo)];
@@ -409,7 +404,7 @@ impl<L: LowerFs> PageCache<L> {
                 patch.apply(&mut whole);
                 out.copy_from_slice(&whole[lo..hi]);
             } else {
-                b.pool.read(b.pool.frame_offset(meta.frame) + lo as u64, out);
+                pages::load(&b.pool, meta.frame, lo as u64, out);
             }
             let t = t.get_or_insert_with(|| self.tables());
             state::accessed(t, c, meta, tick);
@@ -507,55 +502,48 @@ impl<L: LowerFs> PageCache<L> {
         if st.gone {
             return Ok(None);
         }
+        pages::check_size(size)?;
         let pool = &b.pool;
         let old = st.rec.size;
         let now = b.lower.now();
-        let first_gone = size.div_ceil(PAGE);
-        let mut gone: Vec<u64> = st.pages.range(first_gone..).map(|(&p, _)| p).collect();
+        let mut gone: Vec<u64> =
+            st.pages.range(pages::first_gone(size)..).map(|(&p, _)| p).collect();
         // The last page's patch loses what lies at or beyond the new size (P5): rewritten, or
         // freed when nothing is left of it.
+        let cut = pages::tail(old, size);
         let tail = size / PAGE;
-        let clipped = match st.patches.get(&tail) {
-            Some(p) if size < old && size % PAGE != 0 => {
-                match p.merge(0, &[], (size % PAGE) as usize) {
-                    super::patch::Merged::Patch(q) if !q.is_empty() => Some(Some(q)),
-                    _ => {
-                        gone.push(tail);
-                        Some(None)
-                    }
+        let clipped = match (st.patches.get(&tail), cut) {
+            (Some(p), Some((_, from, _))) => match p.merge(0, &[], from as usize) {
+                super::patch::Merged::Patch(q) if !q.is_empty() => Some(Some(q)),
+                _ => {
+                    gone.push(tail);
+                    Some(None)
                 }
-            }
+            },
             _ => None,
         };
         let mut rec = st.rec.clone();
-        let state::CacheState { pages, patches, patch_frames, .. } = &mut *st;
+        let state::CacheState { pages: dirty, patches, patch_frames, .. } = &mut *st;
         self.patch_tx(patch_frames, |pf| {
             let result = (|| -> Result<(), txn::TxError> {
                 if let Some(Some(q)) = &clipped {
                     // Smaller than before: rewritten in its run.
                     pf.put(otx.tx(), pool, cf.id(), tail, &q.encode())?;
-                } else if size < old && size % PAGE != 0 && clipped.is_none() {
-                    // C3: the tail of the last page reads as zeros if the file grows again.
-                    if let Some(meta) = pages.get(&tail) {
-                        let from = size % PAGE;
-                        let to = PAGE.min(old - (size / PAGE) * PAGE);
-                        otx.tx().update(
-                            pool.frame_offset(meta.frame) + from,
-                            &vec![0u8; (to - from) as usize],
-                        )?;
-                    }
+                } else if let Some((page, from, to)) = cut
+                    && clipped.is_none()
+                    && let Some(meta) = dirty.get(&page)
+                {
+                    // D2: the tail of the last page reads as zeros if the file grows again.
+                    pages::zero_tail(otx.tx(), meta.frame, from, to)?;
                 }
                 for p in &gone {
                     if patches.contains_key(p) {
                         pf.remove(otx.tx(), pool, *p)?;
                     } else {
-                        otx.tx().free_frame(pages[p].frame)?;
+                        otx.tx().free_frame(dirty[p].frame)?;
                     }
                 }
-                rec.size = size;
-                rec.valid = rec.valid.min(size);
-                rec.mtime = now;
-                rec.ctime = now;
+                rec.truncated(size, now);
                 slots::put(otx.tx(), cf.record, &rec.encode())?;
                 Ok(())
             })()

@@ -74,6 +74,24 @@ pub struct Record {
     pub handle: Vec<u8>,
 }
 
+impl crate::base::pages::DataRecord for Record {
+    fn size_mut(&mut self) -> &mut u64 {
+        &mut self.size
+    }
+
+    fn modified(&mut self, now: (i64, u32)) {
+        self.mtime = now;
+        self.ctime = now;
+    }
+
+    /// The lower file's bytes beyond the new size are no longer the file's (C1).
+    fn truncated(&mut self, size: u64, now: (i64, u32)) {
+        self.size = size;
+        self.valid = self.valid.min(size);
+        self.modified(now);
+    }
+}
+
 impl Record {
     #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
     pub fn encode(&self) -> [u8; RECORD_SIZE] {

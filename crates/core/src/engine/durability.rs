@@ -1,7 +1,7 @@
 //! Durability calls across mechanisms: a group commit (journal consistency mode) on the
 //! engine's behalf, and the sync of an object the lower file system has not made durable -
 //! by a checkpoint of the metadata journal when it holds records (the object may have been
-//! created by one), else by the object's own fsync (`base/durability.rs`, D1).
+//! created by one), else by the object's own fsync (`base/durability.rs`, E1).
 
 use lower::LowerFs;
 

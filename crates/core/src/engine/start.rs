@@ -89,7 +89,7 @@ impl<L: LowerFs> Engine<L> {
         {
             return Err(StartError::Flush(e));
         }
-        // D1 (durability.rs): what reached the lower file system before this start is durable.
+        // E1 (durability.rs): what reached the lower file system before this start is durable.
         engine.base.syncfs_lower().map_err(StartError::Settle)?;
         Ok(engine)
     }

@@ -1,11 +1,9 @@
 //! File data of a temp file in NVRAM frames: positional read, write and truncate.
 //!
 //! A page (4 KiB of the file) is either resident (a data frame tagged with the record's
-//! place, `Place::owner`, and the page number) or a hole (reads as zeros). Invariants: D1 a fresh data frame is
-//! completely written in the transaction that allocates it (zeros where the write does not
-//! reach), so no byte of a previous owner is ever visible; D2 bytes of a resident page beyond
-//! the file size are zero (truncate zeroes the tail), so growing the file shows zeros; D3 no
-//! resident page lies wholly beyond the size (T3 of the record).
+//! place, `Place::owner`, and the page number) or a hole (reads as zeros). Every step on the
+//! pages is the NVRAM data path the page cache takes too (`base/pages.rs`, with its
+//! invariants D1-D3); this file keeps the temp file's page map in step with it.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +12,7 @@ use txn::{FrameId, FrameTag, Pool, Tx, TxError};
 use super::record::{KIND_DATA, RECORD_SIZE, Record};
 use crate::base::slots::{self, Place};
 
+use crate::base::pages as path; // the NVRAM data path
 pub use crate::base::pages::{PAGE, pieces};
 
 /// Writes `data` at `offset`; returns the pages it allocated (added to `pages`). On error no
@@ -48,18 +47,13 @@ fn write_into(
     data: &[u8],
     fresh: &mut Vec<u64>,
 ) -> Result<(), TxError> {
-    let pool = tx.pool();
     for (page, in_page, done, n) in pieces(offset, data.len()) {
         let chunk = &data[done..done + n];
         if let Some(&frame) = pages.get(&page) {
-            tx.update(pool.frame_offset(frame) + in_page as u64, chunk)?;
+            path::store(tx, frame, in_page, chunk)?;
         } else {
-            let frame =
-                tx.alloc_frame(FrameTag { kind: KIND_DATA, owner: object.owner(), index: page })?;
-            // D1: the whole frame is written now.
-            let mut buf = vec![0u8; PAGE as usize];
-            buf[in_page..in_page + n].copy_from_slice(chunk);
-            tx.write(pool.frame_offset(frame), &buf);
+            let tag = FrameTag { kind: KIND_DATA, owner: object.owner(), index: page };
+            let frame = path::fresh(tx, tag, in_page, chunk)?;
             pages.insert(page, frame);
             fresh.push(page);
         }
@@ -86,7 +80,7 @@ pub fn read(
         let in_page = pos % PAGE;
         let n = (PAGE - in_page).min((len - done) as u64) as usize;
         match pages.get(&page) {
-            Some(&frame) => pool.read(pool.frame_offset(frame) + in_page, &mut buf[done..done + n]),
+            Some(&frame) => path::load(pool, frame, in_page, &mut buf[done..done + n]),
             None => buf[done..done + n].fill(0),
         }
         done += n;
@@ -102,17 +96,12 @@ pub fn truncate(
     old_size: u64,
     size: u64,
 ) -> Result<u64, TxError> {
-    let pool = tx.pool();
-    if size < old_size && size % PAGE != 0 {
-        let page = size / PAGE;
-        if let Some(&frame) = pages.get(&page) {
-            let from = size % PAGE;
-            let to = PAGE.min(old_size - page * PAGE);
-            tx.update(pool.frame_offset(frame) + from, &vec![0u8; (to - from) as usize])?;
-        }
+    if let Some((page, from, to)) = path::tail(old_size, size)
+        && let Some(&frame) = pages.get(&page)
+    {
+        path::zero_tail(tx, frame, from, to)?;
     }
-    let first_gone = size.div_ceil(PAGE);
-    let gone: Vec<u64> = pages.range(first_gone..).map(|(&p, _)| p).collect();
+    let gone: Vec<u64> = pages.range(path::first_gone(size)..).map(|(&p, _)| p).collect();
     for &p in &gone {
         tx.free_frame(pages[&p])?;
         pages.remove(&p);

@@ -21,6 +21,7 @@ use crate::base::Entry;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
+use crate::base::pages::{self, DataRecord};
 use crate::base::slots;
 use crate::base::{Base, suidgid_bits};
 use crate::tempfs::TempFs;
@@ -353,10 +354,7 @@ impl<L: LowerFs> TempFs<L> {
         size: u64,
     ) -> FsResult<Truncated> {
         let mut rec = st.rec.clone();
-        let now = b.lower.now();
-        rec.size = size;
-        rec.mtime = now;
-        rec.ctime = now;
+        rec.truncated(size, b.lower.now());
         data::put_record(tx, f.place, &rec).map_err(FsError::from)?;
         let mut pages = st.pages.clone();
         let freed = data::truncate(tx, &mut pages, st.rec.size, size).map_err(FsError::from)?;
@@ -410,19 +408,11 @@ impl<L: LowerFs> TempFs<L> {
             Fate::Transformed => return Ok(None),
             Fate::Freed => return Err(answer(libc::ESTALE)),
         }
-        let end = offset.checked_add(buf.len() as u64).ok_or(answer(libc::EFBIG))?;
-        if end > i64::MAX as u64 {
-            return Err(answer(libc::EFBIG));
-        }
-        let first = offset / data::PAGE;
-        let last = end.div_ceil(data::PAGE);
-        let missing = (first..last).filter(|p| !st.pages.contains_key(p)).count() as u64;
+        let end = pages::write_end(offset, buf.len())?;
+        let missing = pages::span(offset, end).filter(|p| !st.pages.contains_key(p)).count() as u64;
         b.reserve(missing)?;
         let mut rec = st.rec.clone();
-        let now = b.lower.now();
-        rec.size = rec.size.max(end);
-        rec.mtime = now;
-        rec.ctime = now;
+        rec.written(end, b.lower.now());
         if kill_suidgid {
             rec.mode &= !suidgid_bits(rec.mode);
         }
@@ -458,8 +448,8 @@ impl<L: LowerFs> TempFs<L> {
             Fate::Transformed => return Ok(None),
             Fate::Freed => return Err(answer(libc::ENOENT)),
         }
-        if set.size.is_some_and(|size| size > i64::MAX as u64) {
-            return Err(answer(libc::EFBIG));
+        if let Some(size) = set.size {
+            pages::check_size(size)?;
         }
         let r = (|| {
             let tx = otx.tx();

@@ -107,6 +107,17 @@ pub struct Record {
     pub name: OsString,
 }
 
+impl crate::base::pages::DataRecord for Record {
+    fn size_mut(&mut self) -> &mut u64 {
+        &mut self.size
+    }
+
+    fn modified(&mut self, now: (i64, u32)) {
+        self.mtime = now;
+        self.ctime = now;
+    }
+}
+
 impl Record {
     pub fn shadows(&self) -> bool {
         self.flags & FLAG_SHADOWS != 0
