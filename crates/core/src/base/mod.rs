@@ -19,6 +19,21 @@
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
 //! `error.rs` (typed errors), `frames.rs` (the one table of frame kinds), `hidden.rs` (nvstack's own names in lower directories).
 
+/// Checks a mechanism's invariants at the end of an operation, in debug builds only (the test
+/// suites build debug, so every test checks them; a release build compiles the check away).
+/// `$check` is an expression of type `Result<(), String>`, usually a `check` method of the
+/// state the operation changed; a broken invariant panics with what is wrong.
+macro_rules! debug_check {
+    ($check:expr) => {
+        if cfg!(debug_assertions) {
+            if let Err(why) = $check {
+                panic!("invariant broken: {why}");
+            }
+        }
+    };
+}
+pub(crate) use debug_check;
+
 pub mod binding;
 pub mod counters;
 pub mod durability;

@@ -307,8 +307,7 @@ impl<L: LowerFs> PageCache<L> {
         let tag = FrameTag { kind: KIND_PAGE, owner: cf.id(), index: page };
         let frame = self.patch_tx(&mut st.patch_frames, |pf| {
             b.atomically(|tx| {
-                let frame = tx.alloc_frame(tag)?;
-                tx.write(b.pool.frame_offset(frame), &bytes[..]);
+                let frame = crate::base::pages::fresh_page(tx, tag, &bytes[..])?;
                 pf.remove(tx, &b.pool, page)?;
                 Ok(frame)
             })
@@ -321,6 +320,7 @@ impl<L: LowerFs> PageCache<L> {
         meta.version = tick;
         st.patches.remove(&page);
         self.nbw.patch_removed(patch.len());
+        crate::base::debug_check!(st.check(cf.id()));
         b.fail("nbw.merged");
         Ok(true)
     }

@@ -69,6 +69,51 @@ pub struct CacheState {
     pub lower_gen: u64,
 }
 
+impl CacheState {
+    /// The invariants of one cached file that every operation on it keeps (checked at the end
+    /// of each in debug builds, `debug_check!`): C1 `valid <= size`; D3 (C3) no page at or
+    /// beyond the size's last page; P5 a patch neither covers its whole page nor reaches the
+    /// size; P6 (its volatile side) every patch belongs to a page in NVRAM and lies where the
+    /// patch frames say, and the page's frame is that patch frame; `unmapped` counts the
+    /// pages whose lower space is reserved.
+    pub fn check(&self, object: u64) -> Result<(), String> {
+        let (size, valid) = (self.rec.size, self.rec.valid);
+        if valid > size {
+            return Err(format!("C1: file {object}: valid {valid} > size {size}"));
+        }
+        if self.gone {
+            return Ok(()); // freed: its pages went with the record
+        }
+        let first_gone = crate::base::pages::first_gone(size);
+        if let Some((&page, _)) = self.pages.range(first_gone..).next() {
+            return Err(format!("D3: file {object}: page {page} beyond the size {size}"));
+        }
+        for (&page, patch) in &self.patches {
+            let Some(meta) = self.pages.get(&page) else {
+                return Err(format!("P6: file {object}: patch of page {page} without its page"));
+            };
+            if self.patch_frames.place(page).map(|p| p.frame) != Some(meta.frame) {
+                return Err(format!("P6: file {object}: page {page}'s patch not in its frame"));
+            }
+            let room = size.saturating_sub(page * PAGE).min(PAGE) as usize;
+            let end = patch.pieces().map(|(at, bytes)| at + bytes.len()).max().unwrap_or(0);
+            if end > room || patch.covers(0, PAGE as usize) {
+                return Err(format!(
+                    "P5: file {object}: page {page}'s patch reaches {end}, the page holds {room}"
+                ));
+            }
+        }
+        let reserved = self.pages.values().filter(|m| m.reserved).count() as u64;
+        if self.unmapped != reserved {
+            return Err(format!(
+                "file {object}: unmapped {} but {reserved} pages reserved",
+                self.unmapped
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A lower file with a record in NVRAM. `record` (where its record is: a slot of a record
 /// frame, `crate::base::slots`) and `key` never change.
 #[derive(Debug)]

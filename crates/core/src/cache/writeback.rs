@@ -37,11 +37,11 @@ use super::policy::{self, Loc, PageKey};
 use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
-use crate::base::Base;
 use crate::base::Committed;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::slots;
+use crate::base::{Base, debug_check};
 
 /// How long a writer waiting for room sleeps before it looks again whether a round still
 /// runs (a limit on a missed wake-up, not a pace: a freed batch wakes it at once).
@@ -763,6 +763,7 @@ impl<L: LowerFs> PageCache<L> {
             } else {
                 self.pages_clean(b, st, gone_pages.values());
             }
+            debug_check!(st.check(job.cf.id()));
         }
         Ok(freed)
     }

@@ -57,9 +57,28 @@ impl<L: LowerFs> Engine<L> {
         self.cache.fetches_queued()
     }
 
-    /// Checks the page cache's volatile mirror against itself (tests; no operation may run).
-    pub fn check_cache(&self) -> Result<(), String> {
+    /// Checks the page cache's volatile mirror against itself (debug builds; no operation may
+    /// run). Returns the pages whose lower space it holds reserved.
+    #[cfg(debug_assertions)]
+    pub fn check_cache(&self) -> Result<u64, String> {
         self.cache.check_cache()
+    }
+
+    /// Every mechanism's invariants and the one between them (debug builds; no operation may
+    /// run): the lower-FS space reserved for NVRAM data is the temp files' pages plus the
+    /// cached pages with no lower block (`space.rs`: ENOSPC at write time counts on it).
+    #[cfg(debug_assertions)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let unmapped = self.cache.check_cache()?;
+        let temp_pages = self.temp.check()?;
+        let reserved = self.base.space.pages();
+        if reserved != temp_pages + unmapped {
+            return Err(format!(
+                "{reserved} pages reserved, temp files hold {temp_pages}, cached pages without \
+                 a lower block {unmapped}"
+            ));
+        }
+        Ok(())
     }
 
     /// `--tempfile-background`: the daemon's transformer thread calls this in a loop

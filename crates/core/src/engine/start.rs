@@ -97,6 +97,10 @@ impl<L: LowerFs> Engine<L> {
     /// Ends the engine: temp files are transformed (unless configured to stay in NVRAM),
     /// every open handle is closed, the region is marked clean.
     pub fn shutdown(self) {
+        #[cfg(debug_assertions)]
+        if let Err(why) = self.check_invariants() {
+            panic!("invariant broken at shutdown: {why}");
+        }
         if self.temp.config.transform_on_unmount {
             self.temp.transform_all(&self.base, Trigger::Unmount, &mut |_, _| {});
         }

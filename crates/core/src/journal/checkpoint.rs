@@ -157,6 +157,7 @@ impl Journal {
                 pending.gone(*seq);
             }
         }
+        crate::base::debug_check!(pending.check());
         if !pending.records.is_empty() {
             // Committed during the checkpoint: no older than its start.
             self.oldest_at.store(now.0, Ordering::Relaxed);

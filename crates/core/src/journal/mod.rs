@@ -48,7 +48,7 @@ use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::slots::SlotMap;
 use crate::base::sync::{Mutex, Rank};
-use crate::base::{Base, Committed};
+use crate::base::{Base, Committed, debug_check};
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
@@ -218,6 +218,56 @@ impl Pending {
         if let Some(handle) = self.created.remove(&seq) {
             self.creations.remove(&handle);
         }
+    }
+
+    /// The invariants of the volatile journal (checked after every record and checkpoint in
+    /// debug builds, `debug_check!`): J1 each listed frame's count is the number of records in
+    /// it, and every record's frame is listed; J2 (its volatile side) the slot map lists the
+    /// same frames and takes exactly the records' slots (S1 of the map holding too); J3
+    /// `creations` and `created` are each other's inverse and name records still pending;
+    /// the open frame is listed.
+    fn check(&self) -> Result<(), String> {
+        let mut count: BTreeMap<FrameId, u32> = BTreeMap::new();
+        let mut taken: BTreeMap<FrameId, u64> = BTreeMap::new();
+        for (seq, p) in &self.records {
+            *count.entry(p.frame).or_default() += 1;
+            let bits = taken.entry(p.frame).or_default();
+            if *bits & p.mask() != 0 {
+                return Err(format!("J2: record {seq} overlaps another in frame {}", p.frame.0));
+            }
+            *bits |= p.mask();
+        }
+        for (frame, &n) in &self.records_in {
+            if count.get(frame).copied().unwrap_or(0) != n {
+                return Err(format!(
+                    "J1: frame {} counts {n} records, holds {:?}",
+                    frame.0,
+                    count.get(frame)
+                ));
+            }
+            if self.slots.bits(*frame) != Some(taken.get(frame).copied().unwrap_or(0)) {
+                return Err(format!("J2: frame {}'s slots are not its records'", frame.0));
+            }
+        }
+        if let Some(f) = count.keys().find(|f| !self.records_in.contains_key(f)) {
+            return Err(format!("J1: a record in frame {} the journal does not list", f.0));
+        }
+        if self.slots.len() != self.records_in.len() {
+            return Err("J2: the slot map and the counts list different frames".into());
+        }
+        self.slots.check()?;
+        if self.creations.len() != self.created.len()
+            || self
+                .creations
+                .iter()
+                .any(|(h, seq)| self.created.get(seq) != Some(h) || !self.records.contains_key(seq))
+        {
+            return Err("J3: the creations and their records disagree".into());
+        }
+        if self.open.is_some_and(|f| !self.records_in.contains_key(&f)) {
+            return Err("the open frame is not listed".into());
+        }
+        Ok(())
     }
 }
 
@@ -466,6 +516,7 @@ impl Journal {
                     pending.creations.insert(redo.object.clone(), redo.seq);
                     pending.created.insert(redo.seq, redo.object.clone());
                 }
+                debug_check!(pending.check());
                 drop(pending);
                 Counters::add(&self.counters.records_total, 1);
                 b.fail("journal.committed");

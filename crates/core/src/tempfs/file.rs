@@ -48,6 +48,32 @@ impl TempState {
             && self.dir == dir
             && self.rec.name == name
     }
+
+    /// The invariants of one temp file that every operation on it keeps (checked at the end of
+    /// each in debug builds, `debug_check!`): T3 (D3) no page lies at or beyond the size's
+    /// last page; T4 a live named file (link count 1) has a name and a directory handle; a
+    /// freed file holds no page.
+    pub fn check(&self) -> Result<(), String> {
+        let r = &self.rec;
+        let first_gone = crate::base::pages::first_gone(r.size);
+        if let Some((&page, _)) = self.pages.range(first_gone..).next() {
+            return Err(format!(
+                "T3: temp file {}: page {page} beyond the size {}",
+                r.serial, r.size
+            ));
+        }
+        if self.fate == Fate::Freed && !self.pages.is_empty() {
+            return Err(format!("temp file {}: freed with {} pages", r.serial, self.pages.len()));
+        }
+        if self.fate == Fate::Resident
+            && r.state == State::Live
+            && r.nlink > 0
+            && (r.name.is_empty() || r.dir.is_empty())
+        {
+            return Err(format!("T4: temp file {}: named without a name or directory", r.serial));
+        }
+        Ok(())
+    }
 }
 
 /// A temp file. `place` (where its record is) and `serial` never change.

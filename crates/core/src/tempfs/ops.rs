@@ -23,7 +23,7 @@ use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::pages::{self, DataRecord};
 use crate::base::slots;
-use crate::base::{Base, suidgid_bits};
+use crate::base::{Base, debug_check, suidgid_bits};
 use crate::tempfs::TempFs;
 use crate::tempfs::names::Open;
 use crate::tempfs::overlay::DirKey;
@@ -430,6 +430,7 @@ impl<L: LowerFs> TempFs<L> {
         b.space.add(missing);
         Counters::add(&self.counters.bytes_written_by_apps, buf.len() as u64);
         Counters::add(&b.counters.app_bytes_written, buf.len() as u64);
+        debug_check!(st.check());
         Ok(Some(buf.len()))
     }
 
@@ -488,6 +489,7 @@ impl<L: LowerFs> TempFs<L> {
             self.apply_truncate(b, &mut st, t);
         }
         st.rec = rec;
+        debug_check!(st.check());
         Ok(Some(Self::temp_attr(b, f, &st)))
     }
 
@@ -571,6 +573,7 @@ impl<L: LowerFs> TempFs<L> {
             Unnamed::Freed(pages) => self.apply_free(b, f, st, pages),
             Unnamed::Kept(rec) => st.rec = rec,
         }
+        debug_check!(st.check());
     }
 
     /// After a write to a temp file committed: the size trigger (NVRAM pressure follows,

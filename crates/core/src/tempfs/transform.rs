@@ -520,6 +520,17 @@ impl<L: LowerFs> TempFs<L> {
         self.pages_resident() + self.slots.frames()
     }
 
+    /// Checks every named temp file's invariants (`TempState::check`; debug builds, no
+    /// operation running) and returns the pages the temp files hold, as counted.
+    #[cfg(debug_assertions)]
+    pub(crate) fn check(&self) -> Result<u64, String> {
+        let files: Vec<Arc<TempFile>> = self.overlay.lock().temps.values().cloned().collect();
+        for f in files {
+            f.lock().check()?;
+        }
+        Ok(self.pages_resident())
+    }
+
     /// The least recently used named, resident temp files, oldest first, until their frames
     /// (pages + an eighth of a record frame each) reach `frames` or there are `max_files` of
     /// them.
