@@ -42,6 +42,7 @@ pub use base::binding;
 pub use base::counters::Op;
 pub use base::error::StartError;
 pub use base::error::{FsError, FsResult};
+pub use base::incidents::Incident;
 pub use base::share::Share;
 pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};

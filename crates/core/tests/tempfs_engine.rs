@@ -6,7 +6,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use engine::{CacheConfig, Engine, EngineConfig, FsError, Nbw, Share, TempConfig};
+use engine::{CacheConfig, Engine, EngineConfig, FsError, Incident, Nbw, Share, TempConfig};
 use lower::{Creds, Errno, LowerFs, MemConfig, MemLower};
 use nvram::{FormatParams, SimRegion};
 use txn::{Consistency, Pool};
@@ -262,6 +262,58 @@ fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
     let mut got = Vec::new();
     e.read(cold_fh, 0, 1 << 20, |d| got.extend_from_slice(d)).unwrap();
     assert_eq!(got, want, "the patch that stayed is the file's content");
+    e.release(cold_fh).unwrap();
+    e.forget(cold_id, 1);
+}
+
+/// Every failure the engine survives is counted by its kind (`base/incidents.rs`, `incidents`
+/// in `nvstack stat --json`): here asynchronous fetches of a patched page that find NVRAM full.
+/// Every kind is listed, zeros included; the fetch's kind counts every failure, also those it
+/// does not say on stderr (the first and every power of two only).
+#[test]
+fn a_failed_fetch_is_counted_as_an_incident_of_its_kind_and_no_other() {
+    let lower = MemLower::default();
+    let cold: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+    {
+        let (_, _, f) =
+            lower.create(&ROOT, lower.root(), name("cold"), 0o644, libc::O_RDWR).unwrap();
+        lower.write(&f, 0, &cold).unwrap();
+    }
+    let cache = CacheConfig { nbw: Nbw::AsyncBg, ..CacheConfig::default() };
+    let config = EngineConfig { temp: temp(), cache, ..config(temp()) };
+    let e = Engine::new(lower, pool(24), config).unwrap();
+    let incidents = e.stats().incidents;
+    let names: Vec<&str> = Incident::ALL.iter().map(Incident::name).collect();
+    assert_eq!(
+        incidents.keys().copied().collect::<std::collections::BTreeSet<_>>(),
+        names.iter().copied().collect(),
+        "every kind listed"
+    );
+    assert!(incidents.values().all(|&n| n == 0), "none at start: {incidents:?}");
+    let root = e.root_id();
+    let cold_id = e.lookup(root, name("cold")).unwrap().node_id;
+    let cold_fh = e.open(cold_id, libc::O_RDWR).unwrap();
+    for page in 0..3 {
+        e.write(cold_fh, page * 4096 + 7, &[0xaa; 20], false).unwrap();
+    }
+    assert_eq!(e.fetches_queued(), 3, "three patches wait for their fetches");
+    // A temp file takes every free frame: the fetches' merges then find none.
+    let (entry, fh) = e.create(&ROOT, root, name("a"), 0o600, libc::O_RDWR).unwrap();
+    let free = e.stats().nvram.frames_free as usize;
+    e.write(fh, 0, &vec![7; free * 4096], false).unwrap();
+    assert_eq!(e.stats().nvram.frames_free, 0);
+    assert_eq!(e.stats().incidents["fetch_failed"], 0);
+    // Three fetches read their page, and their merges find no frame: rolled back, the
+    // patches stay. The first two failures are said on stderr, the third only counted.
+    assert_eq!(e.fetch_patches(usize::MAX), 0);
+    let s = e.stats();
+    assert_eq!(s.nbw.fetches_failed, 3, "{:?}", s.nbw);
+    for (&kind, &n) in &s.incidents {
+        let want = if kind == "fetch_failed" { 3 } else { 0 };
+        assert_eq!(n, want, "{kind}: {:?}", s.incidents);
+    }
+    e.release(fh).unwrap();
+    e.forget(entry.node_id, 1);
     e.release(cold_fh).unwrap();
     e.forget(cold_id, 1);
 }

@@ -31,7 +31,24 @@ pub fn run(args: &StatArgs) -> CliResult {
     print_durability(&value);
     print_routes(&value);
     print_requests(&value);
+    print_incidents(&value);
     Ok(())
+}
+
+/// Failures the daemon survived and said on its stderr, by kind: the kinds that occurred, or
+/// "none".
+fn print_incidents(value: &serde_json::Value) {
+    let Some(incidents) = value["incidents"].as_object() else { return };
+    let list: Vec<String> = incidents
+        .iter()
+        .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if list.is_empty() {
+        println!("incidents: none");
+    } else {
+        println!("incidents (failures survived, said on the daemon's stderr): {}", list.join(", "));
+    }
 }
 
 /// Routes (docs/design.md section 14): opens served by the kernel from the lower file.

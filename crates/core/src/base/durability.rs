@@ -25,6 +25,7 @@ use lower::LowerFs;
 
 use super::Base;
 use super::error::FsResult;
+use super::incidents::Incident;
 use super::sync::{Held, Mutex, Rank};
 
 /// Objects tracked before the whole lower file system is synced instead (bounds the map).
@@ -89,7 +90,12 @@ impl<L: LowerFs> Base<L> {
             map.len() > MAX_UNSYNCED
         };
         if many && let Err(e) = self.syncfs_lower() {
-            eprintln!("nvstack: syncing the lower file system (too many unsynced objects): {e}");
+            self.incident(
+                Incident::LowerSyncFailed,
+                format_args!(
+                    "nvstack: syncing the lower file system (too many unsynced objects): {e}"
+                ),
+            );
         }
     }
 

@@ -4,8 +4,9 @@
 //! overlay `tempfs/`, the routes `route/`) is a type that owns its state and takes a
 //! [`Base`] for everything it shares with the others: the lower file system (only through its
 //! facade, [`Lower`]), the NVRAM pool and its transactions ([`OpTx`], [`Base::atomically`]),
-//! the request and byte counters, the lower-FS space reserved for NVRAM data, what the lower
-//! file system has not made durable yet ([`durability`]), the failpoints of the crash tests,
+//! the request and byte counters, the count of each kind of failure reported ([`incidents`]),
+//! the lower-FS space reserved for NVRAM data, what the lower file system has not made durable
+//! yet ([`durability`]), the failpoints of the crash tests,
 //! and the building blocks below (locks, errors, packed record slots, node and handle tables).
 //!
 //! Dependencies point one way: `engine/` -> the mechanisms -> `base/`; nothing in `base/`
@@ -13,7 +14,8 @@
 //!
 //! Files: `lowerfs.rs` (the facade; L1, W1), `optx.rs` (the one transaction idiom),
 //! `durability.rs` (unsynced lower objects, sync epochs: E1), `space.rs` (ENOSPC at write
-//! time), `counters.rs` (requests per operation, bytes), `pages.rs` (file data in page frames, for
+//! time), `counters.rs` (requests per operation, bytes), `incidents.rs` (every failure
+//! reported on stderr, counted by kind), `pages.rs` (file data in page frames, for
 //! temp files and cached pages alike), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
@@ -41,6 +43,7 @@ pub mod error;
 pub mod frames;
 pub mod handles;
 pub mod hidden;
+pub mod incidents;
 pub mod inodes;
 pub mod lowerfs;
 pub mod optx;
@@ -58,6 +61,8 @@ use txn::{Pool, Tx, TxError};
 use counters::Counters;
 use durability::Durability;
 use error::{FsError, FsResult, answer};
+pub use incidents::Incident;
+use incidents::Incidents;
 pub use lowerfs::{Committed, Lower};
 pub use optx::OpTx;
 use slots::{Place, Released, SlotList};
@@ -85,6 +90,8 @@ pub struct Base<L: LowerFs> {
     pub(crate) lower: Lower<L>,
     pub(crate) pool: Pool,
     pub(crate) counters: Counters,
+    /// The failures reported on stderr, counted by kind (`Base::incident`).
+    pub(crate) incidents: Incidents,
     /// Lower-FS space reserved for data that lives only in NVRAM.
     pub(crate) space: Space,
     /// What the lower file system has not made durable yet (fsync answers from it).
@@ -109,6 +116,7 @@ impl<L: LowerFs> Base<L> {
             lower: Lower::new(lower),
             pool,
             counters: Counters::default(),
+            incidents: Incidents::default(),
             space: Space::default(),
             durability: Durability::default(),
             failpoints,
@@ -122,6 +130,12 @@ impl<L: LowerFs> Base<L> {
         if let Some(f) = &self.failpoints {
             f.hit(point);
         }
+    }
+
+    /// A failure the engine survives (`incidents.rs`): counted under `kind`, `message` said on
+    /// stderr.
+    pub(crate) fn incident(&self, kind: Incident, message: std::fmt::Arguments<'_>) {
+        self.incidents.report(kind, message);
     }
 
     /// One transaction around `f`, outside any operation: committed if `f` returns `Ok`,
@@ -180,7 +194,10 @@ impl<L: LowerFs> Base<L> {
             Ok(()) => 1,
             Err(e) => {
                 // Still allocated and zero (T5): listed again as room.
-                eprintln!("nvstack: an empty record frame was not freed: {e}");
+                self.incident(
+                    Incident::FreeFailed,
+                    format_args!("nvstack: an empty record frame was not freed: {e}"),
+                );
                 list.lock().add_frame(frame, 0);
                 0
             }

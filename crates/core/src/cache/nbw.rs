@@ -37,6 +37,7 @@ use super::record::KIND_PAGE;
 use super::state::{self, CacheState};
 use super::{Nbw, PAGE};
 use crate::base::Base;
+use crate::base::Incident;
 use crate::base::error::FsResult;
 
 /// Queued fetches at most (a limit on the queue; a page not queued stays a patch, as in lazy).
@@ -255,11 +256,13 @@ impl<L: LowerFs> PageCache<L> {
                 Ok(false) => {}
                 Err(e) => {
                     let n = self.nbw.fetches_failed.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n.is_power_of_two() {
-                        eprintln!(
+                    b.incidents.report_if(
+                        n.is_power_of_two(),
+                        Incident::FetchFailed,
+                        format_args!(
                             "nvstack: fetching a patched page (failure {n}; the patch stays): {e}"
-                        );
-                    }
+                        ),
+                    );
                 }
             }
         }

@@ -615,7 +615,10 @@ impl<L: LowerFs> PageCache<L> {
             _ => return,
         }
         if let Err(e) = self.drop_cached(b, &cf) {
-            eprintln!("nvstack: freeing the cached pages of a deleted file: {e}");
+            b.incident(
+                crate::base::Incident::FreeFailed,
+                format_args!("nvstack: freeing the cached pages of a deleted file: {e}"),
+            );
         }
     }
 

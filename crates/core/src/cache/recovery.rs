@@ -164,6 +164,8 @@ impl<L: LowerFs> PageCache<L> {
                     })?;
                     b.release_slot(&self.slots, record);
                     Counters::add(&self.counters.pages_dropped, frames.len() as u64);
+                    // not an incident: the file was deleted, its pages are of no use; a
+                    // recovery outcome, counted by `cache.pages_dropped`, not a failure
                     eprintln!(
                         "nvstack: {} dirty page(s) of a file deleted before the crash were dropped",
                         frames.len()

@@ -38,6 +38,7 @@ use super::record::{RECORD_SIZE, Record};
 use super::state;
 use super::{History, MAX_REMEMBERED, PAGE, Reason};
 use crate::base::Committed;
+use crate::base::Incident;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
 use crate::base::slots;
@@ -135,7 +136,10 @@ impl<L: LowerFs> PageCache<L> {
         }
         let target = held - self.limits.low_pages.min(held);
         self.pressure_round(b, &mut history, reason, target).unwrap_or_else(|e| {
-            eprintln!("nvstack: {} write-back failed: {e}", reason.name());
+            b.incident(
+                Incident::WritebackFailed,
+                format_args!("nvstack: {} write-back failed: {e}", reason.name()),
+            );
             0
         })
     }
@@ -231,11 +235,13 @@ impl<L: LowerFs> PageCache<L> {
     fn explain(&self, chosen: &[(PageKey, Loc)]) {
         for &(page, loc) in chosen.iter().take(4) {
             let Some(cf) = self.by_object(page.object) else {
+                // not an incident: a debugging aid asked for by NVSTACK_DEBUG_WB, not a failure
                 eprintln!("nvstack: write-back chose {page:?} at {loc:?}: no such cached file");
                 continue;
             };
             let st = cf.lock();
             let meta = st.pages.get(&page.index).copied();
+            // not an incident: a debugging aid asked for by NVSTACK_DEBUG_WB, not a failure
             eprintln!(
                 "nvstack: write-back chose {page:?} at {loc:?}: gone {}, meta {meta:?}",
                 st.gone
@@ -365,8 +371,11 @@ impl<L: LowerFs> PageCache<L> {
                     fruitless += 1;
                     if fruitless == 3 {
                         let e = FsError::Lower(Errno(libc::EAGAIN));
-                        eprintln!(
-                            "nvstack: write-back made no progress (pages rewritten meanwhile)"
+                        b.incident(
+                            Incident::WritebackStalled,
+                            format_args!(
+                                "nvstack: write-back made no progress (pages rewritten meanwhile)"
+                            ),
                         );
                         return (done, Some(e));
                     }

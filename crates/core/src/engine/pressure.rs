@@ -7,6 +7,7 @@
 use lower::LowerFs;
 
 use super::Engine;
+use crate::base::Incident;
 use crate::journal::checkpoint::Why;
 
 impl<L: LowerFs> Engine<L> {
@@ -30,11 +31,17 @@ impl<L: LowerFs> Engine<L> {
     /// (`ops/io.rs`). Failures are said and leave the write to its fallbacks.
     pub(crate) fn make_room(&self) {
         if let Err(e) = self.journal.checkpoint(&self.base, Why::Pressure) {
-            eprintln!("nvstack: journal checkpoint for room failed: {e}");
+            self.base.incident(
+                Incident::CheckpointFailed,
+                format_args!("nvstack: journal checkpoint for room failed: {e}"),
+            );
         }
         self.relieve_pressure(true);
         if let Err(e) = self.cache.writeback_for_room(&self.base) {
-            eprintln!("nvstack: write-back for room failed: {e}");
+            self.base.incident(
+                Incident::WritebackFailed,
+                format_args!("nvstack: write-back for room failed: {e}"),
+            );
         }
     }
 }

@@ -8,6 +8,7 @@ use lower::LowerFs;
 use txn::FrameTag;
 
 use super::{Engine, Obj, Open};
+use crate::base::Incident;
 use crate::base::OpTx;
 use crate::base::error::FsResult;
 use crate::route::profile::{KIND_PROFILE, Profile};
@@ -102,8 +103,11 @@ impl<L: LowerFs> Engine<L> {
         // Nothing written when the file was in the profile already: end the empty transaction.
         let _ = otx.end(Ok(()));
         if let Err(e) = learned {
-            eprintln!(
-                "nvstack: the route profile could not learn a file ({e}); it stays unlearned"
+            self.base.incident(
+                Incident::RouteLearnFailed,
+                format_args!(
+                    "nvstack: the route profile could not learn a file ({e}); it stays unlearned"
+                ),
             );
         }
     }

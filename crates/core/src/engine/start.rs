@@ -16,6 +16,7 @@ use super::{Engine, EngineConfig};
 use crate::base::Base;
 use crate::base::error::{FsError, FsResult, StartError};
 use crate::base::handles::HandleTable;
+use crate::base::incidents::{Incident, Incidents};
 use crate::base::inodes::{Identity, InodeTable};
 use crate::base::optx::rewrite;
 use crate::cache::{PageCache, Reason};
@@ -105,18 +106,31 @@ impl<L: LowerFs> Engine<L> {
             self.temp.transform_all(&self.base, Trigger::Unmount, &mut |_, _| {});
         }
         if let Err(e) = self.temp.settle_dir_times(&self.base) {
-            eprintln!("nvstack: settling pending directory times at unmount failed: {e}");
+            self.base.incident(
+                Incident::DirTimesFailed,
+                format_args!("nvstack: settling pending directory times at unmount failed: {e}"),
+            );
         }
         if let Err(e) =
             self.journal.checkpoint(&self.base, crate::journal::checkpoint::Why::Unmount)
         {
-            eprintln!("nvstack: journal checkpoint at unmount failed (replayed at mount): {e}");
+            self.base.incident(
+                Incident::CheckpointFailed,
+                format_args!(
+                    "nvstack: journal checkpoint at unmount failed (replayed at mount): {e}"
+                ),
+            );
         }
         if self.cache.config().writeback_on_unmount
             && let (_, Some(e)) =
                 self.cache.flush_cache(&self.base, Reason::Unmount, &mut |_, _| {})
         {
-            eprintln!("nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}");
+            self.base.incident(
+                Incident::WritebackFailed,
+                format_args!(
+                    "nvstack: write-back at unmount failed (the pages stay in NVRAM): {e}"
+                ),
+            );
         }
         // The open handles, the nodes and the overlay hold lower descriptors and temp files:
         // gone before the region is marked clean.
@@ -138,7 +152,8 @@ impl<L: LowerFs> Engine<L> {
     /// next replay finishes.
     fn rekey_refs(&self, remade: &HashMap<Vec<u8>, Vec<u8>>) -> FsResult<()> {
         let pool = &self.base.pool;
-        let corrupt = |e: nvram::Error| FsError::Answer(corrupt(&e));
+        let incidents = &self.base.incidents;
+        let corrupt = |e: nvram::Error| FsError::Answer(corrupt(incidents, &e));
         let mut writes: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
         let swap = |h: &mut Vec<u8>| match remade.get(h) {
             Some(new) => {
@@ -188,7 +203,10 @@ impl<L: LowerFs> Engine<L> {
 
 /// A damaged record met while rewriting: reported as EIO (the mount then refuses the region
 /// through the scan of the subsystem that owns it).
-fn corrupt(e: &nvram::Error) -> Errno {
-    eprintln!("nvstack: journal replay, re-keying records: {e}");
+fn corrupt(incidents: &Incidents, e: &nvram::Error) -> Errno {
+    incidents.report(
+        Incident::RekeyFailed,
+        format_args!("nvstack: journal replay, re-keying records: {e}"),
+    );
     Errno(libc::EIO)
 }

@@ -17,6 +17,9 @@ pub struct Stats {
     /// Internal attempts that aborted and were tried again (not requests, not answers):
     /// `write` = write attempts that found NVRAM full (`Counters::write_retries`).
     pub retries: BTreeMap<&'static str, u64>,
+    /// Failures the engine survived and said on stderr, by kind (`base/incidents.rs`), every
+    /// kind listed (zeros included).
+    pub incidents: BTreeMap<&'static str, u64>,
     pub app: ByteCounts,
     pub lower: ByteCounts,
     pub inodes: u64,
@@ -53,6 +56,7 @@ impl<L: LowerFs> Engine<L> {
         let b = &self.base;
         let RequestStats { requests, errors, retries, app, lower } = b.counters.snapshot();
         let mut stats = Stats { requests, errors, retries, app, lower, ..Stats::default() };
+        stats.incidents = b.incidents.snapshot().into_iter().collect();
         let pool = b.pool.stats();
         stats.inodes = self.temp.nodes.len() as u64;
         stats.open_handles = self.temp.handles.len() as u64;

@@ -25,6 +25,7 @@ use txn::{FrameId, TxError};
 use super::record::{Place, SLOT_SIZE, slot_offset};
 use super::{Journal, Pending};
 use crate::base::Base;
+use crate::base::Incident;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
@@ -171,7 +172,10 @@ impl Journal {
         if self.full()
             && let Err(e) = self.checkpoint(b, Why::Size)
         {
-            eprintln!("nvstack: journal checkpoint failed (the records stay in NVRAM): {e}");
+            b.incident(
+                Incident::CheckpointFailed,
+                format_args!("nvstack: journal checkpoint failed (the records stay in NVRAM): {e}"),
+            );
         }
     }
 

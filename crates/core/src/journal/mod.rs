@@ -550,9 +550,15 @@ impl Journal {
         {
             // Replay would still be right for the change itself, but could judge more than
             // one change by state: make everything durable now instead.
-            eprintln!("nvstack: setting the journal marker failed ({e}): checkpointing");
+            b.incident(
+                crate::base::Incident::MarkerFailed,
+                format_args!("nvstack: setting the journal marker failed ({e}): checkpointing"),
+            );
             if let Err(e) = self.checkpoint(b, checkpoint::Why::Sync) {
-                eprintln!("nvstack: journal checkpoint failed: {e}");
+                b.incident(
+                    crate::base::Incident::CheckpointFailed,
+                    format_args!("nvstack: journal checkpoint failed: {e}"),
+                );
             }
         }
     }

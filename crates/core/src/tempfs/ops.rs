@@ -18,6 +18,7 @@ use crate::tempfs::names::Obj;
 use txn::Tx;
 
 use crate::base::Entry;
+use crate::base::Incident;
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
@@ -587,7 +588,10 @@ impl<L: LowerFs> TempFs<L> {
             // Failure leaves the file in NVRAM, which is still correct; it is retried on the
             // next write.
             if let Err(e) = self.transform(b, f, tempfs::Trigger::Size) {
-                eprintln!("nvstack: size-triggered transform failed: {e}");
+                b.incident(
+                    Incident::TransformFailed,
+                    format_args!("nvstack: size-triggered transform failed: {e}"),
+                );
             }
         }
     }

@@ -30,6 +30,7 @@ use lower::{Creds, FileKind, LowerFs, SetAttr, TimeSet};
 
 use crate::base::Base;
 use crate::base::Committed;
+use crate::base::Incident;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult, answer};
 use crate::base::inodes::Identity;
@@ -509,7 +510,10 @@ impl<L: LowerFs> TempFs<L> {
         let chosen = self.least_recently_used(frames, max_files);
         let (done, error) = self.transform_in_groups(b, &chosen, group, trigger, &mut |_, _| {});
         if let Some(e) = error {
-            eprintln!("nvstack: {} transform failed: {e}", trigger.name());
+            b.incident(
+                Incident::TransformFailed,
+                format_args!("nvstack: {} transform failed: {e}", trigger.name()),
+            );
         }
         self.relieving.store(false, Ordering::Release);
         Some(done)

@@ -19,6 +19,7 @@ use txn::{FrameId, FrameTag, Tx, TxError};
 use super::times::{self, DirTimes, KIND_DIR_TIMES, MAX_RECORDS};
 use super::{DirKey, Overlay};
 use crate::base::Base;
+use crate::base::Incident;
 use crate::base::OpTx;
 use crate::base::error::StartError;
 use crate::base::error::{FsError, FsResult};
@@ -170,7 +171,12 @@ impl<L: LowerFs> TempFs<L> {
             idx.dirs.len() > MAX_RECORDS && idx.times_only() > MAX_RECORDS
         };
         if many && let Err(e) = self.settle_dir_times(b) {
-            eprintln!("nvstack: settling pending directory times failed (they stay in NVRAM): {e}");
+            b.incident(
+                Incident::DirTimesFailed,
+                format_args!(
+                    "nvstack: settling pending directory times failed (they stay in NVRAM): {e}"
+                ),
+            );
         }
     }
 
