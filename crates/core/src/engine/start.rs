@@ -89,7 +89,8 @@ impl<L: LowerFs> Engine<L> {
         {
             return Err(StartError::Flush(e));
         }
-        // D1 (durability.rs): what reached the lower file system before this start is durable.
+        // D1 (`base/durability.rs`): what reached the lower file system before this start is
+        // durable.
         engine.base.syncfs_lower().map_err(StartError::Settle)?;
         Ok(engine)
     }
