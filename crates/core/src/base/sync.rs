@@ -30,7 +30,7 @@
 //! | `Inodes` | the inode table | no |
 //! | `Inode` | one inode's node and key | no |
 //! | `Handles` | the handle table | no |
-//! | `Unsynced` | lower objects changed and not yet synced (`engine/durability.rs`) | no |
+//! | `Unsynced` | lower objects changed and not yet synced (`base/durability.rs`) | no |
 //! | `Routes` | the route of each node with open files (`route/`) | no |
 //! | `Profile` | the route profile; its record is written and committed under it (the transaction begun before) | no |
 //!

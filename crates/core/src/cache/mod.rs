@@ -307,7 +307,7 @@ pub struct PageCache<L: LowerFs> {
     round: Mutex<History>,
     /// Write-back batches freed so far (rank `Room`), and `room_freed`, notified after each:
     /// a writer that found NVRAM full while a round runs waits for one batch, not the round
-    /// (`Engine::writeback_for_room`).
+    /// (`PageCache::writeback_for_room`).
     room: Mutex<u64>,
     room_freed: Condvar,
     /// The cache clock: page versions and recency ticks.

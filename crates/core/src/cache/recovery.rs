@@ -1,6 +1,6 @@
 //! The page cache's part of recovery: finding every cached-file record and dirty page in the
 //! region (`scan`, also used by `nvstack check` and `inspect`), and rebuilding the volatile
-//! mirror at mount (`Engine::rebuild_cache`).
+//! mirror at mount (`PageCache::rebuild_cache`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

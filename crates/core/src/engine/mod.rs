@@ -1,17 +1,22 @@
-//! The engine: its state, what a node id and an open handle name, and the accessors every
-//! operation uses. The operations themselves are in `ops/` (one file per family), the
-//! transaction idiom in `optx.rs`, start-up and shutdown in `start.rs`, space reservation in
-//! `space.rs`.
+//! The engine: the mechanisms composed. [`Engine`] holds the base and one value per
+//! mechanism, and here are the accessors every operation uses: what a node id and an open
+//! handle name, and how a handle's IO reaches its lower file (`Via`).
 //!
-//! Every public method of [`Engine`] is one request of the front end and runs through
-//! [`Engine::op`]: counted, inside one transaction (begun at its first NVRAM change). Each
-//! first asks what the object is: a lower object (through the page cache, or straight to the
-//! lower file system) or a temp file (TempFFS, `tempfs/`).
+//! The requests of the front end are the public methods in `ops/` (one file per family). Each
+//! runs its body through [`Engine::op`]: counted, with an `OpTx` whose transaction begins at
+//! its first NVRAM change. Two do not: `write` runs `Engine::attempt` again after making room
+//! and counts the request once (`ops/io.rs`), and `forget` only counts. Each first asks what
+//! the object is: a lower object (through the page cache, or straight to the lower file
+//! system) or a temp file (TempFFS, `tempfs/`). The other public methods are not requests:
+//! start-up and shutdown (`start.rs`), what the daemon's threads and tools call
+//! (`background.rs`, `clock.rs`, `durability.rs`), the front end's reply policy for routes
+//! (`routing.rs`), `nvstack stat` (`stats.rs`), and accessors for tests and tools.
 //!
-//! State and its owners: `inodes` and `handles` (what the kernel names), `overlay` (the
-//! namespace NVRAM adds to the lower directories), `temp` (the temp-file store's knobs and
-//! counters), `cache` (the page cache), `space` (lower-FS space reserved for NVRAM data). Lock
-//! order: `sync.rs`.
+//! State and its owners: `base` (the lower facade, the pool, counters, space reserved for
+//! NVRAM data, durability), `journal` (the metadata journal), `temp` (TempFFS with its
+//! overlay, and the tables of node ids and open handles), `cache` (the page cache), `routes`
+//! (routes and the route profile), `xattrs` (served or refused). Policy across mechanisms:
+//! `pressure.rs`. Lock order: `base/sync.rs`.
 
 mod background;
 mod clock;

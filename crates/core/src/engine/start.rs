@@ -90,7 +90,8 @@ impl<L: LowerFs> Engine<L> {
         {
             return Err(StartError::Flush(e));
         }
-        // E1 (durability.rs): what reached the lower file system before this start is durable.
+        // E1 (`base/durability.rs`): what reached the lower file system before this start is
+        // durable.
         engine.base.syncfs_lower().map_err(StartError::Settle)?;
         Ok(engine)
     }

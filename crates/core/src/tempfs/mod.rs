@@ -312,8 +312,8 @@ impl TempCounters {
             bytes_written_by_apps: get(&self.bytes_written_by_apps),
             bytes_transformed: get(&self.bytes_transformed),
             pages_resident: get(&self.pages_resident),
-            files_resident: 0, // `TempStore::stats` fills it in
-            record_frames: 0,  // `TempStore::stats` fills it in
+            files_resident: 0, // `TempFs::stats` fills it in
+            record_frames: 0,  // `TempFs::stats` fills it in
             record_frames_freed: get(&self.record_frames_freed),
             created_in_lower: get(&self.created_in_lower),
             created_in_lower_nvram_full: get(&self.created_in_lower_nvram_full),

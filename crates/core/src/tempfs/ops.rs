@@ -332,7 +332,7 @@ impl<L: LowerFs> TempFs<L> {
     }
 
     /// After the removal of the record at `place` committed (`data::free_all`): the slot
-    /// released (`Engine::release_slot`).
+    /// released (`Base::release_slot`).
     pub(crate) fn release_record(&self, b: &Base<L>, place: Place) {
         let freed = b.release_slot(&self.slots, place);
         Counters::add(&self.counters.record_frames_freed, freed);
