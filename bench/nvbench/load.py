@@ -183,9 +183,9 @@ UNCOUNTED_ABORTS = (
     "failed' from a pressure or background round, else the error of the operation)",
     "cache/writeback.rs commit_batch and cache/ops.rs drop_cached: a write-back batch's or a "
     "deleted file's frees (stderr 'write-back failed', 'freeing the cached pages')",
-    "journal/checkpoint.rs free_batch, overlay/pending.rs settle_dir_times: frees of "
+    "journal/checkpoint.rs free_batch, tempfs/overlay/pending.rs settle_dir_times: frees of "
     "checkpointed records and settled directory times (stderr)",
-    "engine/optx.rs Engine::op: any other operation that fails after its transaction began "
+    "engine/mod.rs Engine::op: any other operation that fails after its transaction began "
     "(an error answer, counted only in `errors` with the operation's other errors)",
 )
 

@@ -124,6 +124,37 @@ fn paths(prefix: &[String], text: &str, out: &mut Vec<Vec<String>>) {
 }
 
 /// Every file of the crate with the files it uses.
+/// The byte ranges of the inline modules (`mod name { ... }`) of a file's code: a `super::`
+/// inside one names the file's own module, not its parent.
+fn inline_modules(text: &str) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("mod ") {
+        let boundary = text[..at].chars().next_back().is_none_or(|c| !c.is_ascii_alphanumeric());
+        let rest = &text[at + 4..];
+        let name = ident_len(rest.trim_start());
+        let after = rest.trim_start()[name..].trim_start();
+        if !boundary || name == 0 || !after.starts_with('{') {
+            continue; // `mod x;` (a file of its own) or not a module
+        }
+        let open = text.len() - after.len();
+        let mut depth = 0usize;
+        for (i, c) in text[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push(at..open + i + 1);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -138,6 +169,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let me = rel(path);
         let module = module_of(&me);
         let text = code(&std::fs::read_to_string(path).expect("read"));
+        let inline = inline_modules(&text);
         let mut used = BTreeSet::new();
         for (at, _) in text.match_indices("::") {
             let before = &text[..at];
@@ -148,6 +180,8 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
             let mut base: Vec<String> = match word {
                 "crate" => Vec::new(),
                 "self" => module.clone(),
+                // In an inline module: the file's own module (a use of itself, not counted).
+                "super" if inline.iter().any(|r| r.contains(&at)) => module.clone(),
                 "super" => module[..module.len().saturating_sub(1)].to_vec(),
                 // A child module named without `self::` (`use space::Space;` in a mod.rs).
                 child
@@ -285,6 +319,10 @@ fn the_checker_sees_uses_of_every_kind() {
     assert!(uses("journal/checkpoint.rs", "journal/mod.rs"), "use super::{{Journal, ...}}");
     assert!(uses("tempfs/listing.rs", "tempfs/overlay/mod.rs"), "use super::overlay::{{...}}");
     assert!(uses("base/mod.rs", "base/space.rs"), "use space::Space (a child module)");
+    assert!(
+        !uses("base/sync.rs", "base/mod.rs"),
+        "`use super::Rank` inside sync.rs's inline `mod check` names sync.rs itself"
+    );
     assert!(edges.len() > 50, "every file read: {}", edges.len());
     assert_eq!(room("engine/ops/io.rs"), "engine");
     assert!(

@@ -19,7 +19,7 @@
 //! temp files and cached pages alike), `slots.rs` (records packed in slots
 //! of frames), `sync.rs` (ranked locks, the one lock order), `inodes.rs` and `handles.rs` (the
 //! tables of what the kernel names), `binding.rs` (the region tied to its lower directory),
-//! `error.rs` (typed errors), `frames.rs` (the one table of frame kinds), `hidden.rs` (nvstack's own names in lower directories).
+//! `error.rs` (typed errors), `frames.rs` (the one table of frame kinds), `hidden.rs` (nvstack's own names in lower directories), `share.rs` (limits that are shares of the region).
 
 /// Checks a mechanism's invariants at the end of an operation, in debug builds only (the test
 /// suites build debug, so every test checks them; a release build compiles the check away).

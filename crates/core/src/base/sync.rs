@@ -104,7 +104,7 @@ mod check {
                     assert!(
                         fine,
                         "lock order violated: taking {rank:?}#{nth} while holding {r:?}#{n} \
-                         (see crates/core/src/sync.rs); held: {held:?}"
+                         (see crates/core/src/base/sync.rs); held: {held:?}"
                     );
                 }
             }

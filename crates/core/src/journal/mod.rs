@@ -10,7 +10,7 @@
 //!
 //! Without the journal (`--consistency none`, a lower file system without file handles, a
 //! change too large for a record, or no free frame for it) a change is marked *unsynced*
-//! (`engine/durability.rs`) instead, so a durability call on what it touched syncs the lower
+//! (`base/durability.rs`) instead, so a durability call on what it touched syncs the lower
 //! file system.
 //!
 //! Size changes are not journaled: a truncate of a lower file goes through the page cache (an
@@ -123,7 +123,7 @@ struct Pending {
     open: Option<FrameId>,
     /// Creation records in `records` whose object no later record names (J3): object handle
     /// -> sequence, and back. The removal of such an object's last name annuls its creation
-    /// record (see `Engine::journaled_removal`). Bounded by `records`: an entry goes when a
+    /// record (see `Journal::journaled_removal`). Bounded by `records`: an entry goes when a
     /// record names its object, when its record is annulled, and when a checkpoint frees it.
     creations: HashMap<Vec<u8>, u64>,
     created: HashMap<u64, Vec<u8>>,

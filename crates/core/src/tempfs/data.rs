@@ -110,7 +110,7 @@ pub fn truncate(
 }
 
 /// Frees every data frame of the file and takes its record out (`slots::remove`: the slot
-/// is released after the commit, `Engine::release_record`).
+/// is released after the commit, `TempFs::release_record`).
 pub fn free_all(
     tx: &mut Tx<'_>,
     object: Place,

@@ -5,7 +5,7 @@
 //! Each change rewrites the file's record (and data frames) inside the operation's
 //! transaction, committed before the file's lock is released (strict two-phase locking); the
 //! volatile mirror (state, overlay) changes only after the commit, so an aborted transaction
-//! leaves nothing to repair in memory (rule O4).
+//! leaves nothing to repair in memory (strict 2PL, ARCHITECTURE.md's rules).
 
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
