@@ -33,10 +33,10 @@
 //! `journaled_removal`): short-lived files take one record, not two, until their checkpoint.
 
 pub mod checkpoint;
+mod pending;
 pub mod record;
 mod replay;
 
-use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -46,9 +46,9 @@ use txn::{FrameId, FrameTag, TxError};
 use crate::base::OpTx;
 use crate::base::counters::Counters;
 use crate::base::error::{FsError, FsResult};
-use crate::base::slots::SlotMap;
 use crate::base::sync::{Mutex, Rank};
 use crate::base::{Base, Committed, debug_check};
+use pending::Pending;
 use record::{FRAME_SIZE, KIND_REDO, Op, Place, Redo, SLOT_SIZE, SLOTS, slot_offset};
 
 /// The lower root's extended attribute holding the sequence of the last applied change (M3);
@@ -104,171 +104,6 @@ pub struct Journal {
     /// committed while a checkpoint ran count from its start); i64::MAX while none waits.
     oldest_at: AtomicI64,
     counters: JournalCounters,
-}
-
-/// The committed records not yet checkpointed (see `Journal::pending`).
-#[derive(Debug)]
-struct Pending {
-    /// Sequence -> where its record is.
-    records: BTreeMap<u64, Place>,
-    /// Every journal frame and the slots its records take (J2: a slot not taken is zero, M6);
-    /// freed records' slots are taken again (an annulled creation's, those a checkpoint
-    /// zeroed), so a journal of short-lived files does not grow by them.
-    slots: SlotMap,
-    /// Every journal frame -> its records in `records` (J1: a frame is freed when its count
-    /// reaches 0, by the next checkpoint; a frame found empty at mount has 0 until the
-    /// recovery checkpoint frees it). Its keys are the slot map's frames.
-    records_in: BTreeMap<FrameId, u32>,
-    /// The frame the last record went to: tried first (records of one burst share frames).
-    open: Option<FrameId>,
-    /// Creation records in `records` whose object no later record names (J3): object handle
-    /// -> sequence, and back. The removal of such an object's last name annuls its creation
-    /// record (see `Journal::journaled_removal`). Bounded by `records`: an entry goes when a
-    /// record names its object, when its record is annulled, and when a checkpoint frees it.
-    creations: HashMap<Vec<u8>, u64>,
-    created: HashMap<u64, Vec<u8>>,
-}
-
-impl Default for Pending {
-    fn default() -> Self {
-        Pending {
-            records: BTreeMap::new(),
-            slots: SlotMap::new(SLOTS),
-            records_in: BTreeMap::new(),
-            open: None,
-            creations: HashMap::new(),
-            created: HashMap::new(),
-        }
-    }
-}
-
-/// Frames with room looked at for a record that does not fit the open frame, at most (then
-/// a new frame): a record of several slots may find no run of them in frames with one free.
-const ROOM_SEARCH: usize = 64;
-
-impl Pending {
-    /// Free slots for a record of `slots` slots in a frame the journal has: the open frame's,
-    /// else those of the first frame with room that has a run of them.
-    fn find_room(&self, slots: usize) -> Option<(FrameId, usize)> {
-        let open = self.open.into_iter();
-        open.chain(self.slots.roomy().take(ROOM_SEARCH)).find_map(|f| {
-            let taken = self.slots.bits(f)?;
-            self.slots.free_run(taken, slots).map(|s| (f, s))
-        })
-    }
-
-    /// A new journal frame, no slot taken (J2: all zero).
-    fn add_frame(&mut self, frame: FrameId) {
-        self.slots.add_frame(frame, 0);
-        self.records_in.insert(frame, 0);
-    }
-
-    /// A frame the journal lists no longer (freed).
-    fn drop_frame(&mut self, frame: FrameId) {
-        self.slots.set(frame, None);
-        self.records_in.remove(&frame);
-        if self.open == Some(frame) {
-            self.open = None;
-        }
-    }
-
-    /// A record now at `place` (its frame is listed).
-    fn take(&mut self, place: Place) {
-        self.slots.take(place);
-        *self.records_in.get_mut(&place.frame).expect("a record's frame is listed") += 1;
-        self.open = Some(place.frame);
-    }
-
-    /// A record `put_record` wrote into `room` (`None`: a new frame) is at `place`.
-    fn placed(&mut self, place: Place, room: Option<(FrameId, usize)>) {
-        if room.is_none() {
-            self.add_frame(place.frame);
-        }
-        self.take(place);
-    }
-
-    /// The record at `place` left the journal and its slots were zeroed (M6).
-    fn release(&mut self, place: Place) {
-        if let Some(n) = self.records_in.get_mut(&place.frame) {
-            *n -= 1;
-            self.slots.release(place);
-        }
-    }
-
-    /// Frames holding no record (a checkpoint frees them).
-    fn idle_frames(&self) -> impl Iterator<Item = FrameId> + '_ {
-        self.records_in.iter().filter(|&(_, &n)| n == 0).map(|(&f, _)| f)
-    }
-
-    /// Records in `frame` (0 for one not listed).
-    fn records_in(&self, frame: FrameId) -> u32 {
-        self.records_in.get(&frame).copied().unwrap_or(0)
-    }
-
-    /// `handle` is named by a record after its creation's: that creation can no longer be
-    /// annulled.
-    fn named(&mut self, handle: &[u8]) {
-        if let Some(seq) = self.creations.remove(handle) {
-            self.created.remove(&seq);
-        }
-    }
-
-    /// Record `seq` left the journal (checkpointed or annulled).
-    fn gone(&mut self, seq: u64) {
-        if let Some(handle) = self.created.remove(&seq) {
-            self.creations.remove(&handle);
-        }
-    }
-
-    /// The invariants of the volatile journal (checked after every record and checkpoint in
-    /// debug builds, `debug_check!`): J1 each listed frame's count is the number of records in
-    /// it, and every record's frame is listed; J2 (its volatile side) the slot map lists the
-    /// same frames and takes exactly the records' slots (S1 of the map holding too); J3
-    /// `creations` and `created` are each other's inverse and name records still pending;
-    /// the open frame is listed.
-    fn check(&self) -> Result<(), String> {
-        let mut count: BTreeMap<FrameId, u32> = BTreeMap::new();
-        let mut taken: BTreeMap<FrameId, u64> = BTreeMap::new();
-        for (seq, p) in &self.records {
-            *count.entry(p.frame).or_default() += 1;
-            let bits = taken.entry(p.frame).or_default();
-            if *bits & p.mask() != 0 {
-                return Err(format!("J2: record {seq} overlaps another in frame {}", p.frame.0));
-            }
-            *bits |= p.mask();
-        }
-        for (frame, &n) in &self.records_in {
-            if count.get(frame).copied().unwrap_or(0) != n {
-                return Err(format!(
-                    "J1: frame {} counts {n} records, holds {:?}",
-                    frame.0,
-                    count.get(frame)
-                ));
-            }
-            if self.slots.bits(*frame) != Some(taken.get(frame).copied().unwrap_or(0)) {
-                return Err(format!("J2: frame {}'s slots are not its records'", frame.0));
-            }
-        }
-        if let Some(f) = count.keys().find(|f| !self.records_in.contains_key(f)) {
-            return Err(format!("J1: a record in frame {} the journal does not list", f.0));
-        }
-        if self.slots.len() != self.records_in.len() {
-            return Err("J2: the slot map and the counts list different frames".into());
-        }
-        self.slots.check()?;
-        if self.creations.len() != self.created.len()
-            || self
-                .creations
-                .iter()
-                .any(|(h, seq)| self.created.get(seq) != Some(h) || !self.records.contains_key(seq))
-        {
-            return Err("J3: the creations and their records disagree".into());
-        }
-        if self.open.is_some_and(|f| !self.records_in.contains_key(&f)) {
-            return Err("the open frame is not listed".into());
-        }
-        Ok(())
-    }
 }
 
 /// Writes `redo` into the free slots `room` of a listed frame (`Pending::find_room`; zero by
