@@ -3,7 +3,9 @@
 //! stderr without being counted cannot come back. A line that is not a failure may still be
 //! written, when the comment just above it says why: `// not an incident: <why>`.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use engine::Incident;
 
@@ -15,17 +17,6 @@ const EXCEPTION: &str = "// not an incident:";
 
 /// Writes to stderr (`eprint!` and `eprintln!`, or the stream itself).
 const PRINTS: [&str; 3] = ["eprintln!", "eprint!", "stderr()"];
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `file:line` of every print in `src` (relative path `rel`) that is not excused by the
 /// comment block just above it. Prints inside comments do not count.
@@ -54,7 +45,7 @@ fn unreported(rel: &str, src: &str) -> Vec<String> {
 fn nothing_in_the_library_writes_to_stderr_but_the_incident_reporter() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    common::rust_sources(&src, &mut files);
     files.sort();
     assert!(files.len() > 50, "the sources were found: {}", files.len());
     let mut found = Vec::new();

@@ -3,27 +3,19 @@
 //! before it in [`ORDER`]; no file uses, directly or through others, a file that uses it back
 //! (no import cycle among files). A folder's `mod.rs` may name its own children (it declares
 //! them, holds their types and re-exports them) while they add to it: those edges from a parent
-//! to its children do not count, every other one does - between siblings, across folders. A use is any `crate::`, `super::`, `self::` or child-module
-//! path outside
-//! comments and `#[cfg(test)]` modules, resolved to the deepest module file it names (a path
-//! through a re-export resolves to the module that re-exports, so the check is conservative).
+//! to its children do not count, every other one does - between siblings, across folders. A
+//! use is any `crate::`, `super::`, `self::` or child-module path outside comments and
+//! `#[cfg(test)]` modules, resolved to the deepest module file it names (a path through a
+//! re-export resolves to the module that re-exports, so the check is conservative; a `super::`
+//! inside an inline module names the file itself).
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The rooms, lowest first: each may use only those before it. `lib.rs` may use every room.
 const ORDER: [&str; 6] = ["base", "journal", "cache", "tempfs", "route", "engine"];
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `a/b.rs` and `a/b/mod.rs` are module `[a, b]`; `lib.rs` is the crate root `[]`.
 fn module_of(rel: &str) -> Vec<String> {
@@ -158,7 +150,7 @@ fn inline_modules(text: &str) -> Vec<std::ops::Range<usize>> {
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    common::rust_sources(&src, &mut files);
     let rel = |p: &Path| p.strip_prefix(&src).expect("in src").to_string_lossy().replace('\\', "/");
     let modules: BTreeMap<Vec<String>, String> =
         files.iter().map(|p| (module_of(&rel(p)), rel(p))).collect();

@@ -194,14 +194,13 @@ fn the_background_transformer_is_off_by_default_in_the_engine() {
     assert_eq!(e.stats().tempfiles.transformed["background"], 0);
 }
 
-/// The kinds: a write attempt retried, a create sent down, a journal record left out, an
-/// asynchronous fetch that failed (bench/nvbench/load.py `ABORT_KINDS`).
-#[test]
-fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
-    // A lower file whose page 0 gets a patch (`--nbw async-bg`, the daemon's default): its
-    // asynchronous fetch is the fourth kind of abort, when it finds NVRAM full.
+/// An engine over a lower file `cold` of `pages` pages (bytes `i % 251`) with `--nbw async-bg`
+/// (the daemon's default: a partial write to a page not in NVRAM becomes a patch fetched in
+/// the background) and no share, on a region of 24 frames: nothing relieves pressure until a
+/// write finds the region full. Returns the engine and the lower file's content.
+fn engine_with_cold_file(pages: u32) -> (Engine<MemLower>, Vec<u8>) {
     let lower = MemLower::default();
-    let cold: Vec<u8> = (0..2 * 4096u32).map(|i| (i % 251) as u8).collect();
+    let cold: Vec<u8> = (0..pages * 4096).map(|i| (i % 251) as u8).collect();
     {
         let (_, _, f) =
             lower.create(&ROOT, lower.root(), name("cold"), 0o644, libc::O_RDWR).unwrap();
@@ -209,8 +208,16 @@ fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
     }
     let cache = CacheConfig { nbw: Nbw::AsyncBg, ..CacheConfig::default() };
     let config = EngineConfig { temp: temp(), cache, ..config(temp()) };
-    // No share: nothing relieves pressure until a write finds the region full.
-    let e = Engine::new(lower, pool(24), config).unwrap();
+    (Engine::new(lower, pool(24), config).unwrap(), cold)
+}
+
+/// The kinds: a write attempt retried, a create sent down, a journal record left out, an
+/// asynchronous fetch that failed (bench/nvbench/load.py `ABORT_KINDS`).
+#[test]
+fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
+    // A lower file whose page 0 gets a patch (`--nbw async-bg`, the daemon's default): its
+    // asynchronous fetch is the fourth kind of abort, when it finds NVRAM full.
+    let (e, cold) = engine_with_cold_file(2);
     let root = e.root_id();
     let cold_id = e.lookup(root, name("cold")).unwrap().node_id;
     let cold_fh = e.open(cold_id, libc::O_RDWR).unwrap();
@@ -272,16 +279,7 @@ fn every_aborted_transaction_is_a_write_retry_or_another_counted_kind() {
 /// does not say on stderr (the first and every power of two only).
 #[test]
 fn a_failed_fetch_is_counted_as_an_incident_of_its_kind_and_no_other() {
-    let lower = MemLower::default();
-    let cold: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
-    {
-        let (_, _, f) =
-            lower.create(&ROOT, lower.root(), name("cold"), 0o644, libc::O_RDWR).unwrap();
-        lower.write(&f, 0, &cold).unwrap();
-    }
-    let cache = CacheConfig { nbw: Nbw::AsyncBg, ..CacheConfig::default() };
-    let config = EngineConfig { temp: temp(), cache, ..config(temp()) };
-    let e = Engine::new(lower, pool(24), config).unwrap();
+    let (e, _) = engine_with_cold_file(3);
     let incidents = e.stats().incidents;
     let names: Vec<&str> = Incident::ALL.iter().map(Incident::name).collect();
     assert_eq!(
