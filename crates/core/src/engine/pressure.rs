@@ -21,7 +21,12 @@ impl<L: LowerFs> Engine<L> {
         }
         let nr_tempffs = self.temp.pages_resident();
         let nr_dirty = (nr_tempffs + self.cache.pages_dirty()).max(1);
-        let target = (self.temp.config.writeback_batch * nr_tempffs / nr_dirty).max(1);
+        let batch = self.temp.config.writeback_batch;
+        let target = (batch * nr_tempffs / nr_dirty).max(1);
+        debug_assert!(
+            target <= batch.max(1),
+            "the temp files' part of a batch is at most the batch"
+        );
         self.temp.pressure_round(&self.base, target);
     }
 

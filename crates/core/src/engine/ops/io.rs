@@ -101,7 +101,12 @@ impl<L: LowerFs> Engine<L> {
     ) -> FsResult<usize> {
         let mut pressured = false;
         let mut write_through = false;
+        let mut attempts = 0;
         loop {
+            // A limit: as it is, after room was made, after its temp file was transformed,
+            // written through - each arm below moves on, so a write is tried at most four times.
+            attempts += 1;
+            debug_assert!(attempts <= 4, "a write tried {attempts} times");
             let result = self
                 .attempt(|otx| self.write_once(otx, fh, offset, data, kill_suidgid, write_through));
             if matches!(result, Err(FsError::Nvram(_))) {
@@ -110,11 +115,13 @@ impl<L: LowerFs> Engine<L> {
             }
             match result {
                 Ok((n, After::Temp(file))) => {
+                    debug_assert_eq!(n, data.len(), "a write to NVRAM is whole or fails");
                     self.temp.after_write(&self.base, &file);
                     self.relieve_pressure(false);
                     return Ok(n);
                 }
                 Ok((n, After::Cached)) => {
+                    debug_assert_eq!(n, data.len(), "a write to NVRAM is whole or fails");
                     self.cache.after_cached_write(&self.base);
                     return Ok(n);
                 }
