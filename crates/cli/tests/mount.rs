@@ -759,20 +759,34 @@ fn the_spinning_reader_learns_its_window_from_the_requests() {
         let out = f.mount_with(&["--spin-us", &spin.to_string()]);
         assert!(out.status.success(), "{}", text(&out));
         let file = std::fs::File::open(f.mnt().join("f")).unwrap();
-        let before = stat_json(&f.mnt())["fuse"].clone();
-        // One STATFS request each, back to back.
-        for _ in 0..2000 {
-            let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
-            // SAFETY: a live descriptor and a statvfs buffer of our own.
-            let rc =
-                unsafe { libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&file), &raw mut buf) };
-            assert_eq!(rc, 0);
+        let n =
+            |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+        // One STATFS request each, back to back, in batches of 2,000. Tests share two CPUs: a
+        // batch during which other tests' builds or daemons take them sees long gaps, and the
+        // window learned from those gaps rightly takes few requests. A bounded retry: up to
+        // three batches, each judged on its own; the first where spinning took most requests
+        // ends it.
+        let mut batches = Vec::new();
+        for _ in 0..3 {
+            let before = stat_json(&f.mnt())["fuse"].clone();
+            for _ in 0..2000 {
+                let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
+                // SAFETY: a live descriptor and a statvfs buffer of our own.
+                let rc =
+                    unsafe { libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&file), &raw mut buf) };
+                assert_eq!(rc, 0);
+            }
+            let after = stat_json(&f.mnt())["fuse"].clone();
+            let hits = n(&after, "spin_hits") - n(&before, "spin_hits");
+            let expired = n(&after, "spin_expired") - n(&before, "spin_expired");
+            batches.push((hits, expired));
+            if spin == 0 || hits > expired {
+                break;
+            }
         }
         drop(file);
         let fuse = stat_json(&f.mnt())["fuse"].clone();
         f.umount();
-        let n =
-            |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
         assert_eq!(n(&fuse, "spin_us"), spin, "{fuse}");
         if spin == 0 {
             assert_eq!(n(&fuse, "spin_window_us"), 0, "{fuse}");
@@ -785,12 +799,13 @@ fn the_spinning_reader_learns_its_window_from_the_requests() {
         assert!(n(&fuse, "spin_windows_learned") >= 1, "{fuse}");
         assert_eq!(n(&fuse, "spin_window_max_us"), 2 * spin, "{fuse}");
         assert!(n(&fuse, "spin_window_us") <= 2 * spin, "{fuse}");
-        let hits = n(&fuse, "spin_hits") - n(&before, "spin_hits");
-        let expired = n(&fuse, "spin_expired") - n(&before, "spin_expired");
         // Back to back, the next request comes within microseconds: a learned window takes
         // most of them (99 % on an idle machine; tests share two CPUs, which may deschedule
-        // the loop now and then, so only a majority is asserted).
-        assert!(hits > expired, "{hits} hits, {expired} expired: {fuse}");
+        // the loop now and then, so only a majority is asserted, in one of the batches).
+        assert!(
+            batches.iter().any(|&(hits, expired)| hits > expired),
+            "(hits, expired) per batch {batches:?}: {fuse}"
+        );
     }
 }
 
