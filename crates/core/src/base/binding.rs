@@ -69,7 +69,7 @@ fn encode(b: &Binding) -> Vec<u8> {
 }
 
 /// Reads the binding: `Ok(None)` when the region is unbound.
-pub fn read(pool: &Pool) -> Result<Option<Binding>, BindingError> {
+pub(crate) fn read(pool: &Pool) -> Result<Option<Binding>, BindingError> {
     let (root, _) = pool.root_range();
     let header = pool.read_vec(root, HEADER);
     if header.iter().all(|&b| b == 0) {

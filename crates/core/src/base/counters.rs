@@ -77,7 +77,7 @@ pub const OPS: [Op; 32] = [
 ];
 
 impl Op {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Lookup => "lookup",
             Op::Forget => "forget",
@@ -145,14 +145,14 @@ impl Default for Counters {
 
 impl Counters {
     /// One request the kernel sent, counted once with the answer it got (`ok`: no errno).
-    pub fn request(&self, op: Op, ok: bool) {
+    pub(crate) fn request(&self, op: Op, ok: bool) {
         self.requests[op as usize].fetch_add(1, Ordering::Relaxed);
         if !ok {
             self.errors[op as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 }
@@ -178,7 +178,7 @@ pub struct ByteCounts {
 }
 
 impl Counters {
-    pub fn snapshot(&self) -> RequestStats {
+    pub(crate) fn snapshot(&self) -> RequestStats {
         let mut stats = RequestStats::default();
         for op in OPS {
             let n = self.requests[op as usize].load(Ordering::Relaxed);

@@ -110,7 +110,7 @@ impl<L: LowerFs> Base<L> {
     /// W1: NVRAM state reaches it only after its group commit, so a crash that loses the group
     /// never leaves a lower change made after a lost operation). A no-op in the other modes.
     /// Never called with a transaction running: it waits for every running one.
-    pub fn group_commit(&self) {
+    pub(crate) fn group_commit(&self) {
         let _slot = Held::token(Rank::UndoSlot);
         self.pool.group_commit();
     }

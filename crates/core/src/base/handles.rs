@@ -22,7 +22,7 @@ pub struct HandleTable<F> {
 }
 
 impl<F> HandleTable<F> {
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         HandleTable {
             next: AtomicU64::new(1),
             handles: RwLock::new(Rank::Handles, HashMap::new()),
@@ -31,7 +31,7 @@ impl<F> HandleTable<F> {
     }
 
     /// Registers an open file; `None` when the table is full.
-    pub fn insert(&self, node_id: u64, file: F) -> Option<u64> {
+    pub(crate) fn insert(&self, node_id: u64, file: F) -> Option<u64> {
         let mut h = self.handles.write();
         if h.len() >= self.max {
             return None;
@@ -41,19 +41,15 @@ impl<F> HandleTable<F> {
         Some(fh)
     }
 
-    pub fn get(&self, fh: u64) -> Option<Arc<Handle<F>>> {
+    pub(crate) fn get(&self, fh: u64) -> Option<Arc<Handle<F>>> {
         self.handles.read().get(&fh).cloned()
     }
 
-    pub fn remove(&self, fh: u64) -> Option<Arc<Handle<F>>> {
+    pub(crate) fn remove(&self, fh: u64) -> Option<Arc<Handle<F>>> {
         self.handles.write().remove(&fh)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.handles.read().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

@@ -16,7 +16,7 @@ pub fn hidden_name(serial: u64) -> OsString {
 /// (`journal/replay.rs`): hidden too.
 pub const REPLAY_PREFIX: &str = ".nvstack-replay-";
 
-pub fn replay_name(seq: u64) -> OsString {
+pub(crate) fn replay_name(seq: u64) -> OsString {
     OsString::from(format!("{REPLAY_PREFIX}{seq:016x}"))
 }
 

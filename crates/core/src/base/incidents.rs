@@ -78,13 +78,13 @@ pub struct Incidents {
 
 impl Incidents {
     /// Counts an incident of `kind` and writes `message` to stderr (one line, as given).
-    pub fn report(&self, kind: Incident, message: fmt::Arguments<'_>) {
+    pub(crate) fn report(&self, kind: Incident, message: fmt::Arguments<'_>) {
         self.report_if(true, kind, message);
     }
 
     /// Counts an incident of `kind`; writes `message` only when `say` (for a site that says
     /// only some of its failures, e.g. the first and every power of two).
-    pub fn report_if(&self, say: bool, kind: Incident, message: fmt::Arguments<'_>) {
+    pub(crate) fn report_if(&self, say: bool, kind: Incident, message: fmt::Arguments<'_>) {
         self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
         if say {
             eprintln!("{message}");
@@ -92,12 +92,12 @@ impl Incidents {
     }
 
     /// The incidents of `kind` reported so far.
-    pub fn count(&self, kind: Incident) -> u64 {
+    pub(crate) fn count(&self, kind: Incident) -> u64 {
         self.counts[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Every kind's name and count, zeros included, in [`Incident::ALL`]'s order.
-    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+    pub(crate) fn snapshot(&self) -> Vec<(&'static str, u64)> {
         Incident::ALL.iter().map(|&k| (k.name(), self.count(k))).collect()
     }
 }

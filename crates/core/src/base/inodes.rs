@@ -42,12 +42,12 @@ pub enum Identity {
 }
 
 impl Identity {
-    pub fn lower(key: (u64, u64)) -> Identity {
+    pub(crate) fn lower(key: (u64, u64)) -> Identity {
         Identity::Lower(key.0, key.1)
     }
 
     /// The lower key, for a lower object.
-    pub fn lower_key(self) -> Option<(u64, u64)> {
+    pub(crate) fn lower_key(self) -> Option<(u64, u64)> {
         match self {
             Identity::Lower(dev, ino) => Some((dev, ino)),
             Identity::Nvram(_) => None,
@@ -65,7 +65,7 @@ pub struct Inode<N> {
 
 impl<N: Clone> Inode<N> {
     /// The object behind the id (a clone: it may be replaced by `rekey`).
-    pub fn node(&self) -> N {
+    pub(crate) fn node(&self) -> N {
         self.node.read().clone()
     }
 }
@@ -85,7 +85,7 @@ pub struct InodeTable<N> {
 }
 
 impl<N: Clone> InodeTable<N> {
-    pub fn new(root: N, root_key: Identity) -> Self {
+    pub(crate) fn new(root: N, root_key: Identity) -> Self {
         let Identity::Lower(root_dev, _) = root_key else { panic!("the root is a lower object") };
         let root = Arc::new(Inode {
             id: ROOT_ID,
@@ -103,13 +103,13 @@ impl<N: Clone> InodeTable<N> {
         }
     }
 
-    pub fn get(&self, id: u64) -> Option<Arc<Inode<N>>> {
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Inode<N>>> {
         self.tables.read().nodes.get(&id).cloned()
     }
 
     /// Registers a looked-up lower object (or finds it already registered) and counts one
     /// lookup. `node` is dropped if the object was known.
-    pub fn remember(&self, node: N, key: Identity) -> u64 {
+    pub(crate) fn remember(&self, node: N, key: Identity) -> u64 {
         let mut t = self.tables.write();
         if let Some(&id) = t.by_key.get(&key) {
             let inode = &t.nodes[&id];
@@ -142,7 +142,7 @@ impl<N: Clone> InodeTable<N> {
 
     /// The kernel forgot `n` lookups of `id`; drops the entry at zero (never the root) and
     /// then returns the key it had.
-    pub fn forget(&self, id: u64, n: u64) -> Option<Identity> {
+    pub(crate) fn forget(&self, id: u64, n: u64) -> Option<Identity> {
         if id == ROOT_ID {
             return None;
         }
@@ -162,7 +162,7 @@ impl<N: Clone> InodeTable<N> {
 
     /// The object behind `id` became another (a temp file transformed into a lower file):
     /// the id stays, the key and node change. No-op when the kernel has forgotten `id`.
-    pub fn rekey(&self, id: u64, key: Identity, node: N) {
+    pub(crate) fn rekey(&self, id: u64, key: Identity, node: N) {
         let mut t = self.tables.write();
         let Some(inode) = t.nodes.get(&id).cloned() else { return };
         let old = std::mem::replace(&mut *inode.key.lock(), key);
@@ -173,12 +173,8 @@ impl<N: Clone> InodeTable<N> {
         *inode.node.write() = node;
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tables.read().nodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

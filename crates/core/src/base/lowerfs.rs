@@ -46,31 +46,31 @@ pub struct Lower<L: LowerFs> {
 }
 
 impl<L: LowerFs> Lower<L> {
-    pub fn new(fs: L) -> Self {
+    pub(crate) fn new(fs: L) -> Self {
         Lower { fs }
     }
 
     // Identity and time: no IO.
 
-    pub fn root(&self) -> &L::Node {
+    pub(crate) fn root(&self) -> &L::Node {
         self.fs.root()
     }
 
-    pub fn key(&self, node: &L::Node) -> (u64, u64) {
+    pub(crate) fn key(&self, node: &L::Node) -> (u64, u64) {
         self.fs.key(node)
     }
 
-    pub fn now(&self) -> (i64, u32) {
+    pub(crate) fn now(&self) -> (i64, u32) {
         self.fs.now()
     }
 
-    pub fn node_stats(&self) -> lower::NodeStats {
+    pub(crate) fn node_stats(&self) -> lower::NodeStats {
         self.fs.node_stats()
     }
 
     // Namespace and attribute changes (the metadata journal's hook).
 
-    pub fn mknod(
+    pub(crate) fn mknod(
         &self,
         _w1: &Committed,
         creds: &Creds,
@@ -83,7 +83,7 @@ impl<L: LowerFs> Lower<L> {
         self.fs.mknod(creds, parent, name, mode, rdev)
     }
 
-    pub fn mkdir(
+    pub(crate) fn mkdir(
         &self,
         _w1: &Committed,
         creds: &Creds,
@@ -95,7 +95,7 @@ impl<L: LowerFs> Lower<L> {
         self.fs.mkdir(creds, parent, name, mode)
     }
 
-    pub fn symlink(
+    pub(crate) fn symlink(
         &self,
         _w1: &Committed,
         creds: &Creds,
@@ -107,7 +107,7 @@ impl<L: LowerFs> Lower<L> {
         self.fs.symlink(creds, parent, name, target)
     }
 
-    pub fn create(
+    pub(crate) fn create(
         &self,
         _w1: &Committed,
         creds: &Creds,
@@ -120,7 +120,7 @@ impl<L: LowerFs> Lower<L> {
         self.fs.create(creds, parent, name, mode, flags)
     }
 
-    pub fn link(
+    pub(crate) fn link(
         &self,
         _w1: &Committed,
         node: &L::Node,
@@ -131,17 +131,17 @@ impl<L: LowerFs> Lower<L> {
         self.fs.link(node, newparent, newname)
     }
 
-    pub fn unlink(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
+    pub(crate) fn unlink(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower unlink");
         self.fs.unlink(parent, name)
     }
 
-    pub fn rmdir(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
+    pub(crate) fn rmdir(&self, _w1: &Committed, parent: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower rmdir");
         self.fs.rmdir(parent, name)
     }
 
-    pub fn rename(
+    pub(crate) fn rename(
         &self,
         _w1: &Committed,
         parent: &L::Node,
@@ -154,7 +154,7 @@ impl<L: LowerFs> Lower<L> {
         self.fs.rename(parent, name, newparent, newname, flags)
     }
 
-    pub fn setattr(
+    pub(crate) fn setattr(
         &self,
         _w1: &Committed,
         node: &L::Node,
@@ -167,13 +167,13 @@ impl<L: LowerFs> Lower<L> {
 
     /// relatime's atime update of a file a read went through the page cache for: the time is
     /// now, no NVRAM state, so no W1.
-    pub fn touch_atime(&self, node: &L::Node) -> Result<Attr> {
+    pub(crate) fn touch_atime(&self, node: &L::Node) -> Result<Attr> {
         assert_may_block("lower setattr (atime)");
         let set = SetAttr { atime: Some(lower::TimeSet::Now), ..SetAttr::default() };
         self.fs.setattr(node, None, &set)
     }
 
-    pub fn setxattr(
+    pub(crate) fn setxattr(
         &self,
         _w1: &Committed,
         node: &L::Node,
@@ -185,34 +185,34 @@ impl<L: LowerFs> Lower<L> {
         self.fs.setxattr(node, name, value, flags)
     }
 
-    pub fn removexattr(&self, _w1: &Committed, node: &L::Node, name: &OsStr) -> Result<()> {
+    pub(crate) fn removexattr(&self, _w1: &Committed, node: &L::Node, name: &OsStr) -> Result<()> {
         assert_may_block("lower removexattr");
         self.fs.removexattr(node, name)
     }
 
     // Reading the namespace.
 
-    pub fn lookup(&self, parent: &L::Node, name: &OsStr) -> Result<(L::Node, Attr)> {
+    pub(crate) fn lookup(&self, parent: &L::Node, name: &OsStr) -> Result<(L::Node, Attr)> {
         assert_may_block("lower lookup");
         self.fs.lookup(parent, name)
     }
 
-    pub fn getattr(&self, node: &L::Node) -> Result<Attr> {
+    pub(crate) fn getattr(&self, node: &L::Node) -> Result<Attr> {
         assert_may_block("lower getattr");
         self.fs.getattr(node)
     }
 
-    pub fn readlink(&self, node: &L::Node) -> Result<Vec<u8>> {
+    pub(crate) fn readlink(&self, node: &L::Node) -> Result<Vec<u8>> {
         assert_may_block("lower readlink");
         self.fs.readlink(node)
     }
 
-    pub fn opendir(&self, node: &L::Node) -> Result<L::File> {
+    pub(crate) fn opendir(&self, node: &L::Node) -> Result<L::File> {
         assert_may_block("lower opendir");
         self.fs.opendir(node)
     }
 
-    pub fn readdir(
+    pub(crate) fn readdir(
         &self,
         dir: &L::File,
         offset: u64,
@@ -222,70 +222,70 @@ impl<L: LowerFs> Lower<L> {
         self.fs.readdir(dir, offset, emit)
     }
 
-    pub fn statfs(&self, node: &L::Node) -> Result<StatFs> {
+    pub(crate) fn statfs(&self, node: &L::Node) -> Result<StatFs> {
         assert_may_block("lower statfs");
         self.fs.statfs(node)
     }
 
-    pub fn getxattr(&self, node: &L::Node, name: &OsStr, size: usize) -> Result<Vec<u8>> {
+    pub(crate) fn getxattr(&self, node: &L::Node, name: &OsStr, size: usize) -> Result<Vec<u8>> {
         assert_may_block("lower getxattr");
         self.fs.getxattr(node, name, size)
     }
 
-    pub fn listxattr(&self, node: &L::Node, size: usize) -> Result<Vec<u8>> {
+    pub(crate) fn listxattr(&self, node: &L::Node, size: usize) -> Result<Vec<u8>> {
         assert_may_block("lower listxattr");
         self.fs.listxattr(node, size)
     }
 
-    pub fn dir_handle(&self, dir: &L::Node) -> Result<Vec<u8>> {
+    pub(crate) fn dir_handle(&self, dir: &L::Node) -> Result<Vec<u8>> {
         assert_may_block("lower name_to_handle_at");
         self.fs.dir_handle(dir)
     }
 
-    pub fn file_handle(&self, file: &L::Node) -> Result<Vec<u8>> {
+    pub(crate) fn file_handle(&self, file: &L::Node) -> Result<Vec<u8>> {
         assert_may_block("lower name_to_handle_at");
         self.fs.file_handle(file)
     }
 
-    pub fn find_dir(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+    pub(crate) fn find_dir(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
         assert_may_block("lower find_dir");
         self.fs.find_dir(handle, limit)
     }
 
-    pub fn find_file(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+    pub(crate) fn find_file(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
         assert_may_block("lower find_file");
         self.fs.find_file(handle, limit)
     }
 
-    pub fn find_object(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
+    pub(crate) fn find_object(&self, handle: &[u8], limit: usize) -> Result<L::Node> {
         assert_may_block("lower find_object");
         self.fs.find_object(handle, limit)
     }
 
     // Data.
 
-    pub fn open(&self, node: &L::Node, flags: i32) -> Result<L::File> {
+    pub(crate) fn open(&self, node: &L::Node, flags: i32) -> Result<L::File> {
         assert_may_block("lower open");
         self.fs.open(node, flags)
     }
 
     /// No call: the descriptor of an open file, for the kernel's passthrough.
-    pub fn backing_fd<'a>(&self, file: &'a L::File) -> Option<std::os::fd::BorrowedFd<'a>> {
+    pub(crate) fn backing_fd<'a>(&self, file: &'a L::File) -> Option<std::os::fd::BorrowedFd<'a>> {
         self.fs.backing_fd(file)
     }
 
-    pub fn open_direct(&self, node: &L::Node, writable: bool) -> Result<Option<L::File>> {
+    pub(crate) fn open_direct(&self, node: &L::Node, writable: bool) -> Result<Option<L::File>> {
         assert_may_block("lower open (O_DIRECT)");
         self.fs.open_direct(node, writable)
     }
 
-    pub fn read(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    pub(crate) fn read(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
         assert_may_block("lower read");
         self.fs.read(file, offset, buf)
     }
 
     /// Reads until `buf` is full or the file ends; returns the bytes read.
-    pub fn read_full(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    pub(crate) fn read_full(&self, file: &L::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let mut got = 0;
         while got < buf.len() {
             let n = self.read(file, offset + got as u64, &mut buf[got..])?;
@@ -297,7 +297,7 @@ impl<L: LowerFs> Lower<L> {
         Ok(got)
     }
 
-    pub fn write(
+    pub(crate) fn write(
         &self,
         _w1: &Committed,
         file: &L::File,
@@ -309,12 +309,12 @@ impl<L: LowerFs> Lower<L> {
     }
 
     /// A write to a device or FIFO opened through the mount: no file-system state, so no W1.
-    pub fn write_special(&self, file: &L::File, offset: u64, data: &[u8]) -> Result<usize> {
+    pub(crate) fn write_special(&self, file: &L::File, offset: u64, data: &[u8]) -> Result<usize> {
         assert_may_block("lower write (device or FIFO)");
         self.fs.write(file, offset, data)
     }
 
-    pub fn fallocate(
+    pub(crate) fn fallocate(
         &self,
         _w1: &Committed,
         file: &L::File,
@@ -326,12 +326,12 @@ impl<L: LowerFs> Lower<L> {
         self.fs.fallocate(file, mode, offset, len)
     }
 
-    pub fn lseek(&self, file: &L::File, offset: i64, whence: i32) -> Result<i64> {
+    pub(crate) fn lseek(&self, file: &L::File, offset: i64, whence: i32) -> Result<i64> {
         assert_may_block("lower lseek");
         self.fs.lseek(file, offset, whence)
     }
 
-    pub fn copy_file_range(
+    pub(crate) fn copy_file_range(
         &self,
         _w1: &Committed,
         input: &L::File,
@@ -344,30 +344,30 @@ impl<L: LowerFs> Lower<L> {
         self.fs.copy_file_range(input, offset_in, output, offset_out, len)
     }
 
-    pub fn fiemap(&self, file: &L::File) -> Result<Vec<Extent>> {
+    pub(crate) fn fiemap(&self, file: &L::File) -> Result<Vec<Extent>> {
         assert_may_block("lower fiemap");
         self.fs.fiemap(file)
     }
 
     // Durability.
 
-    pub fn fsync(&self, file: &L::File, datasync: bool) -> Result<()> {
+    pub(crate) fn fsync(&self, file: &L::File, datasync: bool) -> Result<()> {
         assert_may_block("lower fsync");
         self.fs.fsync(file, datasync)
     }
 
-    pub fn fsyncdir(&self, dir: &L::File, datasync: bool) -> Result<()> {
+    pub(crate) fn fsyncdir(&self, dir: &L::File, datasync: bool) -> Result<()> {
         assert_may_block("lower fsyncdir");
         self.fs.fsyncdir(dir, datasync)
     }
 
     /// fsync of a directory by its node.
-    pub fn sync_dir(&self, dir: &L::Node) -> Result<()> {
+    pub(crate) fn sync_dir(&self, dir: &L::Node) -> Result<()> {
         let d = self.opendir(dir)?;
         self.fsyncdir(&d, false)
     }
 
-    pub fn syncfs(&self) -> Result<()> {
+    pub(crate) fn syncfs(&self) -> Result<()> {
         assert_may_block("lower syncfs");
         self.fs.syncfs()
     }

@@ -105,7 +105,7 @@ pub struct Base<L: LowerFs> {
 }
 
 impl<L: LowerFs> Base<L> {
-    pub fn new(
+    pub(crate) fn new(
         lower: L,
         pool: Pool,
         failpoints: Option<Arc<dyn Failpoints>>,

@@ -29,13 +29,13 @@ pub struct OpTx<'p> {
 }
 
 impl<'p> OpTx<'p> {
-    pub fn new(pool: &'p Pool) -> Self {
+    pub(crate) fn new(pool: &'p Pool) -> Self {
         OpTx { pool, tx: None }
     }
 
     /// The running transaction, begun now if there is none (this may wait for a free undo
     /// slot).
-    pub fn tx(&mut self) -> &mut Tx<'p> {
+    pub(crate) fn tx(&mut self) -> &mut Tx<'p> {
         let pool = self.pool;
         &mut self
             .tx
@@ -48,12 +48,12 @@ impl<'p> OpTx<'p> {
     }
 
     /// True while a transaction is running (begun and not ended).
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.tx.is_some()
     }
 
     /// Commits (on `Ok`) or rolls back (on `Err`) now, and passes the result on.
-    pub fn end<T>(&mut self, result: FsResult<T>) -> FsResult<T> {
+    pub(crate) fn end<T>(&mut self, result: FsResult<T>) -> FsResult<T> {
         if let Some((tx, held)) = self.tx.take() {
             match &result {
                 Ok(_) => tx.commit(),

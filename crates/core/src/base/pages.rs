@@ -44,7 +44,7 @@ pub fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usiz
 }
 
 /// The end of a write of `len` bytes at `offset`; EFBIG when it would pass [`MAX_SIZE`].
-pub fn write_end(offset: u64, len: usize) -> FsResult<u64> {
+pub(crate) fn write_end(offset: u64, len: usize) -> FsResult<u64> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= MAX_SIZE => Ok(end),
         _ => Err(answer(libc::EFBIG)),
@@ -52,7 +52,7 @@ pub fn write_end(offset: u64, len: usize) -> FsResult<u64> {
 }
 
 /// A size a truncate may set; EFBIG past [`MAX_SIZE`].
-pub fn check_size(size: u64) -> FsResult<()> {
+pub(crate) fn check_size(size: u64) -> FsResult<()> {
     if size > MAX_SIZE {
         return Err(answer(libc::EFBIG));
     }
@@ -60,19 +60,19 @@ pub fn check_size(size: u64) -> FsResult<()> {
 }
 
 /// The pages a write of `[offset, end)` touches.
-pub fn span(offset: u64, end: u64) -> Range<u64> {
+pub(crate) fn span(offset: u64, end: u64) -> Range<u64> {
     offset / PAGE..end.div_ceil(PAGE)
 }
 
 /// The first page a truncate to `size` frees: every page from it on lies wholly at or beyond
 /// the size (D3).
-pub fn first_gone(size: u64) -> u64 {
+pub(crate) fn first_gone(size: u64) -> u64 {
     size.div_ceil(PAGE)
 }
 
 /// The bytes of the last page a truncate from `old` to `size` must zero (D2): (page, from,
 /// to) in that page, or `None` when the new size ends on a page boundary or nothing shrinks.
-pub fn tail(old: u64, size: u64) -> Option<(u64, u64, u64)> {
+pub(crate) fn tail(old: u64, size: u64) -> Option<(u64, u64, u64)> {
     if size >= old || size % PAGE == 0 {
         return None;
     }
@@ -81,14 +81,19 @@ pub fn tail(old: u64, size: u64) -> Option<(u64, u64, u64)> {
 }
 
 /// Writes `bytes` at `in_page` of a resident page (its frame is the file's already).
-pub fn store(tx: &mut Tx<'_>, frame: FrameId, in_page: usize, bytes: &[u8]) -> Result<(), TxError> {
+pub(crate) fn store(
+    tx: &mut Tx<'_>,
+    frame: FrameId,
+    in_page: usize,
+    bytes: &[u8],
+) -> Result<(), TxError> {
     let at = tx.pool().frame_offset(frame) + in_page as u64;
     tx.update(at, bytes)
 }
 
 /// A fresh frame tagged `tag` holding `bytes` at `in_page` and zeros elsewhere, written whole
 /// (D1).
-pub fn fresh(
+pub(crate) fn fresh(
     tx: &mut Tx<'_>,
     tag: FrameTag,
     in_page: usize,
@@ -100,7 +105,7 @@ pub fn fresh(
 }
 
 /// A fresh frame tagged `tag` holding the whole page `page` (D1).
-pub fn fresh_page(tx: &mut Tx<'_>, tag: FrameTag, page: &[u8]) -> Result<FrameId, TxError> {
+pub(crate) fn fresh_page(tx: &mut Tx<'_>, tag: FrameTag, page: &[u8]) -> Result<FrameId, TxError> {
     debug_assert_eq!(page.len() as u64, PAGE, "D1: a fresh frame is written whole");
     let frame = tx.alloc_frame(tag)?;
     let at = tx.pool().frame_offset(frame);
@@ -109,14 +114,19 @@ pub fn fresh_page(tx: &mut Tx<'_>, tag: FrameTag, page: &[u8]) -> Result<FrameId
 }
 
 /// Zeroes `[from, to)` of a resident page (the tail a truncate cut, D2).
-pub fn zero_tail(tx: &mut Tx<'_>, frame: FrameId, from: u64, to: u64) -> Result<(), TxError> {
+pub(crate) fn zero_tail(
+    tx: &mut Tx<'_>,
+    frame: FrameId,
+    from: u64,
+    to: u64,
+) -> Result<(), TxError> {
     debug_assert!(from <= to && to <= PAGE, "a tail lies in its page");
     let at = tx.pool().frame_offset(frame) + from;
     tx.update(at, &vec![0u8; (to - from) as usize])
 }
 
 /// Reads `out.len()` bytes at `in_page` of a resident page.
-pub fn load(pool: &Pool, frame: FrameId, in_page: u64, out: &mut [u8]) {
+pub(crate) fn load(pool: &Pool, frame: FrameId, in_page: u64, out: &mut [u8]) {
     pool.read(pool.frame_offset(frame) + in_page, out);
 }
 

@@ -71,18 +71,18 @@ pub struct Place {
 }
 
 impl Place {
-    pub fn whole(frame: FrameId) -> Place {
+    pub(crate) fn whole(frame: FrameId) -> Place {
         Place { frame, slot: WHOLE }
     }
 
     /// The region offset of the record.
-    pub fn offset(self, pool: &Pool) -> u64 {
+    pub(crate) fn offset(self, pool: &Pool) -> u64 {
         let inside = if self.slot == WHOLE { 0 } else { u64::from(self.slot) * SLOT_SIZE as u64 };
         pool.frame_offset(self.frame) + inside
     }
 
     /// The owner its data frames' tags name, and the file's identity in volatile maps.
-    pub fn owner(self) -> u64 {
+    pub(crate) fn owner(self) -> u64 {
         if self.slot == WHOLE {
             self.frame.0
         } else {
@@ -91,7 +91,7 @@ impl Place {
     }
 
     /// The place a data frame's owner names (the inverse of [`Place::owner`]).
-    pub fn from_owner(owner: u64) -> Place {
+    pub(crate) fn from_owner(owner: u64) -> Place {
         if owner & PACKED == 0 {
             Place::whole(FrameId(owner))
         } else {
@@ -113,7 +113,7 @@ impl Place {
 /// [`RecordSlots::reserve`] took), else into slot 0 of a fresh record frame of `kind`. The
 /// caller lists a fresh frame after the commit ([`RecordSlots::add_frame`]) or drops the
 /// reservation after a rollback.
-pub fn put_new(
+pub(crate) fn put_new(
     tx: &mut Tx<'_>,
     kind: u32,
     reserved: Option<Place>,
@@ -135,14 +135,14 @@ pub fn put_new(
 }
 
 /// Rewrites the record at `place` (snapshot first).
-pub fn put(tx: &mut Tx<'_>, place: Place, bytes: &[u8]) -> Result<(), TxError> {
+pub(crate) fn put(tx: &mut Tx<'_>, place: Place, bytes: &[u8]) -> Result<(), TxError> {
     let off = place.offset(tx.pool());
     tx.update(off, bytes)
 }
 
 /// Takes the record of `len` bytes at `place` out of the region in `tx`: a whole frame is
 /// freed, a slot is zeroed (T5); its release follows the commit ([`RecordSlots::release`]).
-pub fn remove(tx: &mut Tx<'_>, place: Place, len: usize) -> Result<(), TxError> {
+pub(crate) fn remove(tx: &mut Tx<'_>, place: Place, len: usize) -> Result<(), TxError> {
     if place.slot == WHOLE {
         return tx.free_frame(place.frame);
     }
@@ -153,7 +153,7 @@ pub fn remove(tx: &mut Tx<'_>, place: Place, len: usize) -> Result<(), TxError> 
 /// The records of a record frame: the first `len` bytes of every slot that is not all zero
 /// (the caller decodes and verifies them), or damage naming the frame and slot: a record of
 /// `len` bytes is followed by zeros to the end of its slot (T5).
-pub fn read_frame(
+pub(crate) fn read_frame(
     pool: &Pool,
     frame: FrameId,
     len: usize,
@@ -174,7 +174,7 @@ pub fn read_frame(
 }
 
 /// Damage at `place`, named ("frame F slot S: what").
-pub fn damaged(place: Place, what: &str) -> nvram::Error {
+pub(crate) fn damaged(place: Place, what: &str) -> nvram::Error {
     nvram::Error::corrupt(
         nvram::Area::Frame(place.frame.0),
         format!("{}: {what}", place.describe()),
@@ -185,7 +185,7 @@ pub fn damaged(place: Place, what: &str) -> nvram::Error {
 pub type FramesFound = Vec<(FrameId, u8)>;
 
 /// The taken slots of the records `read_frame` found (bit i: slot i).
-pub fn taken(records: &[(Place, Vec<u8>)]) -> u8 {
+pub(crate) fn taken(records: &[(Place, Vec<u8>)]) -> u8 {
     records.iter().fold(0, |t, (p, _)| t | 1 << p.slot)
 }
 
@@ -236,12 +236,12 @@ impl Default for SlotList {
 }
 
 impl SlotList {
-    pub fn lock(&self) -> SlotGuard<'_> {
+    pub(crate) fn lock(&self) -> SlotGuard<'_> {
         SlotGuard { list: self.list.lock(), frames: &self.frames }
     }
 
     /// The frames the list held when its lock was last released (no lock taken).
-    pub fn frames(&self) -> u64 {
+    pub(crate) fn frames(&self) -> u64 {
         self.frames.load(Ordering::Relaxed)
     }
 }
@@ -278,13 +278,13 @@ pub enum Released {
 impl RecordSlots {
     /// Lists a record frame with the slots `taken` (a fresh frame after its commit, or one
     /// found at mount).
-    pub fn add_frame(&mut self, frame: FrameId, taken: u8) {
+    pub(crate) fn add_frame(&mut self, frame: FrameId, taken: u8) {
         self.map.add_frame(frame, u64::from(taken));
     }
 
     /// Takes a free slot of the lowest-numbered frame with one (records gather in few frames
     /// instead of spreading over all); `None` when every listed frame is full.
-    pub fn reserve(&mut self) -> Option<Place> {
+    pub(crate) fn reserve(&mut self) -> Option<Place> {
         let frame = self.map.lowest_roomy()?;
         let taken = self.map.bits(frame).expect("roomy frames are listed");
         let slot = taken.trailing_ones() as usize;
@@ -293,14 +293,14 @@ impl RecordSlots {
     }
 
     /// A reservation whose transaction rolled back (its slot is zero again).
-    pub fn unreserve(&mut self, place: Place) {
+    pub(crate) fn unreserve(&mut self, place: Place) {
         let _ = self.release(place);
     }
 
     /// After the transaction that wrote a new record (`put_new` into `reserved`) ended:
     /// `made` is its place if it committed. A fresh frame is listed, a reservation that
     /// rolled back dropped.
-    pub fn settle_new(&mut self, reserved: Option<Place>, made: Option<Place>) {
+    pub(crate) fn settle_new(&mut self, reserved: Option<Place>, made: Option<Place>) {
         match (reserved, made) {
             (None, Some(p)) => self.add_frame(p.frame, 1),
             (Some(p), None) => self.unreserve(p),
@@ -309,12 +309,12 @@ impl RecordSlots {
     }
 
     /// A record found alone in a frame of its own (recovery of an earlier region).
-    pub fn add_whole(&mut self) {
+    pub(crate) fn add_whole(&mut self) {
         self.whole += 1;
     }
 
     /// The slot of a record whose removal committed is free again. See [`Released`].
-    pub fn release(&mut self, place: Place) -> Released {
+    pub(crate) fn release(&mut self, place: Place) -> Released {
         if place.slot == WHOLE {
             debug_assert!(self.whole > 0, "a whole-frame record was counted when found");
             self.whole = self.whole.saturating_sub(1); // its frame went in the transaction
@@ -337,7 +337,7 @@ impl RecordSlots {
     /// Listed frames without a record, all but the first `keep`: taken off the list, for the
     /// caller to free (recovery keeps one after a crash left several; a flush or an unmount,
     /// which transformed every temp file, keeps none).
-    pub fn take_empty(&mut self, keep: usize) -> Vec<FrameId> {
+    pub(crate) fn take_empty(&mut self, keep: usize) -> Vec<FrameId> {
         let gone: Vec<FrameId> = self.map.empty().skip(keep).collect();
         for &f in &gone {
             self.map.set(f, None);
@@ -347,12 +347,13 @@ impl RecordSlots {
 
     /// The frames the records take (`nvstack stat`, the watermarks and the share): the
     /// record frames, and a frame for each record still alone in one.
-    pub fn frames(&self) -> u64 {
+    pub(crate) fn frames(&self) -> u64 {
         self.map.len() as u64 + self.whole
     }
 
     /// T6's bookkeeping agrees with itself (the slot map's indexes).
-    pub fn check(&self) -> Result<(), String> {
+    #[cfg(test)]
+    pub(crate) fn check(&self) -> Result<(), String> {
         self.map.check()
     }
 }

@@ -17,32 +17,32 @@ pub struct Space {
 }
 
 impl Space {
-    pub fn add(&self, pages: u64) {
+    pub(crate) fn add(&self, pages: u64) {
         self.pages.fetch_add(pages, Ordering::Relaxed);
     }
 
-    pub fn sub(&self, pages: u64) {
+    pub(crate) fn sub(&self, pages: u64) {
         let before = self.pages.fetch_sub(pages, Ordering::Relaxed);
         debug_assert!(before >= pages, "space reservation below zero");
     }
 
-    pub fn pages(&self) -> u64 {
+    pub(crate) fn pages(&self) -> u64 {
         self.pages.load(Ordering::Relaxed)
     }
 
     /// A temp file came to NVRAM (created, or found at mount): one block reserved for it.
-    pub fn add_file(&self) {
+    pub(crate) fn add_file(&self) {
         self.files.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A temp file left NVRAM (freed or transformed).
-    pub fn sub_file(&self) {
+    pub(crate) fn sub_file(&self) {
         let before = self.files.fetch_sub(1, Ordering::Relaxed);
         debug_assert!(before >= 1, "temp-file reservation below zero");
     }
 
     /// Temp files in NVRAM now.
-    pub fn files(&self) -> u64 {
+    pub(crate) fn files(&self) -> u64 {
         self.files.load(Ordering::Relaxed)
     }
 }

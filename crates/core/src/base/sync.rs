@@ -68,7 +68,7 @@ pub enum Rank {
 
 impl Rank {
     /// Short ranks are never held across a lower call or a wait.
-    pub fn is_short(self) -> bool {
+    pub(crate) fn is_short(self) -> bool {
         self >= Rank::Overlay
     }
 
@@ -96,7 +96,7 @@ mod check {
         pub static HELD: RefCell<Vec<(Rank, u64)>> = const { RefCell::new(Vec::new()) };
     }
 
-    pub fn acquire(rank: Rank, nth: u64, ordered: bool) {
+    pub(crate) fn acquire(rank: Rank, nth: u64, ordered: bool) {
         HELD.with_borrow_mut(|held| {
             if ordered {
                 for &(r, n) in held.iter() {
@@ -112,7 +112,7 @@ mod check {
         });
     }
 
-    pub fn release(rank: Rank, nth: u64) {
+    pub(crate) fn release(rank: Rank, nth: u64) {
         HELD.with_borrow_mut(|held| {
             if let Some(i) = held.iter().rposition(|&e| e == (rank, nth)) {
                 held.remove(i);
@@ -120,7 +120,7 @@ mod check {
         });
     }
 
-    pub fn assert_may_block(what: &str) {
+    pub(crate) fn assert_may_block(what: &str) {
         HELD.with_borrow(|held| {
             if let Some(&(r, n)) = held.iter().find(|(r, _)| r.is_short()) {
                 panic!("{what} while holding the short lock {r:?}#{n} (held: {held:?})");
@@ -139,7 +139,7 @@ impl Held {
     }
 
     /// Registers a resource of `rank` that is not a lock of this module (an undo slot).
-    pub fn token(rank: Rank) -> Held {
+    pub(crate) fn token(rank: Rank) -> Held {
         Held::acquire(rank, 0, true)
     }
 }
@@ -169,7 +169,7 @@ pub fn isolated<T>(f: impl FnOnce() -> T) -> T {
 
 /// Panics (debug builds) if the thread holds a short lock: called before every call into the
 /// lower file system and before every wait.
-pub fn assert_may_block(what: &str) {
+pub(crate) fn assert_may_block(what: &str) {
     #[cfg(debug_assertions)]
     check::assert_may_block(what);
     #[cfg(not(debug_assertions))]
@@ -195,29 +195,25 @@ pub struct MutexGuard<'a, T> {
 }
 
 impl<T> Mutex<T> {
-    pub fn new(rank: Rank, value: T) -> Self {
+    pub(crate) fn new(rank: Rank, value: T) -> Self {
         Mutex { rank, inner: std::sync::Mutex::new(value) }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, T> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.lock_nth(0)
     }
 
     /// Locks one of several locks of a multi rank: `nth` orders them (ascending).
-    pub fn lock_nth(&self, nth: u64) -> MutexGuard<'_, T> {
+    pub(crate) fn lock_nth(&self, nth: u64) -> MutexGuard<'_, T> {
         let held = Held::acquire(self.rank, nth, true);
         let inner = self.inner.lock().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
         MutexGuard { inner, _held: held }
     }
 
     /// Never blocks, so it may be taken out of order.
-    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         let inner = self.inner.try_lock().ok()?;
         Some(MutexGuard { inner, _held: Held::acquire(self.rank, 0, false) })
-    }
-
-    pub fn into_inner(self) -> T {
-        self.inner.into_inner().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank))
     }
 }
 
@@ -245,17 +241,17 @@ impl<T: fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
 pub struct Condvar(std::sync::Condvar);
 
 impl Condvar {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Condvar(std::sync::Condvar::new())
     }
 
     /// Waits (releasing the lock meanwhile); a thread holding a short lock must not wait.
-    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         Self::park(guard, |inner| self.0.wait(inner).map_err(|_| ()))
     }
 
     /// `wait`, for at most `timeout`.
-    pub fn wait_timeout<'a, T>(
+    pub(crate) fn wait_timeout<'a, T>(
         &self,
         guard: MutexGuard<'a, T>,
         timeout: std::time::Duration,
@@ -280,7 +276,7 @@ impl Condvar {
         MutexGuard { inner, _held: Held::acquire(rank, nth, false) }
     }
 
-    pub fn notify_all(&self) {
+    pub(crate) fn notify_all(&self) {
         self.0.notify_all();
     }
 }
@@ -303,12 +299,12 @@ pub struct Bell {
 }
 
 impl Bell {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Bell::default()
     }
 
     /// Work arrived: wakes the attached thread (if any; a no-op when it is awake).
-    pub fn ring(&self) {
+    pub(crate) fn ring(&self) {
         self.rung.fetch_add(1, std::sync::atomic::Ordering::Release);
         if let Some(thread) = self.waiter.get() {
             thread.unpark();
@@ -353,17 +349,17 @@ pub struct WriteGuard<'a, T> {
 }
 
 impl<T> RwLock<T> {
-    pub fn new(rank: Rank, value: T) -> Self {
+    pub(crate) fn new(rank: Rank, value: T) -> Self {
         RwLock { rank, inner: std::sync::RwLock::new(value) }
     }
 
-    pub fn read(&self) -> ReadGuard<'_, T> {
+    pub(crate) fn read(&self) -> ReadGuard<'_, T> {
         let held = Held::acquire(self.rank, 0, true);
         let inner = self.inner.read().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
         ReadGuard { inner, _held: held }
     }
 
-    pub fn write(&self) -> WriteGuard<'_, T> {
+    pub(crate) fn write(&self) -> WriteGuard<'_, T> {
         let held = Held::acquire(self.rank, 0, true);
         let inner = self.inner.write().unwrap_or_else(|_| panic!("{:?} lock poisoned", self.rank));
         WriteGuard { inner, _held: held }

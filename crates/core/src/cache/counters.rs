@@ -27,11 +27,11 @@ pub struct CacheCounters {
     pub rounds: [AtomicU64; REASONS.len()],
 }
 
-pub fn inc(c: &AtomicU64) {
+pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-pub fn dec(c: &AtomicU64) {
+pub(crate) fn dec(c: &AtomicU64) {
     c.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -82,7 +82,7 @@ pub struct WritebackStats {
 }
 
 impl CacheCounters {
-    pub fn snapshot(
+    pub(crate) fn snapshot(
         &self,
         config: &CacheConfig,
         limits: &CacheLimits,
@@ -139,7 +139,7 @@ pub enum Wait {
 pub const WAITS: [Wait; 4] = [Wait::Off, Wait::PatchLimit, Wait::Fragmented, Wait::PastValid];
 
 impl Wait {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Wait::Off => "off",
             Wait::PatchLimit => "patch_limit",
@@ -206,7 +206,7 @@ pub struct NbwStats {
 }
 
 impl NbwCounters {
-    pub fn snapshot(&self, config: &CacheConfig, limits: &CacheLimits) -> NbwStats {
+    pub(crate) fn snapshot(&self, config: &CacheConfig, limits: &CacheLimits) -> NbwStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let reasons: BTreeMap<&'static str, u64> =
             WAITS.iter().map(|&w| (w.name(), get(&self.writer_waits[w as usize]))).collect();
@@ -231,17 +231,17 @@ impl NbwCounters {
     }
 
     /// A patch of `bytes` joined (`+`) or left NVRAM.
-    pub fn patch_added(&self, bytes: usize) {
+    pub(crate) fn patch_added(&self, bytes: usize) {
         inc(&self.patches);
         self.patch_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    pub fn patch_removed(&self, bytes: usize) {
+    pub(crate) fn patch_removed(&self, bytes: usize) {
         dec(&self.patches);
         self.patch_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
     }
 
-    pub fn patch_resized(&self, old: usize, new: usize) {
+    pub(crate) fn patch_resized(&self, old: usize, new: usize) {
         self.patch_bytes.fetch_add(new as u64, Ordering::Relaxed);
         self.patch_bytes.fetch_sub(old as u64, Ordering::Relaxed);
     }

@@ -25,19 +25,19 @@ pub struct FetchQueue {
 }
 
 impl FetchQueue {
-    pub fn new(max: usize) -> FetchQueue {
+    pub(crate) fn new(max: usize) -> FetchQueue {
         FetchQueue { queued: BTreeSet::new(), cursor: None, max }
     }
 
     /// Queues `(object, page)` unless it is queued already or the queue is full.
-    pub fn push(&mut self, object: u64, page: u64) {
+    pub(crate) fn push(&mut self, object: u64, page: u64) {
         if self.queued.len() < self.max {
             self.queued.insert((object, page));
         }
     }
 
     /// The next page of the sweep: the lowest above the cursor, else the lowest of all.
-    pub fn pop(&mut self) -> Option<(u64, u64)> {
+    pub(crate) fn pop(&mut self) -> Option<(u64, u64)> {
         let above = self.cursor.and_then(|c| {
             self.queued.range((Bound::Excluded(c), Bound::Unbounded)).next().copied()
         });
@@ -47,7 +47,7 @@ impl FetchQueue {
         Some(next)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.queued.len()
     }
 }

@@ -139,7 +139,7 @@ pub struct CacheLimits {
 /// the limit by default (`lower::posix::default_node_fds`); the rest is for open files, the
 /// region and FUSE. It reads the limit now: the daemon makes its configuration after raising
 /// the soft limit to the hard one.
-pub fn default_held_files() -> usize {
+pub(crate) fn default_held_files() -> usize {
     (lower::posix::default_node_fds() / 4).max(16)
 }
 
@@ -154,7 +154,7 @@ pub enum PatchLimit {
 
 impl PatchLimit {
     /// The frames patches may take in a region of `region_frames` frames.
-    pub fn frames(self, region_frames: u64) -> u64 {
+    pub(crate) fn frames(self, region_frames: u64) -> u64 {
         match self {
             PatchLimit::OfRegion => (region_frames / 8).min((64 << 20) / PAGE),
             PatchLimit::Frames(n) => n,
@@ -254,7 +254,7 @@ pub const REASONS: [Reason; 7] = [
 ];
 
 impl Reason {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Reason::Pressure => "pressure",
             Reason::NvramFull => "nvram_full",
@@ -327,7 +327,7 @@ pub struct PageCache<L: LowerFs> {
 }
 
 impl<L: LowerFs> PageCache<L> {
-    pub fn new(config: CacheConfig, limits: CacheLimits, policy: Box<dyn Policy>) -> Self {
+    pub(crate) fn new(config: CacheConfig, limits: CacheLimits, policy: Box<dyn Policy>) -> Self {
         let zone_blocks = config.zone_blocks;
         PageCache {
             config,
@@ -369,26 +369,22 @@ impl<L: LowerFs> PageCache<L> {
         CachedFile::new(key, record, node, rec, Arc::clone(&self.held), self.config.held_files)
     }
 
-    pub fn config(&self) -> &CacheConfig {
+    pub(crate) fn config(&self) -> &CacheConfig {
         &self.config
     }
 
-    pub fn limits(&self) -> &CacheLimits {
-        &self.limits
-    }
-
     /// Dirty pages in NVRAM now.
-    pub fn pages_dirty(&self) -> u64 {
+    pub(crate) fn pages_dirty(&self) -> u64 {
         self.counters.pages_dirty.load(Ordering::Relaxed)
     }
 
     /// A write went straight to the lower file because NVRAM stayed full.
-    pub fn count_write_through(&self) {
+    pub(crate) fn count_write_through(&self) {
         counters::inc(&self.counters.write_through);
     }
 
     /// `nvstack stat`: the `cache` and `writeback` objects.
-    pub fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
+    pub(crate) fn stats(&self) -> (counters::CacheStats, counters::WritebackStats) {
         let (mut cache, wb) =
             self.counters.snapshot(&self.config, &self.limits, self.policy.name());
         cache.record_frames = self.slots.frames();
@@ -396,7 +392,7 @@ impl<L: LowerFs> PageCache<L> {
     }
 
     /// `nvstack stat`: the `nbw` object.
-    pub fn nbw_stats(&self) -> counters::NbwStats {
+    pub(crate) fn nbw_stats(&self) -> counters::NbwStats {
         self.nbw.snapshot(&self.config, &self.limits)
     }
 

@@ -215,13 +215,13 @@ impl<L: LowerFs> PageCache<L> {
 
     /// Rung when a patched page is queued for a fetch: the `async-bg` fetcher sleeps on it
     /// while the queue is empty (`sync::Bell`).
-    pub fn fetcher_bell(&self) -> &crate::base::sync::Bell {
+    pub(crate) fn fetcher_bell(&self) -> &crate::base::sync::Bell {
         &self.fetcher_bell
     }
 
     /// `async-fg`: called by the thread that served a write, after it answered: the patches
     /// queued so far are fetched now (the writer does not wait for them).
-    pub fn after_write_answered(&self, b: &Base<L>) {
+    pub(crate) fn after_write_answered(&self, b: &Base<L>) {
         if self.config.nbw == Nbw::AsyncFg {
             self.fetch_patches(b, usize::MAX);
         }
@@ -239,7 +239,7 @@ impl<L: LowerFs> PageCache<L> {
     /// the patches stay correct and write-back writes their bytes anyway.
     /// A failed fetch leaves the patch (it is still correct), counts `nbw.fetches_failed`,
     /// and is said on stderr the first time and at every power of two after.
-    pub fn fetch_patches(&self, b: &Base<L>, max: usize) -> usize {
+    pub(crate) fn fetch_patches(&self, b: &Base<L>, max: usize) -> usize {
         let mut merged = 0;
         for _ in 0..max {
             if self.cache_frames() > self.limits.high_pages {
@@ -270,7 +270,7 @@ impl<L: LowerFs> PageCache<L> {
     }
 
     /// Patched pages waiting for an asynchronous fetch.
-    pub fn fetches_queued(&self) -> usize {
+    pub(crate) fn fetches_queued(&self) -> usize {
         self.fetches.lock().len()
     }
 

@@ -670,7 +670,7 @@ impl<L: LowerFs> PageCache<L> {
     /// nothing else in either table, and the maps agree. Returns the pages whose lower space is
     /// reserved. Call it while no operation runs.
     #[cfg(debug_assertions)]
-    pub fn check_cache(&self) -> Result<u64, String> {
+    pub(crate) fn check_cache(&self) -> Result<u64, String> {
         let files: Vec<_> = {
             let f = self.files.lock();
             if f.by_key.len() != f.by_object.len() {

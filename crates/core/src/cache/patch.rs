@@ -110,7 +110,7 @@ impl Patch {
     }
 
     /// Whether `[from, to)` (offsets in the page) is covered entirely.
-    pub fn covers(&self, from: usize, to: usize) -> bool {
+    pub(crate) fn covers(&self, from: usize, to: usize) -> bool {
         from >= to
             || self
                 .ranges
@@ -119,7 +119,7 @@ impl Patch {
     }
 
     /// Copies the covered bytes over `page` (a whole page).
-    pub fn apply(&self, page: &mut [u8]) {
+    pub(crate) fn apply(&self, page: &mut [u8]) {
         for (o, piece) in self.pieces() {
             page[o..o + piece.len()].copy_from_slice(piece);
         }
@@ -204,7 +204,7 @@ impl Patch {
 
     /// Decodes and verifies the patch whose run starts at `b[0]` (`b` reaches at least to the
     /// end of the run: the rest of the frame will do) (P4, P5); the error says what is wrong.
-    pub fn decode(b: &[u8]) -> Result<Patch, &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Patch, &'static str> {
         if b.len() < HEADER || &b[..4] != MAGIC {
             return Err("bad patch magic");
         }

@@ -128,7 +128,7 @@ impl PatchFrames {
 
     /// Whether `put` of a patch of `slots` slots for `page` needs no new frame: it stays in
     /// (or grows into the free slots after) the page's run, or fits a frame the file has.
-    pub fn holds(&self, page: u64, slots: usize) -> bool {
+    pub(crate) fn holds(&self, page: u64, slots: usize) -> bool {
         self.place(page).is_some_and(|old| self.in_place(old, slots))
             || self.best_fit(slots).is_some()
     }
@@ -142,12 +142,8 @@ impl PatchFrames {
     }
 
     /// Patches placed.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.at.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.at.is_empty()
     }
 
     pub fn frame_count(&self) -> usize {
@@ -272,7 +268,7 @@ impl PatchFrames {
     }
 
     /// Frees every patch frame (the file's record goes, `drop_cached`).
-    pub fn free_all(&mut self, tx: &mut Tx<'_>) -> Result<(), TxError> {
+    pub(crate) fn free_all(&mut self, tx: &mut Tx<'_>) -> Result<(), TxError> {
         let frames: Vec<FrameId> = self.frames().collect();
         for f in frames {
             tx.free_frame(f)?;

@@ -119,7 +119,7 @@ impl Record {
 
     /// Decodes and verifies a record (C1); the error says what is wrong.
     #[allow(clippy::cast_possible_wrap)] // times: two's complement round trip with encode
-    pub fn decode(b: &[u8]) -> Result<Record, &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Record, &'static str> {
         if b.len() < RECORD_SIZE || &b[..8] != MAGIC {
             return Err("cached-file record without its magic");
         }

@@ -40,7 +40,7 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
 }
 
 /// [`scan`], with every record frame and its taken slots (bit i: slot i), empty ones too.
-pub fn scan_all(pool: &txn::Pool) -> Result<(Vec<Found>, slots::FramesFound), nvram::Error> {
+pub(crate) fn scan_all(pool: &txn::Pool) -> Result<(Vec<Found>, slots::FramesFound), nvram::Error> {
     // By the owner their page and patch frames name (`Place::owner`).
     let mut records: BTreeMap<u64, Found> = BTreeMap::new();
     let mut record_frames = Vec::new();

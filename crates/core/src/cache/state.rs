@@ -76,7 +76,7 @@ impl CacheState {
     /// size; P6 (its volatile side) every patch belongs to a page in NVRAM and lies where the
     /// patch frames say, and the page's frame is that patch frame; `unmapped` counts the
     /// pages whose lower space is reserved.
-    pub fn check(&self, object: u64) -> Result<(), String> {
+    pub(crate) fn check(&self, object: u64) -> Result<(), String> {
         let (size, valid) = (self.rec.size, self.rec.valid);
         if valid > size {
             return Err(format!("C1: file {object}: valid {valid} > size {size}"));
@@ -137,7 +137,7 @@ pub struct CachedFile<N, F> {
 }
 
 impl<N, F> CachedFile<N, F> {
-    pub fn new(
+    pub(crate) fn new(
         key: (u64, u64),
         record: Place,
         node: Arc<N>,
@@ -174,7 +174,7 @@ impl<N, F> CachedFile<N, F> {
     }
 
     /// Whether the file may keep its lower file open (see `holds`).
-    pub fn may_hold(&self) -> bool {
+    pub(crate) fn may_hold(&self) -> bool {
         *self.holds.get_or_init(|| {
             self.held
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -185,14 +185,14 @@ impl<N, F> CachedFile<N, F> {
     }
 
     /// Several files are locked in the order of their ids (a write-back batch).
-    pub fn lock(&self) -> MutexGuard<'_, CacheState> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CacheState> {
         self.state.lock_nth(self.id())
     }
 
     /// The file's identity in the cache's maps, zone tables and fetch queue, and the owner
     /// its page and patch frames name (`Place::owner`; a whole record frame's number for a
     /// record written before records were packed).
-    pub fn id(&self) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
         self.record.owner()
     }
 }
@@ -226,7 +226,7 @@ pub type Tables = crate::cache::policy::DirtyView;
 
 /// Records a newly dirty page in the tables (Figure 3.7 (a): `add_to_zone` when it is dirty
 /// and inactive).
-pub fn add_page(t: &mut Tables, c: &CacheCounters, page: PageKey, meta: &PageMeta) {
+pub(crate) fn add_page(t: &mut Tables, c: &CacheCounters, page: PageKey, meta: &PageMeta) {
     t.all.add_to_zone(page, meta.loc);
     inc(&c.pages_dirty);
     if !meta.active {
@@ -236,7 +236,7 @@ pub fn add_page(t: &mut Tables, c: &CacheCounters, page: PageKey, meta: &PageMet
 }
 
 /// The page is clean (written back, truncated away, dropped): Figure 3.7 (b).
-pub fn remove_page(t: &mut Tables, c: &CacheCounters, meta: &PageMeta) {
+pub(crate) fn remove_page(t: &mut Tables, c: &CacheCounters, meta: &PageMeta) {
     t.all.remove_from_zone(meta.loc);
     dec(&c.pages_dirty);
     if !meta.active {
@@ -247,7 +247,7 @@ pub fn remove_page(t: &mut Tables, c: &CacheCounters, meta: &PageMeta) {
 
 /// A second access promotes an inactive page (and takes it out of the inactive table); the
 /// first only marks it referenced (Linux's mark_page_accessed).
-pub fn accessed(t: &mut Tables, c: &CacheCounters, meta: &mut PageMeta, tick: u64) {
+pub(crate) fn accessed(t: &mut Tables, c: &CacheCounters, meta: &mut PageMeta, tick: u64) {
     meta.last_use = tick;
     if meta.active {
         meta.referenced = true;
@@ -264,7 +264,7 @@ pub fn accessed(t: &mut Tables, c: &CacheCounters, meta: &mut PageMeta, tick: u6
 /// Aging (the clock over the active list): a referenced active page loses its reference, an
 /// unreferenced one is demoted to the inactive list (`add_to_zone`); inactive pages lose
 /// their reference.
-pub fn age(t: &mut Tables, c: &CacheCounters, page: PageKey, meta: &mut PageMeta) {
+pub(crate) fn age(t: &mut Tables, c: &CacheCounters, page: PageKey, meta: &mut PageMeta) {
     if meta.active {
         if meta.referenced {
             meta.referenced = false;
@@ -286,7 +286,7 @@ const NO_BLOCK: u32 = 0x2 | 0x4 | 0x8 | 0x200;
 /// first byte, else by (file, page). A physical block already recorded for another page
 /// (reflinks, file-system blocks smaller than a page that straddle) falls back to the logical
 /// place, so that a location is recorded at most once.
-pub fn locate(extents: &[Extent], object: u64, index: u64, all: &ZoneTable) -> Loc {
+pub(crate) fn locate(extents: &[Extent], object: u64, index: u64, all: &ZoneTable) -> Loc {
     let logical = Loc::Logical { object, index };
     let pos = index * PAGE;
     let i = extents.partition_point(|e| e.logical + e.length <= pos);

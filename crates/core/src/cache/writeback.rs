@@ -107,7 +107,7 @@ impl<L: LowerFs> PageCache<L> {
 
     /// Rung when a write leaves the cache above its high watermark (background mode): the
     /// daemon's writer sleeps on it between rounds (`sync::Bell`).
-    pub fn writer_bell(&self) -> &crate::base::sync::Bell {
+    pub(crate) fn writer_bell(&self) -> &crate::base::sync::Bell {
         &self.writer_bell
     }
 
@@ -117,7 +117,7 @@ impl<L: LowerFs> PageCache<L> {
     /// for the whole round - measured on the ssd model, 128-byte random writes at the nbw
     /// experiment's scale 1: one write of 11 s (`--nbw off`, 25,237 pages) and one of 41 s
     /// (`async-bg`, 25,385 pages).
-    pub fn writeback_in_background(&self, b: &Base<L>) -> u64 {
+    pub(crate) fn writeback_in_background(&self, b: &Base<L>) -> u64 {
         self.round_above_high(b, Reason::Background)
     }
 
@@ -346,7 +346,7 @@ impl<L: LowerFs> PageCache<L> {
 
     /// Writes back every dirty page of every file (flush, unmount, cache off at mount), in
     /// batches by location; `progress(done, total)` after each batch.
-    pub fn flush_cache(
+    pub(crate) fn flush_cache(
         &self,
         b: &Base<L>,
         reason: Reason,
@@ -403,7 +403,7 @@ impl<L: LowerFs> PageCache<L> {
 
     /// Writes back the pages dirty for longer than `--max-dirty-age` (called about once a
     /// second by the front end's timer).
-    pub fn writeback_aged(&self, b: &Base<L>) -> FsResult<u64> {
+    pub(crate) fn writeback_aged(&self, b: &Base<L>) -> FsResult<u64> {
         let age = self.config.max_dirty_age;
         if age == 0 || self.pages_dirty() == 0 {
             return Ok(0);

@@ -68,7 +68,7 @@ impl<L: LowerFs> Engine<L> {
     /// run): the lower-FS space reserved for NVRAM data is the temp files' pages plus the
     /// cached pages with no lower block (`space.rs`: ENOSPC at write time counts on it).
     #[cfg(debug_assertions)]
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let unmapped = self.cache.check_cache()?;
         let temp_pages = self.temp.check()?;
         let reserved = self.base.space.pages();

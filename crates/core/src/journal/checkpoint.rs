@@ -51,7 +51,7 @@ pub enum Why {
 impl Journal {
     /// Makes every committed journal record durable in the lower file system and frees it
     /// (see the module docs); returns the records freed.
-    pub fn checkpoint<L: LowerFs>(&self, b: &Base<L>, why: Why) -> FsResult<u64> {
+    pub(crate) fn checkpoint<L: LowerFs>(&self, b: &Base<L>, why: Why) -> FsResult<u64> {
         let _one = self.checkpointing.lock();
         // Several requests can find the journal full at once and queue here: the first frees
         // it, and the others must not run a syncfs each (seconds at scale) for records that

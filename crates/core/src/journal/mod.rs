@@ -57,7 +57,7 @@ pub const MARKER: &str = "user.nvstack.journal";
 
 /// Reads the marker of the lower root: `Some(sequence)` (0 when never set), `None` when the
 /// lower file system cannot hold it (then nothing is journaled).
-pub fn read_marker<L: LowerFs>(lower: &L) -> Option<u64> {
+pub(crate) fn read_marker<L: LowerFs>(lower: &L) -> Option<u64> {
     match lower.getxattr(lower.root(), OsStr::new(MARKER), 64) {
         Ok(v) => Some(v.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)),
         Err(lower::Errno(libc::ENODATA)) => Some(0),
@@ -177,7 +177,7 @@ pub struct JournalStats {
 }
 
 impl Journal {
-    pub fn new(enabled: bool, config: JournalConfig, region_frames: u64) -> Journal {
+    pub(crate) fn new(enabled: bool, config: JournalConfig, region_frames: u64) -> Journal {
         let by_size = config.size_max / FRAME_SIZE as u64;
         Journal {
             enabled,
@@ -191,22 +191,18 @@ impl Journal {
         }
     }
 
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
     /// Committed records not yet checkpointed.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.pending.lock().records.len() as u64
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// At the size limit with less than a frame's worth of free slots left to take, or past
     /// it (a record found no run of free slots it needed): the next operation checkpoints.
-    pub fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         if !self.enabled {
             return false;
         }
@@ -216,7 +212,7 @@ impl Journal {
             || (frames == self.frames_max && pending.slots.free_slots() < SLOTS as u64)
     }
 
-    pub fn stats(&self, group: txn::JournalStats) -> JournalStats {
+    pub(crate) fn stats(&self, group: txn::JournalStats) -> JournalStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (records, frames) = {
             let pending = self.pending.lock();

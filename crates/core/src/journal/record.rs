@@ -172,7 +172,7 @@ impl Redo {
     }
 
     /// True when the change fits a record (handles, names, payload within their limits).
-    pub fn fits(&self) -> bool {
+    pub(crate) fn fits(&self) -> bool {
         [&self.dir1, &self.dir2, &self.object, &self.other].iter().all(|h| h.len() <= MAX_HANDLE)
             && self.name1.len() <= MAX_NAME
             && self.name2.len() <= MAX_NAME
@@ -219,7 +219,7 @@ impl Redo {
 
     /// The record in `slots` slots (at least `slots()`; a rewrite keeps its record's slots).
     #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
-    pub fn encode_in(&self, slots: usize) -> Vec<u8> {
+    pub(crate) fn encode_in(&self, slots: usize) -> Vec<u8> {
         assert!(self.fits(), "journal record fields too long");
         assert!(
             (self.slots()..=SLOTS).contains(&slots),
@@ -259,7 +259,7 @@ impl Redo {
     /// Decodes and verifies the record at the start of `b` (a slot boundary up to the end of
     /// its frame; M1); returns it with the slots it takes. The error says what is wrong.
     #[allow(clippy::cast_possible_wrap)] // times: two's complement round trip with encode
-    pub fn decode(b: &[u8]) -> Result<(Redo, usize), &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<(Redo, usize), &'static str> {
         if b.len() < SLOT_SIZE || &b[..8] != MAGIC {
             return Err("journal record without its magic");
         }
@@ -325,17 +325,17 @@ impl Redo {
         Ok((redo, slots))
     }
 
-    pub fn name1(&self) -> &OsStr {
+    pub(crate) fn name1(&self) -> &OsStr {
         &self.name1
     }
 
-    pub fn name2(&self) -> &OsStr {
+    pub(crate) fn name2(&self) -> &OsStr {
         &self.name2
     }
 }
 
 /// A creation: the record that names an object made again by replay (M5, in `other`).
-pub fn is_creation(op: Op) -> bool {
+pub(crate) fn is_creation(op: Op) -> bool {
     matches!(op, Op::Create | Op::Mknod | Op::Mkdir | Op::Symlink)
 }
 
@@ -362,7 +362,7 @@ pub struct Scan {
 /// Reads every journal frame of the region (after recovery rolled back unfinished
 /// transactions), checks M1, M2 and M6, and returns the records in sequence order. Damage is
 /// reported with the frame and slot named.
-pub fn scan_frames(pool: &txn::Pool) -> Result<Scan, nvram::Error> {
+pub(crate) fn scan_frames(pool: &txn::Pool) -> Result<Scan, nvram::Error> {
     let mut scan = Scan::default();
     for (frame, tag) in pool.allocated_frames()? {
         if tag.kind == KIND_REDO_V1 {
@@ -408,7 +408,7 @@ pub fn scan(pool: &txn::Pool) -> Result<Vec<Found>, nvram::Error> {
 }
 
 /// The region offset of `slot` of journal frame `frame`.
-pub fn slot_offset(pool: &txn::Pool, frame: txn::FrameId, slot: usize) -> u64 {
+pub(crate) fn slot_offset(pool: &txn::Pool, frame: txn::FrameId, slot: usize) -> u64 {
     pool.frame_offset(frame) + (slot * SLOT_SIZE) as u64
 }
 

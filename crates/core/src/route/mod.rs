@@ -155,7 +155,7 @@ pub enum Signal {
 }
 
 impl Routes {
-    pub fn new(enabled: bool) -> Self {
+    pub(crate) fn new(enabled: bool) -> Self {
         Routes {
             enabled: AtomicBool::new(enabled),
             nodes: Mutex::new(Rank::Routes, HashMap::new()),
@@ -164,24 +164,30 @@ impl Routes {
         }
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }
 
     /// Passthrough is off from now on (the kernel or the privilege is missing); opens already
     /// in passthrough stay so until they close.
-    pub fn disable(&self) {
+    pub(crate) fn disable(&self) {
         self.enabled.store(false, Ordering::Relaxed);
     }
 
     /// The node's version, read before the caller checks the file's NVRAM state (T2).
-    pub fn version(&self, node: u64) -> u64 {
+    pub(crate) fn version(&self, node: u64) -> u64 {
         self.nodes.lock().get(&node).map_or(0, |r| r.version)
     }
 
     /// Chooses and registers the route of one open of `node` (rule 1, then `keep` of rule 2
     /// as checked after `version` was read). `writable`: the open may write.
-    pub fn register(&self, node: u64, keep: Option<Keep>, version: u64, writable: bool) -> Route {
+    pub(crate) fn register(
+        &self,
+        node: u64,
+        keep: Option<Keep>,
+        version: u64,
+        writable: bool,
+    ) -> Route {
         let c = &self.counters;
         let mut nodes = self.nodes.lock();
         let r = nodes.entry(node).or_default();
@@ -227,7 +233,7 @@ impl Routes {
     }
 
     /// One open of `node` closed.
-    pub fn release(&self, node: u64) {
+    pub(crate) fn release(&self, node: u64) {
         let mut nodes = self.nodes.lock();
         if let Some(r) = nodes.get_mut(&node) {
             r.opens = r.opens.saturating_sub(1);
@@ -236,7 +242,7 @@ impl Routes {
 
     /// The kernel refused the backing file of the only open of `node`: it takes the NVRAM
     /// path (its reply then asks the kernel to drop the page cache: T3).
-    pub fn refused(&self, node: u64) {
+    pub(crate) fn refused(&self, node: u64) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
         let mut nodes = self.nodes.lock();
         if let Some(r) = nodes.get_mut(&node)
@@ -252,7 +258,7 @@ impl Routes {
     }
 
     /// The kernel forgot `node`: its page cache went with it.
-    pub fn forget(&self, node: u64) {
+    pub(crate) fn forget(&self, node: u64) {
         let mut nodes = self.nodes.lock();
         if nodes.get(&node).is_some_and(|r| r.opens == 0) {
             nodes.remove(&node);
@@ -262,7 +268,7 @@ impl Routes {
     /// Whether lower key `key` is in the profile, when known; `None` when not asked yet (the
     /// caller then asks [`Routes::profile_has`] with the file's handle). A key answered "no"
     /// stays "no" until it is learned: learning adds only the learned file's entry.
-    pub fn learned_key(&self, key: (u64, u64)) -> Option<bool> {
+    pub(crate) fn learned_key(&self, key: (u64, u64)) -> Option<bool> {
         let l = self.learned.lock();
         match l.keys.get(&key) {
             Some(&known) => Some(known),
@@ -273,7 +279,7 @@ impl Routes {
 
     /// Whether the file with lower key `key` and file handle `handle` is in the profile
     /// (remembering the answer for the key).
-    pub fn profile_has(&self, key: (u64, u64), handle: &[u8]) -> bool {
+    pub(crate) fn profile_has(&self, key: (u64, u64), handle: &[u8]) -> bool {
         let mut l = self.learned.lock();
         let has = l.profile.contains(profile::entry_of(handle));
         Self::remember_key(&mut l, key, has);
@@ -284,7 +290,7 @@ impl Routes {
     /// writes the new record (into the given frame, or a new one when `None`) in the caller's
     /// transaction and commits it, under the profile's lock so that two files learned at once
     /// both stay. Returns false when the file was in the profile already.
-    pub fn learn<E>(
+    pub(crate) fn learn<E>(
         &self,
         key: (u64, u64),
         handle: &[u8],
@@ -319,7 +325,7 @@ impl Routes {
     }
 
     /// At start: the profile found in the region.
-    pub fn load(&self, found: Option<profile::Found>) {
+    pub(crate) fn load(&self, found: Option<profile::Found>) {
         if let Some(f) = found {
             let mut l = self.learned.lock();
             l.frame = Some(f.frame);
@@ -327,7 +333,7 @@ impl Routes {
         }
     }
 
-    pub fn stats(&self) -> RouteStats {
+    pub(crate) fn stats(&self) -> RouteStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let passthrough_nodes =

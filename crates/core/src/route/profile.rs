@@ -62,7 +62,7 @@ impl Default for Profile {
 }
 
 /// The entry of a file handle (never 0: 0 marks an unused entry).
-pub fn entry_of(handle: &[u8]) -> u64 {
+pub(crate) fn entry_of(handle: &[u8]) -> u64 {
     checksum(&[b"route", handle]).max(1)
 }
 
@@ -71,12 +71,12 @@ impl Profile {
         self.entries.iter().filter(|&&e| e != 0).count()
     }
 
-    pub fn contains(&self, entry: u64) -> bool {
+    pub(crate) fn contains(&self, entry: u64) -> bool {
         entry != 0 && self.entries.contains(&entry)
     }
 
     /// Adds `entry` over the oldest when full; false when it was there already.
-    pub fn add(&mut self, entry: u64) -> bool {
+    pub(crate) fn add(&mut self, entry: u64) -> bool {
         if self.contains(entry) {
             return false;
         }
@@ -85,7 +85,7 @@ impl Profile {
         true
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         assert_eq!(self.entries.len(), CAPACITY, "profile entries");
         let mut b = vec![0u8; RECORD_SIZE];
         b[..8].copy_from_slice(MAGIC);
@@ -100,7 +100,7 @@ impl Profile {
     }
 
     /// Decodes and verifies a record (R1); the error says what is wrong.
-    pub fn decode(b: &[u8]) -> Result<Profile, &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Profile, &'static str> {
         if b.len() < RECORD_SIZE || &b[..8] != MAGIC {
             return Err("route-profile record without its magic");
         }

@@ -17,7 +17,7 @@ pub use crate::base::pages::{PAGE, pieces};
 
 /// Writes `data` at `offset`; returns the pages it allocated (added to `pages`). On error no
 /// page was added: the caller's map stays the mirror of what the rollback leaves.
-pub fn write(
+pub(crate) fn write(
     tx: &mut Tx<'_>,
     object: Place,
     pages: &mut BTreeMap<u64, FrameId>,
@@ -33,7 +33,7 @@ pub fn write(
 }
 
 /// Takes pages added by `write` out of the map again (their transaction rolled back).
-pub fn forget_pages(pages: &mut BTreeMap<u64, FrameId>, fresh: &[u64]) {
+pub(crate) fn forget_pages(pages: &mut BTreeMap<u64, FrameId>, fresh: &[u64]) {
     for p in fresh {
         pages.remove(p);
     }
@@ -62,7 +62,7 @@ fn write_into(
 }
 
 /// Reads up to `buf.len()` bytes at `offset`, bounded by the size; holes read as zeros.
-pub fn read(
+pub(crate) fn read(
     pool: &Pool,
     pages: &BTreeMap<u64, FrameId>,
     size: u64,
@@ -90,7 +90,7 @@ pub fn read(
 
 /// Sets the size of the data to `size`: frees pages wholly beyond it and zeroes the tail of
 /// the last partial page (D2, D3). Returns the number of frames freed.
-pub fn truncate(
+pub(crate) fn truncate(
     tx: &mut Tx<'_>,
     pages: &mut BTreeMap<u64, FrameId>,
     old_size: u64,
@@ -111,7 +111,7 @@ pub fn truncate(
 
 /// Frees every data frame of the file and takes its record out (`slots::remove`: the slot
 /// is released after the commit, `TempFs::release_record`).
-pub fn free_all(
+pub(crate) fn free_all(
     tx: &mut Tx<'_>,
     object: Place,
     pages: &mut BTreeMap<u64, FrameId>,
@@ -126,12 +126,12 @@ pub fn free_all(
 }
 
 /// Rewrites the record at its place (snapshot first).
-pub fn put_record(tx: &mut Tx<'_>, object: Place, rec: &Record) -> Result<(), TxError> {
+pub(crate) fn put_record(tx: &mut Tx<'_>, object: Place, rec: &Record) -> Result<(), TxError> {
     slots::put(tx, object, &rec.encode())
 }
 
 /// The next data offset at or after `offset` (SEEK_DATA), or None (ENXIO).
-pub fn seek_data(pages: &BTreeMap<u64, FrameId>, size: u64, offset: u64) -> Option<u64> {
+pub(crate) fn seek_data(pages: &BTreeMap<u64, FrameId>, size: u64, offset: u64) -> Option<u64> {
     if offset >= size {
         return None;
     }
@@ -143,7 +143,7 @@ pub fn seek_data(pages: &BTreeMap<u64, FrameId>, size: u64, offset: u64) -> Opti
 }
 
 /// The next hole at or after `offset` (SEEK_HOLE); the size counts as a hole.
-pub fn seek_hole(pages: &BTreeMap<u64, FrameId>, size: u64, offset: u64) -> Option<u64> {
+pub(crate) fn seek_hole(pages: &BTreeMap<u64, FrameId>, size: u64, offset: u64) -> Option<u64> {
     if offset >= size {
         return None;
     }

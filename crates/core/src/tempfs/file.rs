@@ -41,7 +41,7 @@ impl TempState {
     /// directory `dir`. O5: a temp file's name (state and overlay entry together) changes only
     /// while its lock and the overlay are held, so under its lock this is also what the
     /// overlay says.
-    pub fn is_named(&self, dir: DirKey, name: &OsStr) -> bool {
+    pub(crate) fn is_named(&self, dir: DirKey, name: &OsStr) -> bool {
         self.fate == Fate::Resident
             && self.rec.state == State::Live
             && self.rec.nlink > 0
@@ -53,7 +53,7 @@ impl TempState {
     /// each in debug builds, `debug_check!`): T3 (D3) no page lies at or beyond the size's
     /// last page; T4 a live named file (link count 1) has a name and a directory handle; a
     /// freed file holds no page.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let r = &self.rec;
         let first_gone = crate::base::pages::first_gone(r.size);
         if let Some((&page, _)) = self.pages.range(first_gone..).next() {
@@ -86,7 +86,7 @@ pub struct TempFile {
 }
 
 impl TempFile {
-    pub fn new(place: Place, st: TempState) -> TempFile {
+    pub(crate) fn new(place: Place, st: TempState) -> TempFile {
         TempFile {
             place,
             serial: st.rec.serial,
@@ -96,12 +96,12 @@ impl TempFile {
     }
 
     /// Two files are locked in serial order (a rename of one temp file onto another).
-    pub fn lock(&self) -> MutexGuard<'_, TempState> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TempState> {
         self.state.lock_nth(self.serial)
     }
 
     /// Waits until the file is not being transformed; returns the guard re-taken.
-    pub fn wait_stable<'a>(
+    pub(crate) fn wait_stable<'a>(
         &'a self,
         mut g: MutexGuard<'a, TempState>,
     ) -> MutexGuard<'a, TempState> {
@@ -112,7 +112,7 @@ impl TempFile {
     }
 
     /// Wakes waiters after a transform ended.
-    pub fn notify(&self) {
+    pub(crate) fn notify(&self) {
         self.changed.notify_all();
     }
 }

@@ -92,7 +92,7 @@ pub const TRIGGERS: [Trigger; 11] = [
 ];
 
 impl Trigger {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Trigger::Size => "size",
             Trigger::Pressure => "pressure",
@@ -190,7 +190,7 @@ pub struct TempFs<L: LowerFs> {
 }
 
 impl<L: LowerFs> TempFs<L> {
-    pub fn new(
+    pub(crate) fn new(
         config: TempConfig,
         limits: TempLimits,
         nodes: InodeTable<Obj<L::Node>>,
@@ -210,13 +210,13 @@ impl<L: LowerFs> TempFs<L> {
     }
 
     /// Data pages of temp files in NVRAM now.
-    pub fn pages_resident(&self) -> u64 {
+    pub(crate) fn pages_resident(&self) -> u64 {
         self.counters.pages_resident.load(Ordering::Relaxed)
     }
 
     /// `nvstack stat --json`: `tempfiles` (`files_resident`: the temp files in NVRAM now,
     /// which the base's space reservation counts).
-    pub fn stats(&self, files_resident: u64) -> TempStats {
+    pub(crate) fn stats(&self, files_resident: u64) -> TempStats {
         let mut s = self.counters.snapshot(&self.config);
         s.record_frames = self.slots.frames();
         s.files_resident = files_resident;
@@ -292,11 +292,11 @@ pub struct TempStats {
 }
 
 impl TempCounters {
-    pub fn transformed(&self, t: Trigger) {
+    pub(crate) fn transformed(&self, t: Trigger) {
         self.transformed[t as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self, config: &TempConfig) -> TempStats {
+    pub(crate) fn snapshot(&self, config: &TempConfig) -> TempStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let transformed: BTreeMap<&'static str, u64> =
             TRIGGERS.iter().map(|&t| (t.name(), get(&self.transformed[t as usize]))).collect();
@@ -352,7 +352,7 @@ pub fn scan(pool: &Pool) -> Result<Vec<Found>, nvram::Error> {
 }
 
 /// [`scan`], with the record frames.
-pub fn scan_all(pool: &Pool) -> Result<Scanned, nvram::Error> {
+pub(crate) fn scan_all(pool: &Pool) -> Result<Scanned, nvram::Error> {
     let frames = pool.allocated_frames()?;
     let mut objects: BTreeMap<Place, Found> = BTreeMap::new();
     let mut record_frames = Vec::new();
@@ -400,7 +400,7 @@ pub fn scan_all(pool: &Pool) -> Result<Scanned, nvram::Error> {
 pub struct Clock(AtomicU64);
 
 impl Clock {
-    pub fn tick(&self) -> u64 {
+    pub(crate) fn tick(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed)
     }
 }

@@ -32,7 +32,7 @@
 //! new record.
 
 use crate::base::frames;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use nvram::checksum::checksum;
@@ -123,16 +123,12 @@ impl Record {
         self.flags & FLAG_SHADOWS != 0
     }
 
-    pub fn set_shadows(&mut self, on: bool) {
+    pub(crate) fn set_shadows(&mut self, on: bool) {
         if on {
             self.flags |= FLAG_SHADOWS;
         } else {
             self.flags &= !FLAG_SHADOWS;
         }
-    }
-
-    pub fn name(&self) -> &OsStr {
-        &self.name
     }
 
     #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
@@ -171,7 +167,7 @@ impl Record {
 
     /// Decodes and verifies a record (T1); the error says what is wrong.
     #[allow(clippy::cast_possible_wrap)] // times: two's complement round trip with encode
-    pub fn decode(b: &[u8]) -> Result<Record, &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Record, &'static str> {
         if b.len() < RECORD_SIZE || &b[..8] != MAGIC {
             return Err("temp-file record without its magic");
         }

@@ -80,7 +80,12 @@ struct TransformJob<L: LowerFs> {
 impl<L: LowerFs> TempFs<L> {
     /// Transforms `f` into a lower file (see the module docs). Returns when it is done, also
     /// when another thread did it; a file that is unlinked or freed is left alone.
-    pub fn transform(&self, b: &Base<L>, f: &Arc<TempFile>, trigger: Trigger) -> FsResult<()> {
+    pub(crate) fn transform(
+        &self,
+        b: &Base<L>,
+        f: &Arc<TempFile>,
+        trigger: Trigger,
+    ) -> FsResult<()> {
         match Self::mark(b, f)? {
             Some(w1) => self.finish_transform(b, f, trigger, w1),
             None => Ok(()),
@@ -251,7 +256,7 @@ impl<L: LowerFs> TempFs<L> {
     /// lower file system each instead of an fsync per file and per directory (groups of
     /// `GROUP` files, so that no file stays frozen for long). The protocol's proof holds per
     /// file: step 4 of any file runs only after its rename is durable.
-    pub fn transform_group(
+    pub(crate) fn transform_group(
         &self,
         b: &Base<L>,
         files: &[Arc<TempFile>],
@@ -448,7 +453,7 @@ impl<L: LowerFs> TempFs<L> {
     /// Transforms every named temp file (flush, unmount) as groups; `progress(done, total)`
     /// after each group. Returns how many were transformed and the first error (the others
     /// were still tried).
-    pub fn transform_all(
+    pub(crate) fn transform_all(
         &self,
         b: &Base<L>,
         trigger: Trigger,
@@ -483,7 +488,7 @@ impl<L: LowerFs> TempFs<L> {
     /// request). Returns the files transformed: 0 when under the mark, when another round
     /// runs, or when nothing could be transformed (the caller then waits before it looks
     /// again).
-    pub fn transform_in_background(&self, b: &Base<L>) -> u64 {
+    pub(crate) fn transform_in_background(&self, b: &Base<L>) -> u64 {
         if self.temp_frames() <= self.limits.background_frames {
             return 0;
         }
@@ -564,7 +569,7 @@ impl<L: LowerFs> TempFs<L> {
     }
 
     /// `nvstack flush`: transforms every temp file, then settles pending directory times.
-    pub fn flush_tempfiles(
+    pub(crate) fn flush_tempfiles(
         &self,
         b: &Base<L>,
         progress: &mut dyn FnMut(u64, u64),

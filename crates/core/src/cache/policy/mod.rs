@@ -56,7 +56,7 @@ pub trait Policy: std::fmt::Debug + Send + Sync {
 }
 
 /// The policy named on the command line (`--writeback`).
-pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+pub(crate) fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     match name {
         "file" => Some(Box::new(file::File)),
         "recency" => Some(Box::new(recency::Recency)),

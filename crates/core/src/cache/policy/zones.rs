@@ -71,12 +71,8 @@ pub struct ZoneInfo {
 
 impl ZoneInfo {
     /// ASL as a fraction (dirty, segments), compared exactly.
-    pub fn asl(&self) -> (u64, u64) {
+    pub(crate) fn asl(&self) -> (u64, u64) {
         (self.dirty_pages, self.segments.max(1))
-    }
-
-    pub fn asl_f64(&self) -> f64 {
-        self.dirty_pages as f64 / self.segments.max(1) as f64
     }
 }
 
@@ -88,12 +84,12 @@ pub struct ZoneTable {
 }
 
 impl ZoneTable {
-    pub fn new(zone_blocks: u64) -> ZoneTable {
+    pub(crate) fn new(zone_blocks: u64) -> ZoneTable {
         assert!(zone_blocks > 0, "a zone holds at least one block");
         ZoneTable { zone_blocks, zones: BTreeMap::new() }
     }
 
-    pub fn zone_of(&self, loc: Loc) -> ZoneId {
+    pub(crate) fn zone_of(&self, loc: Loc) -> ZoneId {
         match loc {
             Loc::Physical(b) => ZoneId::Physical(b / self.zone_blocks),
             Loc::Logical { object, index } => {
@@ -110,7 +106,7 @@ impl ZoneTable {
     }
 
     /// Figure 3.7 (a). Panics if the location is already recorded (a page is dirty once).
-    pub fn add_to_zone(&mut self, page: PageKey, loc: Loc) {
+    pub(crate) fn add_to_zone(&mut self, page: PageKey, loc: Loc) {
         let zone = self.zone_of(loc);
         let before = self.present_in(zone, loc.prev());
         let after = self.present_in(zone, loc.next());
@@ -125,7 +121,7 @@ impl ZoneTable {
     }
 
     /// Figure 3.7 (b). Returns false if the location was not recorded.
-    pub fn remove_from_zone(&mut self, loc: Loc) -> bool {
+    pub(crate) fn remove_from_zone(&mut self, loc: Loc) -> bool {
         let zone = self.zone_of(loc);
         let before = self.present_in(zone, loc.prev());
         let after = self.present_in(zone, loc.next());
@@ -146,26 +142,27 @@ impl ZoneTable {
         true
     }
 
-    pub fn zone(&self, zone: ZoneId) -> Option<&ZoneInfo> {
+    pub(crate) fn zone(&self, zone: ZoneId) -> Option<&ZoneInfo> {
         self.zones.get(&zone)
     }
 
-    pub fn zones(&self) -> impl Iterator<Item = (&ZoneId, &ZoneInfo)> {
+    #[cfg(test)]
+    pub(crate) fn zones(&self) -> impl Iterator<Item = (&ZoneId, &ZoneInfo)> {
         self.zones.iter()
     }
 
     /// Whether `loc` is recorded.
-    pub fn contains(&self, loc: Loc) -> bool {
+    pub(crate) fn contains(&self, loc: Loc) -> bool {
         self.zones.get(&self.zone_of(loc)).is_some_and(|z| z.pages.contains_key(&loc))
     }
 
-    pub fn dirty_pages(&self) -> u64 {
+    pub(crate) fn dirty_pages(&self) -> u64 {
         self.zones.values().map(|z| z.dirty_pages).sum()
     }
 
     /// The zone with the largest ASL not in `exclude`; ties go to the zone with more dirty
     /// pages, then the lowest zone (deterministic).
-    pub fn best_zone_excluding(&self, exclude: &BTreeSet<ZoneId>) -> Option<ZoneId> {
+    pub(crate) fn best_zone_excluding(&self, exclude: &BTreeSet<ZoneId>) -> Option<ZoneId> {
         self.zones
             .iter()
             .filter(|(id, _)| !exclude.contains(id))
@@ -180,7 +177,7 @@ impl ZoneTable {
             .map(|(id, _)| *id)
     }
 
-    pub fn pages_of(&self, zone: ZoneId) -> impl Iterator<Item = (Loc, PageKey)> + '_ {
+    pub(crate) fn pages_of(&self, zone: ZoneId) -> impl Iterator<Item = (Loc, PageKey)> + '_ {
         self.zones.get(&zone).into_iter().flat_map(|z| z.pages.iter().map(|(l, p)| (*l, *p)))
     }
 }

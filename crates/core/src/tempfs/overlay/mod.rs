@@ -76,17 +76,17 @@ impl<N> Default for Overlay<N> {
 }
 
 impl<N> Overlay<N> {
-    pub fn get(&self, dir: DirKey, name: &OsStr) -> Option<&Arc<TempFile>> {
+    pub(crate) fn get(&self, dir: DirKey, name: &OsStr) -> Option<&Arc<TempFile>> {
         self.dirs.get(&dir).and_then(|d| d.names.get(name))
     }
 
-    pub fn has_entries(&self, dir: DirKey) -> bool {
+    pub(crate) fn has_entries(&self, dir: DirKey) -> bool {
         self.dirs.get(&dir).is_some_and(|d| !d.names.is_empty())
     }
 
     /// Removes a name; drops the directory's entry (and its pin) when it was the last and no
     /// times are pending.
-    pub fn remove_name(&mut self, dir: DirKey, name: &OsStr) -> Option<Arc<TempFile>> {
+    pub(crate) fn remove_name(&mut self, dir: DirKey, name: &OsStr) -> Option<Arc<TempFile>> {
         let d = self.dirs.get_mut(&dir)?;
         let f = d.names.remove(name);
         if d.names.is_empty() && d.times.is_none() {
@@ -96,7 +96,7 @@ impl<N> Overlay<N> {
     }
 
     /// The directory's entry, made (pinning `node`) if it has none.
-    pub fn dir_entry(&mut self, dir: DirKey, node: &Arc<N>, handle: &[u8]) -> &mut Dir<N> {
+    pub(crate) fn dir_entry(&mut self, dir: DirKey, node: &Arc<N>, handle: &[u8]) -> &mut Dir<N> {
         self.dirs.entry(dir).or_insert_with(|| Dir {
             node: Arc::clone(node),
             handle: handle.to_vec(),
@@ -106,11 +106,11 @@ impl<N> Overlay<N> {
     }
 
     /// Directories with pending times and no temp files (those whose record a settle frees).
-    pub fn times_only(&self) -> usize {
+    pub(crate) fn times_only(&self) -> usize {
         self.dirs.values().filter(|d| d.names.is_empty() && d.times.is_some()).count()
     }
 
-    pub fn insert_name(
+    pub(crate) fn insert_name(
         &mut self,
         dir: DirKey,
         node: &Arc<N>,

@@ -110,7 +110,7 @@ impl<L: LowerFs> TempFs<L> {
 
     /// Settles pending directory times (see the module docs); returns how many records were
     /// freed.
-    pub fn settle_dir_times(&self, b: &Base<L>) -> FsResult<u64> {
+    pub(crate) fn settle_dir_times(&self, b: &Base<L>) -> FsResult<u64> {
         let pending: Vec<(DirKey, Arc<L::Node>, Written)> = self
             .overlay
             .lock()

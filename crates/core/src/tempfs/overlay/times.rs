@@ -66,7 +66,7 @@ pub struct DirTimes {
 
 impl DirTimes {
     #[allow(clippy::cast_sign_loss)] // times: two's complement round trip with decode
-    pub fn encode(&self) -> [u8; RECORD_SIZE] {
+    pub(crate) fn encode(&self) -> [u8; RECORD_SIZE] {
         assert!(
             !self.handle.is_empty() && self.handle.len() <= MAX_HANDLE,
             "directory handle of {} bytes",
@@ -87,7 +87,7 @@ impl DirTimes {
 
     /// Decodes and verifies a record (P1); the error says what is wrong.
     #[allow(clippy::cast_possible_wrap)] // times: two's complement round trip with encode
-    pub fn decode(b: &[u8]) -> Result<DirTimes, &'static str> {
+    pub(crate) fn decode(b: &[u8]) -> Result<DirTimes, &'static str> {
         if b.len() < RECORD_SIZE || &b[..8] != MAGIC {
             return Err("directory-times record without its magic");
         }
