@@ -42,24 +42,28 @@ fn code(src: &str) -> String {
             out.replace_range(at..at + "#[cfg(test)]".len(), "");
             continue;
         }
-        let mut depth = 0usize;
-        let mut end = rest.len();
-        for (i, c) in rest[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = block_end(rest, open).unwrap_or(rest.len());
         out.replace_range(at..at + end, "");
     }
     out
+}
+
+/// Just past the brace that closes the block opened at `open` (a `{` of `text`).
+fn block_end(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn ident_len(s: &str) -> usize {
@@ -115,7 +119,6 @@ fn paths(prefix: &[String], text: &str, out: &mut Vec<Vec<String>>) {
     }
 }
 
-/// Every file of the crate with the files it uses.
 /// The byte ranges of the inline modules (`mod name { ... }`) of a file's code: a `super::`
 /// inside one names the file's own module, not its parent.
 fn inline_modules(text: &str) -> Vec<std::ops::Range<usize>> {
@@ -129,24 +132,14 @@ fn inline_modules(text: &str) -> Vec<std::ops::Range<usize>> {
             continue; // `mod x;` (a file of its own) or not a module
         }
         let open = text.len() - after.len();
-        let mut depth = 0usize;
-        for (i, c) in text[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        out.push(at..open + i + 1);
-                        break;
-                    }
-                }
-                _ => {}
-            }
+        if let Some(end) = block_end(text, open) {
+            out.push(at..end);
         }
     }
     out
 }
 
+/// Every file of the crate with the files it uses.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();

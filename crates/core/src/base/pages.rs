@@ -133,20 +133,20 @@ pub(crate) fn load(pool: &Pool, frame: FrameId, in_page: u64, out: &mut [u8]) {
 /// The size and times in a file's record that its data changes: a temp file's record and a
 /// cached file's record answer the same way to a write and a truncate.
 pub trait DataRecord {
-    fn size_mut(&mut self) -> &mut u64;
-    /// The data changed at `now`: mtime and ctime.
-    fn modified(&mut self, now: (i64, u32));
+    /// The record's size, mtime and ctime.
+    fn data_fields(&mut self) -> (&mut u64, &mut (i64, u32), &mut (i64, u32));
 
     /// A write ending at `end` (at most [`MAX_SIZE`], [`write_end`]) committed at `now`.
     fn written(&mut self, end: u64, now: (i64, u32)) {
-        let size = self.size_mut();
+        let (size, mtime, ctime) = self.data_fields();
         *size = (*size).max(end);
-        self.modified(now);
+        (*mtime, *ctime) = (now, now);
     }
 
     /// A truncate to `size` (at most [`MAX_SIZE`], [`check_size`]) at `now`.
     fn truncated(&mut self, size: u64, now: (i64, u32)) {
-        *self.size_mut() = size;
-        self.modified(now);
+        let (s, mtime, ctime) = self.data_fields();
+        *s = size;
+        (*mtime, *ctime) = (now, now);
     }
 }

@@ -697,23 +697,11 @@ impl<L: LowerFs> PageCache<L> {
             if st.gone {
                 return Err(format!("a freed file (frame {}) is still mapped", cf.id()));
             }
+            // The file's own invariants (with where its patches lie), then its patch frames'
+            // slot bookkeeping (every frame of them: here only, not after every operation).
             st.check(cf.id())?;
             unmapped += st.unmapped;
-            // Patches: where the map says, each patched page's frame theirs, and no other.
             st.patch_frames.check().map_err(|e| format!("frame {}: {e}", cf.id()))?;
-            for (&index, meta) in &st.pages {
-                let place = st.patch_frames.place(index);
-                if place.map(|p| p.frame) != st.patches.contains_key(&index).then_some(meta.frame) {
-                    return Err(format!(
-                        "frame {} page {index}: patch at {place:?}, page frame {}",
-                        cf.id(),
-                        meta.frame.0
-                    ));
-                }
-            }
-            if st.patch_frames.len() != st.patches.len() {
-                return Err(format!("frame {}: patches placed and decoded differ", cf.id()));
-            }
             patch_frames += st.patch_frames.frame_count() as u64;
             pages.extend(
                 st.pages.iter().map(|(&index, m)| (PageKey { object: cf.id(), index }, *m)),

@@ -75,20 +75,14 @@ pub struct Record {
 }
 
 impl crate::base::pages::DataRecord for Record {
-    fn size_mut(&mut self) -> &mut u64 {
-        &mut self.size
-    }
-
-    fn modified(&mut self, now: (i64, u32)) {
-        self.mtime = now;
-        self.ctime = now;
+    fn data_fields(&mut self) -> (&mut u64, &mut (i64, u32), &mut (i64, u32)) {
+        (&mut self.size, &mut self.mtime, &mut self.ctime)
     }
 
     /// The lower file's bytes beyond the new size are no longer the file's (C1).
     fn truncated(&mut self, size: u64, now: (i64, u32)) {
-        self.size = size;
+        (self.size, self.mtime, self.ctime) = (size, now, now);
         self.valid = self.valid.min(size);
-        self.modified(now);
     }
 }
 

@@ -74,7 +74,7 @@ impl CacheState {
     /// of each in debug builds, `debug_check!`): C1 `valid <= size`; D3 (C3) no page at or
     /// beyond the size's last page; P5 a patch neither covers its whole page nor reaches the
     /// size; P6 (its volatile side) every patch belongs to a page in NVRAM and lies where the
-    /// patch frames say, and the page's frame is that patch frame; `unmapped` counts the
+    /// patch frames say, the page's frame is that patch frame, and no other page has a place; `unmapped` counts the
     /// pages whose lower space is reserved.
     pub(crate) fn check(&self, object: u64) -> Result<(), String> {
         let (size, valid) = (self.rec.size, self.rec.valid);
@@ -88,12 +88,23 @@ impl CacheState {
         if let Some((&page, _)) = self.pages.range(first_gone..).next() {
             return Err(format!("D3: file {object}: page {page} beyond the size {size}"));
         }
+        // P6: a patched page's frame is the patch frame its patch lies in; no other page has a
+        // place; the patches placed are the patches decoded.
+        for (&page, meta) in &self.pages {
+            let place = self.patch_frames.place(page);
+            if place.map(|p| p.frame) != self.patches.contains_key(&page).then_some(meta.frame) {
+                return Err(format!(
+                    "P6: file {object} page {page}: patch at {place:?}, page frame {}",
+                    meta.frame.0
+                ));
+            }
+        }
+        if self.patch_frames.len() != self.patches.len() {
+            return Err(format!("P6: file {object}: patches placed and decoded differ"));
+        }
         for (&page, patch) in &self.patches {
-            let Some(meta) = self.pages.get(&page) else {
+            if !self.pages.contains_key(&page) {
                 return Err(format!("P6: file {object}: patch of page {page} without its page"));
-            };
-            if self.patch_frames.place(page).map(|p| p.frame) != Some(meta.frame) {
-                return Err(format!("P6: file {object}: page {page}'s patch not in its frame"));
             }
             let room = size.saturating_sub(page * PAGE).min(PAGE) as usize;
             let end = patch.pieces().map(|(at, bytes)| at + bytes.len()).max().unwrap_or(0);

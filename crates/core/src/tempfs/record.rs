@@ -108,13 +108,8 @@ pub struct Record {
 }
 
 impl crate::base::pages::DataRecord for Record {
-    fn size_mut(&mut self) -> &mut u64 {
-        &mut self.size
-    }
-
-    fn modified(&mut self, now: (i64, u32)) {
-        self.mtime = now;
-        self.ctime = now;
+    fn data_fields(&mut self) -> (&mut u64, &mut (i64, u32), &mut (i64, u32)) {
+        (&mut self.size, &mut self.mtime, &mut self.ctime)
     }
 }
 
