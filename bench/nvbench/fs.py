@@ -253,7 +253,9 @@ def _nvstack() -> list[FsConfig]:
              "(cached once, in NVRAM; one request per write)"),
             ("dio-never", ["--direct-io", "never"], "every open of a temp file goes "
              "through the kernel's page cache (the default until 2026-11-29; since then "
-             "opens that cannot read bypass it)")):
+             "opens that cannot read bypass it)"),
+            ("spare", ["--fsync-requests", "spare"], "the kernel is told once not to send "
+             "fsync requests (every operation is durable when it returns; no passthrough)")):
         out.append(FsConfig(
             f"nvstack-ext4-{name}", f"nvstack {' '.join(args)}",
             f"nvstack with its defaults over ext4 data=ordered but {' '.join(args)}: {what}",

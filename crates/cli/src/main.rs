@@ -51,6 +51,12 @@ enum Command {
     /// every dirty page and checkpoint the metadata journal: the lower directory alone is then
     /// complete and durable (progress bar).
     Flush(cmd::flush::FlushArgs),
+    /// Make every operation that returned before it durable: journal mode's open group
+    /// committed, and the lower file system synced (passthrough files' writes). The kernel
+    /// never sends a FUSE daemon sync(2)/syncfs(2): in journal mode `sync` alone leaves the
+    /// group open for up to --group-commit-interval; in undo mode every operation is durable
+    /// when it returns, but syncfs(2) of the mount does not reach passthrough files' data.
+    Sync(cmd::sync::SyncArgs),
     /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
     InstallMountHelper(cmd::mount_helper::InstallArgs),
     /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
@@ -78,6 +84,7 @@ fn main() -> ExitCode {
         Command::Umount(args) => cmd::umount::run(args),
         Command::Stat(args) => cmd::stat::run(args),
         Command::Flush(args) => cmd::flush::run(args),
+        Command::Sync(args) => cmd::sync::run(args),
         Command::InstallMountHelper(args) => cmd::mount_helper::install(args),
         Command::Device(command) => {
             device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))

@@ -453,6 +453,102 @@ fn xattrs_off_stops_the_kernel_asking_before_every_write() {
     assert!(v["requests"]["setxattr"].as_u64().unwrap_or(0) <= 1, "{}", v["requests"]);
 }
 
+/// `--fsync-requests spare` (docs/design.md 13.7): the first fsync and the first fsync of a
+/// directory are answered "not implemented", after which the kernel sends no more of either and
+/// returns success itself - fsync, fdatasync, O_SYNC writes and directory fsyncs all succeed,
+/// and the daemon sees two requests for a hundred calls. What they acknowledged survives
+/// SIGKILL of the daemon (its power-cut counterpart: crates/core/tests/durability.rs and
+/// `bench/run powercut --fs nvstack-ext4-spare`). Journal mode refuses it with the reason.
+#[test]
+fn spared_fsync_requests_reach_the_daemon_once_and_lose_nothing() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--consistency", "journal", "--fsync-requests", "spare"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("needs --consistency undo"), "{}", text(&out));
+    let out = f.mount_with(&["--fsync-requests", "spare"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v = stat_json(&f.mnt());
+    assert_eq!(v["fsync"]["requests"], "spare");
+    assert_eq!(v["passthrough"]["enabled"], false, "a passthrough file's fsync must reach it");
+    std::fs::create_dir(f.mnt().join("new")).unwrap();
+    let dir = std::fs::File::open(f.mnt().join("new")).unwrap();
+    let mut log =
+        std::fs::OpenOptions::new().create(true).append(true).open(f.mnt().join("log")).unwrap();
+    let mut dsync = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(f.mnt().join("dsync"))
+        .unwrap();
+    for i in 0..50 {
+        log.write_all(format!("record {i}\n").as_bytes()).unwrap();
+        if i % 2 == 0 {
+            log.sync_data().unwrap();
+        } else {
+            log.sync_all().unwrap();
+        }
+        dsync.write_all(format!("{i}\n").as_bytes()).unwrap();
+        std::fs::write(f.mnt().join("new").join(i.to_string()), b"mail").unwrap();
+        dir.sync_all().unwrap();
+    }
+    let v = stat_json(&f.mnt());
+    assert_eq!(v["fsync"]["spared"], 2, "one FSYNC and one FSYNCDIR: {}", v["fsync"]);
+    assert_eq!(v["fsync"]["calls"], 0, "{}", v["fsync"]);
+    assert_eq!(v["requests"]["fsync"].as_u64().unwrap_or(0), 0, "{}", v["requests"]);
+    // `nvstack sync` is served too (the sync(1) the kernel does not send).
+    let out = nvstack(&["sync", f.mnt().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stat_json(&f.mnt())["fsync"]["sync_requests"], 1);
+    drop((log, dsync, dir));
+    // SAFETY: kill of the daemon we started.
+    unsafe { libc::kill(f.daemon_pid(), libc::SIGKILL) };
+    let mut remounted = false;
+    for _ in 0..100 {
+        // The dead mount may still be settling: bounded retries.
+        let out = f.mount_with(&["--fsync-requests", "spare"]);
+        if out.status.success() {
+            remounted = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(remounted, "remount after SIGKILL");
+    let log = std::fs::read_to_string(f.mnt().join("log")).unwrap();
+    assert_eq!(log.lines().count(), 50);
+    assert_eq!(std::fs::read_to_string(f.mnt().join("dsync")).unwrap().lines().count(), 50);
+    assert_eq!(std::fs::read_dir(f.mnt().join("new")).unwrap().count(), 50);
+    f.umount();
+}
+
+/// `nvstack sync` in journal mode commits the open group at once: `sync(1)` alone does not
+/// reach the daemon (the kernel sends FUSE_SYNCFS only to virtiofs), so a written file's group
+/// stays open until its interval.
+#[test]
+fn nvstack_sync_commits_journal_modes_open_group() {
+    if skip() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = f.mount_with(&["--consistency", "journal", "--group-commit-interval", "600"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let commits = |v: &serde_json::Value| v["journal"]["group"]["group_commits"].as_u64().unwrap();
+    std::fs::write(f.mnt().join("f"), b"x\n").unwrap();
+    let before = commits(&stat_json(&f.mnt()));
+    let _ = Command::new("sync").arg("-f").arg(f.mnt().join("f")).status();
+    assert_eq!(commits(&stat_json(&f.mnt())), before, "syncfs(2) never reaches the daemon");
+    let out = nvstack(&["sync", f.mnt().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v = stat_json(&f.mnt());
+    assert_eq!(commits(&v), before + 1, "{}", v["journal"]["group"]);
+    assert_eq!(v["fsync"]["sync_requests"], 1);
+    f.umount();
+}
+
 /// `nvstack stat --json` of the mount.
 fn stat_json(mnt: &Path) -> serde_json::Value {
     let out = nvstack(&["stat", mnt.to_str().unwrap(), "--json"]);
@@ -1171,6 +1267,8 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("tempfile-background", Some("60"), json!(60)),
         ("xattrs", Some("off"), json!("off")),
         ("passthrough", Some("off"), json!("off")),
+        // (`spare` needs undo mode; this table's mount is `--consistency none`)
+        ("fsync-requests", Some("forward"), json!("forward")),
         ("direct-io", Some("nvram"), json!("nvram")),
         ("keep-tempfiles", None, json!(true)),
         ("cache", Some("off"), json!("off")),

@@ -31,6 +31,7 @@ pub mod tempfs;
 pub use base::Entry;
 pub use base::binding;
 pub use base::counters::Op;
+pub use base::durability::FsyncRequests;
 pub use base::error::StartError;
 pub use base::error::{FsError, FsResult};
 pub use base::incidents::Incident;

@@ -236,3 +236,164 @@ fn read_lower_durable(lower: &MemLower, n: &str) -> Vec<u8> {
     crashed.read(&f, 0, &mut buf).unwrap();
     buf
 }
+
+// --- `--fsync-requests spare` (E2 in base/durability.rs) ---------------------------------------
+
+fn spare(config: EngineConfig) -> EngineConfig {
+    EngineConfig { fsync_requests: engine::FsyncRequests::Spare, ..config }
+}
+
+fn lower_file(lower: &MemLower, n: &str, byte: u8, len: usize) {
+    let (_, _, f) = lower.create(&ROOT, lower.root(), name(n), 0o644, libc::O_RDWR).unwrap();
+    lower.write(&f, 0, &vec![byte; len]).unwrap();
+}
+
+fn open_rw(e: &Engine<MemLower>, n: &str) -> (u64, u64) {
+    let node = e.lookup(e.root_id(), name(n)).unwrap().node_id;
+    (node, e.open(node, libc::O_RDWR).unwrap())
+}
+
+fn size(e: &Engine<MemLower>, n: &str) -> u64 {
+    e.lookup(e.root_id(), name(n)).unwrap().attr.size
+}
+
+type Act = fn(&Engine<MemLower>);
+type Survived = fn(&Engine<MemLower>) -> bool;
+
+/// Every change that reaches the lower file system outside NVRAM, made with no fsync after
+/// it: with `spare` no fsync request will ever come, so the operation itself must have made
+/// it durable (E2). Each row is run in both modes and crashed: with `spare` the change
+/// survives the power cut, with `forward` (nothing asked the lower file system) it is lost -
+/// the row really exercises a change E1 alone leaves to a later fsync.
+const SPARE_ROWS: &[(&str, Act, Survived)] = &[
+    (
+        "a write written through",
+        |e| {
+            let (_, fh) = open_rw(e, "a");
+            e.write(fh, 0, b"new", false).unwrap();
+            e.release(fh).unwrap();
+        },
+        |e| read(e, e.root_id(), "a").starts_with(b"new"),
+    ),
+    (
+        "fallocate past the end",
+        |e| {
+            let (_, fh) = open_rw(e, "a");
+            e.fallocate(fh, 0, 0, 20_000).unwrap();
+            e.release(fh).unwrap();
+        },
+        |e| size(e, "a") == 20_000,
+    ),
+    (
+        "a truncate by path",
+        |e| {
+            let node = e.lookup(e.root_id(), name("a")).unwrap().node_id;
+            let set = lower::SetAttr { size: Some(100), ..lower::SetAttr::default() };
+            e.setattr(node, None, &set, false).unwrap();
+        },
+        |e| size(e, "a") == 100,
+    ),
+    (
+        "a truncate through a handle",
+        |e| {
+            let (node, fh) = open_rw(e, "a");
+            let set = lower::SetAttr { size: Some(10), ..lower::SetAttr::default() };
+            e.setattr(node, Some(fh), &set, false).unwrap();
+            e.release(fh).unwrap();
+        },
+        |e| size(e, "a") == 10,
+    ),
+    (
+        "copy_file_range between lower files",
+        |e| {
+            let (_, src) = open_rw(e, "b");
+            let (_, dst) = open_rw(e, "a");
+            assert_eq!(e.copy_file_range(src, 0, dst, 0, 4096).unwrap(), 4096);
+            e.release(src).unwrap();
+            e.release(dst).unwrap();
+        },
+        |e| read(e, e.root_id(), "a")[..4096].iter().all(|&b| b == 2),
+    ),
+    (
+        "an extended attribute too large for a journal record",
+        |e| {
+            let node = e.lookup(e.root_id(), name("a")).unwrap().node_id;
+            e.setxattr(node, name("user.big"), &[7u8; 3500], 0).unwrap();
+            assert_eq!(e.stats().journal.not_journaled, 1, "the row's premise");
+        },
+        |e| {
+            let node = e.lookup(e.root_id(), name("a")).unwrap().node_id;
+            e.getxattr(node, name("user.big"), 4096).is_ok_and(|v| v == [7u8; 3500])
+        },
+    ),
+];
+
+#[test]
+fn with_fsync_requests_spared_every_lower_change_is_durable_when_its_operation_returns() {
+    for &(row, act, survived) in SPARE_ROWS {
+        for spared in [true, false] {
+            let config = if spared { spare(write_through()) } else { write_through() };
+            let (lower, region, e) = fresh(&config);
+            lower_file(&lower, "a", 1, 8192);
+            lower_file(&lower, "b", 2, 4096);
+            lower.sync_all();
+            act(&e);
+            let s = e.stats().fsync;
+            if spared {
+                assert!(s.eager_syncs >= 1, "{row}: synced by its own operation");
+                assert_eq!(s.unsynced_objects, 0, "{row}: E2 - nothing left for an fsync");
+                assert_eq!(s.requests, "spare");
+            } else {
+                assert_eq!(s.eager_syncs, 0, "{row}");
+                assert!(s.unsynced_objects >= 1, "{row}: left to an fsync (E1)");
+            }
+            let after = crash(&lower, &region, config);
+            assert_eq!(survived(&after), spared, "{row}: spared {spared}");
+        }
+    }
+}
+
+#[test]
+fn spared_fsync_requests_need_undo_mode_and_turn_passthrough_off() {
+    for consistency in [Consistency::Journal, Consistency::None] {
+        let region = Arc::new(SimRegion::new(params().region_size));
+        Pool::format(&*region, params()).unwrap();
+        let (pool, _) = Pool::open(region.clone(), consistency).unwrap();
+        let err = Engine::new(MemLower::default(), pool, spare(EngineConfig::default()))
+            .expect_err("refused");
+        assert!(err.to_string().contains("needs --consistency undo"), "{consistency:?}: {err}");
+    }
+    let (_, _, e) = fresh(&spare(EngineConfig::default()));
+    assert!(!e.passthrough_enabled(), "a passthrough file's fsync must reach the lower file");
+    assert!(e.spares_fsync());
+    assert_eq!(e.stats().fsync.spared, 1);
+    let (_, _, e) = fresh(&EngineConfig::default());
+    assert!(!e.spares_fsync(), "forward: every fsync is served");
+    assert_eq!(e.stats().fsync.spared, 0);
+}
+
+#[test]
+fn sync_commits_journal_modes_group_and_syncs_the_lower_file_system() {
+    let region = Arc::new(SimRegion::new(params().region_size));
+    Pool::format(&*region, params()).unwrap();
+    let (pool, _) = Pool::open(region.clone(), Consistency::Journal).unwrap();
+    let lower = MemLower::default();
+    let e = Engine::new(lower.clone(), pool, temp_and_cache()).unwrap();
+    let (entry, fh) = e.create(&ROOT, e.root_id(), name("f"), 0o644, libc::O_RDWR).unwrap();
+    e.write(fh, 0, b"x\n", false).unwrap();
+    e.release(fh).unwrap();
+    e.forget(entry.node_id, 1);
+    let commits = e.stats().journal.group.group_commits;
+    let syncfs = e.stats().fsync.lower_syncfs;
+    e.sync_all().unwrap();
+    let s = e.stats();
+    assert_eq!(s.journal.group.group_commits, commits + 1, "the open group committed");
+    assert_eq!(s.fsync.lower_syncfs, syncfs + 1);
+    assert_eq!(s.fsync.sync_requests, 1);
+    // A power cut right after: the file is there (the group was durable).
+    let image = region.crash_image(CrashMode::DropAll);
+    let (pool, _) =
+        Pool::open(Arc::new(SimRegion::from_image(image)), Consistency::Journal).unwrap();
+    let after = Engine::new(lower.crash(), pool, temp_and_cache()).unwrap();
+    assert_eq!(read(&after, after.root_id(), "f"), b"x\n");
+}

@@ -18,3 +18,8 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Nvram(_) => Errno::from_i32(libc::ENOSPC),
     }
 }
+
+/// The answer to a request the daemon wants the kernel to stop sending: "not implemented",
+/// after which the kernel remembers it for the connection (`fc->no_fsync`, `no_fsyncdir`)
+/// and returns success to the application itself (`--fsync-requests spare`).
+pub const SPARED: Errno = Errno::ENOSYS;

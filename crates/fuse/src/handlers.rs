@@ -490,6 +490,10 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.engine.spares_fsync() {
+            // `--fsync-requests spare`: the kernel stops sending FSYNC (fc->no_fsync).
+            return reply.error(crate::errno::SPARED);
+        }
         empty(reply, self.engine.fsync(fh.0, datasync));
     }
 
@@ -576,6 +580,10 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.engine.spares_fsync() {
+            // `--fsync-requests spare`: the kernel stops sending FSYNCDIR (fc->no_fsyncdir).
+            return reply.error(crate::errno::SPARED);
+        }
         empty(reply, self.engine.fsyncdir(fh.0, datasync));
     }
 

@@ -1,6 +1,7 @@
 //! The control channel of a running mount: a unix socket in the mount's run directory. One
 //! request per connection, a line of text in, the reply out. Requests: `stat` (one JSON
-//! document), `flush` (lines `progress DONE TOTAL`, then one JSON line with the result).
+//! document), `flush` (lines `progress DONE TOTAL`, then one JSON line with the result),
+//! `sync` (one JSON line, `{"error": null}` when everything is durable).
 //! Only root and the user who mounted may talk to it: the directory is 0700 and owned by that
 //! user, and the daemon also checks the peer's uid (SO_PEERCRED).
 

@@ -394,7 +394,7 @@ fn node_fds(args: &MountArgs) -> usize {
         .map_or_else(lower::posix::default_node_fds, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-/// Answers one control request (see `control.rs`): `stat` and `flush`.
+/// Answers one control request (see `control.rs`): `stat`, `flush` and `sync`.
 fn control(
     engine: &Engine<PosixLower>,
     spin: &fuser::SpinReader,
@@ -445,6 +445,10 @@ fn control(
                 "error": error.map(|e| e.to_string()),
             });
             let _ = writeln!(out, "{reply}");
+        }
+        "sync" => {
+            let error = engine.sync_all().err().map(|e| e.to_string());
+            let _ = writeln!(out, "{}", serde_json::json!({ "error": error }));
         }
         other => {
             let _ = write!(out, "{{\"error\":\"unknown request {other:?}\"}}");

@@ -12,6 +12,7 @@ pub mod mount_helper;
 pub mod placement;
 pub mod rundir;
 pub mod stat;
+pub mod sync;
 pub mod umount;
 
 use std::path::Path;

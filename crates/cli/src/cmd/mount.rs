@@ -217,6 +217,21 @@ pub struct MountArgs {
     /// docs/design.md section 14.
     #[arg(long, value_enum, default_value_t = OnOff::from(defaults().passthrough), value_name = "on|off", help_heading = TRANSPORT)]
     pub passthrough: OnOff,
+    /// Whether the kernel sends fsync, fdatasync and fsync of a directory to the daemon.
+    /// `spare`: in undo mode every operation that returned is durable already (in NVRAM, or
+    /// synced in the lower file system by the operation itself), so the first such request is
+    /// answered "not implemented" and the kernel sends none again on this mount - it returns
+    /// success at once: one FUSE round trip less per fsync (a 512 B append with fdatasync:
+    /// 2 requests -> 1; a sqlite WAL commit 3.5 -> 2.5; a Maildir delivery 11 -> 9). The
+    /// contract is unchanged: when fsync returns, the data and the names it depends on survive
+    /// a power cut. The price: no passthrough (`--passthrough` is off: a passthrough file's
+    /// fsync must reach the lower file), and what goes to the lower file system directly
+    /// (writes through when NVRAM is full or with O_DIRECT, fallocate, copy_file_range,
+    /// truncates of uncached files, namespace changes the metadata journal cannot take) is
+    /// synced by its own operation (`fsync.eager_syncs`). Needs `--consistency undo`.
+    /// `forward`: every durability call is a request (docs/design.md 13.7).
+    #[arg(long, value_enum, default_value = defaults().fsync_requests.name(), value_name = "forward|spare", help_heading = TRANSPORT)]
+    pub fsync_requests: FsyncRequestsArg,
     /// Which opens of files that live in NVRAM (temp files) bypass the kernel's page cache
     /// (FUSE direct IO; mmap still works). Such an open keeps no second copy of the bytes in
     /// the mount's page cache, a write(2) through it is one request (through the page cache,
@@ -372,6 +387,23 @@ impl From<bool> for OnOff {
     }
 }
 
+/// `--fsync-requests`: whether the kernel sends durability requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncRequestsArg {
+    Forward,
+    Spare,
+}
+
+impl From<FsyncRequestsArg> for engine::FsyncRequests {
+    fn from(a: FsyncRequestsArg) -> Self {
+        match a {
+            FsyncRequestsArg::Forward => engine::FsyncRequests::Forward,
+            FsyncRequestsArg::Spare => engine::FsyncRequests::Spare,
+        }
+    }
+}
+
 /// `--direct-io`: which opens bypass the kernel's page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -450,6 +482,16 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
             human(layout.undo_slot_size)
         )));
     }
+    if args.fsync_requests == FsyncRequestsArg::Spare && args.consistency != ConsistencyArg::Undo {
+        return Err(CliError::Usage(
+            format!(
+                "--fsync-requests spare needs --consistency undo (not {:?}): only there is every \
+             operation durable when it returns; in journal mode an fsync commits the group",
+                args.consistency
+            )
+            .to_lowercase(),
+        ));
+    }
     // Made now, not when the command line was parsed: the held files' default reads the
     // open-file limit, which the daemon has raised since.
     let defaults = EngineConfig::default();
@@ -486,6 +528,7 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
         failpoints: failpoints(),
         xattrs: args.xattrs == OnOff::On,
         passthrough: args.passthrough == OnOff::On,
+        fsync_requests: args.fsync_requests.into(),
         ..defaults
     })
 }
@@ -646,12 +689,14 @@ mod tests {
             cache,
             journal,
             passthrough,
+            fsync_requests,
         } = built;
         assert_eq!(max_handles, default.max_handles);
         assert_eq!(max_walk, default.max_walk);
         assert!(failpoints.is_none() && default.failpoints.is_none());
         assert_eq!(xattrs, default.xattrs);
         assert_eq!(passthrough, default.passthrough);
+        assert_eq!(fsync_requests, default.fsync_requests);
         assert_eq!(cache, default.cache);
         assert_eq!(temp, default.temp);
         assert_eq!(journal, default.journal);

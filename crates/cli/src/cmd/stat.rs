@@ -214,6 +214,17 @@ fn print_durability(value: &serde_json::Value) {
         fs["waited_on_lower"],
         fs["lower_syncfs"]
     );
+    if fs["requests"] == "spare" {
+        println!(
+            "fsync requests spared (--fsync-requests spare): the kernel was told {} time(s) \
+             not to send them and returns fsync itself; {} lower changes synced by their own \
+             operation",
+            fs["spared"], fs["eager_syncs"]
+        );
+    }
+    if fs["sync_requests"].as_u64().unwrap_or(0) > 0 {
+        println!("nvstack sync: {} requests", fs["sync_requests"]);
+    }
     let j = &value["journal"];
     if j["enabled"].as_bool() == Some(true) {
         println!(

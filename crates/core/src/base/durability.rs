@@ -17,6 +17,16 @@
 //! E1: an object changed in the lower file system and not yet covered by a completed sync is
 //! in the map. At start the engine syncs the lower file system once, so that changes made
 //! before the mount (or by a daemon that died) are covered too.
+//!
+//! **Spared durability requests** (`--fsync-requests spare`, design.md section 13.7): the
+//! front end answers FSYNC and FSYNCDIR "not implemented", after which the kernel sends
+//! neither again on this connection (and returns success to the application). That is
+//! correct only if no durability call could ever have work: invariant **E2**, with
+//! [`FsyncRequests::Spare`], an operation that changes a lower object outside NVRAM syncs it
+//! before it returns ([`Durability::eager`]; the callers do it, `engine/durability.rs`), so no
+//! object stays unsynced after the operation that changed it. The mount must therefore be
+//! in undo mode (journal mode's group commit *is* the work of an fsync) and have no passthrough
+//! files (their writes reach the lower file system unseen).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,18 +41,55 @@ use super::sync::{Held, Mutex, Rank};
 /// Objects tracked before the whole lower file system is synced instead (bounds the map).
 pub const MAX_UNSYNCED: usize = 1 << 16;
 
+/// Whether the kernel sends durability requests (FSYNC, FSYNCDIR) to the daemon
+/// (`--fsync-requests`; module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FsyncRequests {
+    /// The kernel sends them; each is answered after the lower file system made durable
+    /// what it covers that is not in NVRAM (E1).
+    #[default]
+    Forward,
+    /// The first is answered ENOSYS and the kernel sends no more: every change is durable
+    /// when its operation returns (E2).
+    Spare,
+}
+
+impl FsyncRequests {
+    pub fn name(self) -> &'static str {
+        match self {
+            FsyncRequests::Forward => "forward",
+            FsyncRequests::Spare => "spare",
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Durability {
+    /// E2: lower changes are synced by the operation that made them (`FsyncRequests::Spare`).
+    eager: bool,
     epoch: AtomicU64,
     /// Unsynced lower objects by key, with the epoch of their last change (rank `Unsynced`).
     unsynced: Mutex<HashMap<(u64, u64), u64>>,
     pub counters: FsyncCounters,
 }
 
+impl Durability {
+    pub(crate) fn new(requests: FsyncRequests) -> Self {
+        Durability { eager: requests == FsyncRequests::Spare, ..Durability::default() }
+    }
+
+    /// E2 holds: an operation that changes a lower object outside NVRAM syncs it before it
+    /// returns, because no durability request will come for it.
+    pub(crate) fn eager(&self) -> bool {
+        self.eager
+    }
+}
+
 impl Default for Durability {
     fn default() -> Self {
         Durability {
+            eager: false,
             epoch: AtomicU64::new(1),
             unsynced: Mutex::new(Rank::Unsynced, HashMap::new()),
             counters: FsyncCounters::default(),
@@ -59,6 +106,9 @@ pub struct FsyncCounters {
     pub dir_calls: AtomicU64,
     pub temp_calls: AtomicU64,
     pub lower_syncfs: AtomicU64,
+    pub spared: AtomicU64,
+    pub eager_syncs: AtomicU64,
+    pub sync_requests: AtomicU64,
 }
 
 /// A snapshot of [`FsyncCounters`].
@@ -76,6 +126,18 @@ pub struct FsyncStats {
     pub lower_syncfs: u64,
     /// Lower objects changed and not yet synced now.
     pub unsynced_objects: u64,
+    /// `--fsync-requests`: `forward` or `spare`.
+    pub requests: &'static str,
+    /// FSYNC and FSYNCDIR requests answered "not implemented" (`spare`): the kernel stops
+    /// sending each kind after its first, so this is at most a few (one per kind, plus those
+    /// already in flight); the calls it spares are not seen.
+    pub spared: u64,
+    /// Lower changes synced by their own operation because no durability request will come
+    /// (`spare`, E2): write-through writes, fallocate, copy_file_range, truncates of uncached
+    /// files, namespace changes the metadata journal could not take.
+    pub eager_syncs: u64,
+    /// `nvstack sync` requests (the `sync(1)` the kernel does not send: design.md 13.7).
+    pub sync_requests: u64,
 }
 
 impl<L: LowerFs> Base<L> {
@@ -154,6 +216,14 @@ impl<L: LowerFs> Base<L> {
             temp_calls: get(&c.temp_calls),
             lower_syncfs: get(&c.lower_syncfs),
             unsynced_objects: self.durability.unsynced.lock().len() as u64,
+            requests: if self.durability.eager {
+                FsyncRequests::Spare.name()
+            } else {
+                FsyncRequests::Forward.name()
+            },
+            spared: get(&c.spared),
+            eager_syncs: get(&c.eager_syncs),
+            sync_requests: get(&c.sync_requests),
         }
     }
 }

@@ -59,7 +59,7 @@ use lower::{Attr, LowerFs, TimeSet};
 use txn::{Pool, Tx, TxError};
 
 use counters::Counters;
-use durability::Durability;
+use durability::{Durability, FsyncRequests};
 use error::{FsError, FsResult, answer};
 pub use incidents::Incident;
 use incidents::Incidents;
@@ -110,6 +110,7 @@ impl<L: LowerFs> Base<L> {
         pool: Pool,
         failpoints: Option<Arc<dyn Failpoints>>,
         max_walk: usize,
+        fsync_requests: FsyncRequests,
     ) -> Base<L> {
         let root_dev = lower.key(lower.root()).0;
         Base {
@@ -118,7 +119,7 @@ impl<L: LowerFs> Base<L> {
             counters: Counters::default(),
             incidents: Incidents::default(),
             space: Space::default(),
-            durability: Durability::default(),
+            durability: Durability::new(fsync_requests),
             failpoints,
             root_dev,
             max_walk,

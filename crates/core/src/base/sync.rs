@@ -68,6 +68,7 @@ pub enum Rank {
 
 impl Rank {
     /// Short ranks are never held across a lower call or a wait.
+    #[cfg(debug_assertions)]
     pub(crate) fn is_short(self) -> bool {
         self >= Rank::Overlay
     }

@@ -24,7 +24,9 @@ use lower::{Attr, LowerFs};
 use super::Cached;
 use super::PageCache;
 use super::counters::inc;
-use super::policy::{Loc, PageKey, ZoneTable};
+#[cfg(debug_assertions)]
+use super::policy::ZoneTable;
+use super::policy::{Loc, PageKey};
 use super::record::{KIND_RECORDS, MAX_HANDLE, RECORD_SIZE, Record};
 use super::state::{self, PageMeta};
 use super::{PAGE, Reason};

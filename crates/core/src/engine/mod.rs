@@ -64,8 +64,12 @@ pub struct EngineConfig {
     /// The metadata journal's checkpoints.
     pub journal: crate::journal::JournalConfig,
     /// Opens of lower files may take kernel passthrough (`route/`, `--passthrough`); the front
-    /// end turns it off when the kernel or the privilege is missing.
+    /// end turns it off when the kernel or the privilege is missing. Off with
+    /// `FsyncRequests::Spare` (a passthrough file's fsync must reach the lower file).
     pub passthrough: bool,
+    /// Whether the kernel sends FSYNC and FSYNCDIR (`--fsync-requests`, E2 in
+    /// `base/durability.rs`); `Spare` needs undo mode.
+    pub fsync_requests: crate::base::durability::FsyncRequests,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +83,7 @@ impl Default for EngineConfig {
             cache: CacheConfig::default(),
             journal: crate::journal::JournalConfig::default(),
             passthrough: true,
+            fsync_requests: crate::base::durability::FsyncRequests::Forward,
         }
     }
 }

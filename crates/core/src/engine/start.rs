@@ -45,6 +45,16 @@ impl<L: LowerFs> Engine<L> {
             )));
         }
         let temp_limits = config.temp.limits(frames);
+        let spare = config.fsync_requests == crate::base::durability::FsyncRequests::Spare;
+        if spare && pool.consistency() != txn::Consistency::Undo {
+            // Journal mode's group commit is the work of an fsync; without an undo log an
+            // operation cut by a crash is not atomic, so none may claim durability by itself.
+            return Err(StartError::Config(format!(
+                "--fsync-requests spare needs --consistency undo (this mount is {}): in journal \
+                 mode an fsync commits the group, so the kernel must send it",
+                format!("{:?}", pool.consistency()).to_lowercase()
+            )));
+        }
         // The root node is borrowed from the adapter; the table holds its own reference by
         // looking the root up again ("." of the root).
         let root_key = lower.key(lower.root());
@@ -66,8 +76,8 @@ impl<L: LowerFs> Engine<L> {
             ),
             cache: PageCache::new(config.cache, cache_limits, policy),
             xattrs: config.xattrs,
-            routes: crate::route::Routes::new(config.passthrough),
-            base: Base::new(lower, pool, config.failpoints, config.max_walk),
+            routes: crate::route::Routes::new(config.passthrough && !spare),
+            base: Base::new(lower, pool, config.failpoints, config.max_walk, config.fsync_requests),
         };
         // First: records of the other subsystems may name objects replay makes again.
         let remade = engine.journal.replay(&engine.base, marker.unwrap_or(0))?;

@@ -282,22 +282,27 @@ impl Journal {
         build: impl FnOnce() -> FsResult<Redo>,
     ) -> FsResult<()> {
         assert!(!otx.is_running(), "a journaled change inside a running transaction");
-        let unjournaled = || {
+        // E1; with `--fsync-requests spare` also E2: no fsync of the directory will come, so
+        // the lower file system syncs the change now (it has no handle here: all of it).
+        let unjournaled = || -> FsResult<()> {
             for &key in touched {
                 b.unsynced(key);
             }
+            if b.durability.eager() {
+                Counters::add(&b.durability.counters.eager_syncs, 1);
+                b.syncfs_lower()?;
+            }
+            Ok(())
         };
         if !self.enabled {
-            unjournaled();
-            return Ok(());
+            return unjournaled();
         }
         let mut redo = match build() {
             Ok(redo) if redo.fits() => redo,
             // Too large for a record, or no handle: synced in the lower file system instead.
             _ => {
                 Counters::add(&self.counters.not_journaled, 1);
-                unjournaled();
-                return Ok(());
+                return unjournaled();
             }
         };
         let slots = redo.slots();
@@ -360,7 +365,7 @@ impl Journal {
                 }
                 drop(pending);
                 Counters::add(&self.counters.not_journaled, 1);
-                unjournaled();
+                unjournaled()?;
             }
             Err(e) => return otx.end(Err(e.into())),
         }

@@ -142,6 +142,7 @@ impl ZoneTable {
         true
     }
 
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn zone(&self, zone: ZoneId) -> Option<&ZoneInfo> {
         self.zones.get(&zone)
     }
@@ -156,6 +157,7 @@ impl ZoneTable {
         self.zones.get(&self.zone_of(loc)).is_some_and(|z| z.pages.contains_key(&loc))
     }
 
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn dirty_pages(&self) -> u64 {
         self.zones.values().map(|z| z.dirty_pages).sum()
     }

@@ -82,7 +82,14 @@ impl<L: LowerFs> Engine<L> {
                     let attr = self.cache.with_clean_lower(&self.base, key, |w1| {
                         Ok(self.base.lower.setattr(w1, &node, file, set)?)
                     })?;
-                    self.base.unsynced(key);
+                    self.lower_changed(key, || {
+                        if let Some(file) = file {
+                            return Ok(self.base.lower.fsync(file, false)?);
+                        }
+                        // A truncate by path: fsync works on a read-only descriptor.
+                        let file = self.base.lower.open(&node, libc::O_RDONLY)?;
+                        Ok(self.base.lower.fsync(&file, false)?)
+                    })?;
                     return Ok(attr);
                 }
                 let attr = self.journal.ns_setattr(&self.base, tx, &node, file, set)?;

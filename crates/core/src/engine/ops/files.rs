@@ -227,8 +227,7 @@ impl<L: LowerFs> Engine<L> {
                     self.cache.with_clean_lower(&self.base, key, |w1| {
                         Ok(self.base.lower.fallocate(w1, file, mode, offset, len)?)
                     })?;
-                    self.base.unsynced(key);
-                    Ok(())
+                    self.lower_changed(key, || Ok(self.base.lower.fsync(file, false)?))
                 }
                 Via::Plain => {
                     let w1 = self.base.committed();
@@ -303,7 +302,8 @@ impl<L: LowerFs> Engine<L> {
             let n = match via_out {
                 Via::Cache(key) | Via::Direct(key) => {
                     let n = self.cache.with_clean_lower(&self.base, key, copy)?;
-                    self.base.unsynced(key);
+                    let file = self.lower_file(&output)?;
+                    self.lower_changed(key, || Ok(self.base.lower.fsync(file, false)?))?;
                     n
                 }
                 Via::Plain => copy(&self.base.committed())?,

@@ -197,7 +197,8 @@ impl<L: LowerFs> Engine<L> {
                 let n = self.cache.with_clean_lower(&self.base, key, |w1| {
                     Ok(self.base.lower.write(w1, file, offset, data)?)
                 })?;
-                self.base.unsynced(key); // written through: only as durable as the lower makes it
+                // Written through: only as durable as the lower file system makes it.
+                self.lower_changed(key, || Ok(self.base.lower.fsync(file, false)?))?;
                 n
             }
             Via::Plain => self.base.lower.write_special(file, offset, data)?,
