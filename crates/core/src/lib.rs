@@ -38,6 +38,7 @@ pub use base::incidents::Incident;
 pub use base::share::Share;
 pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};
+pub use engine::direct::Merged;
 pub use engine::stats::Stats;
 pub use engine::{Engine, EngineConfig};
 pub use journal::JournalConfig;

@@ -20,6 +20,7 @@
 
 mod background;
 mod clock;
+pub(crate) mod direct;
 mod durability;
 mod ops;
 mod pressure;
