@@ -483,14 +483,12 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
         )));
     }
     if args.fsync_requests == FsyncRequestsArg::Spare && args.consistency != ConsistencyArg::Undo {
-        return Err(CliError::Usage(
-            format!(
-                "--fsync-requests spare needs --consistency undo (not {:?}): only there is every \
+        let mode = clap::ValueEnum::to_possible_value(&args.consistency).expect("a named value");
+        return Err(CliError::Usage(format!(
+            "--fsync-requests spare needs --consistency undo (not {}): only there is every \
              operation durable when it returns; in journal mode an fsync commits the group",
-                args.consistency
-            )
-            .to_lowercase(),
-        ));
+            mode.get_name()
+        )));
     }
     // Made now, not when the command line was parsed: the held files' default reads the
     // open-file limit, which the daemon has raised since.
