@@ -11,6 +11,7 @@ use crate::error::{CliError, CliResult};
 
 #[derive(Debug, clap::Args)]
 pub struct SyncArgs {
+    /// The mount point of a running nvstack mount (root or the user who mounted it).
     pub mountpoint: PathBuf,
 }
 
