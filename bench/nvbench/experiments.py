@@ -514,6 +514,20 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                nvram="256M", scale=1.0, device="hdd-7200,ssd", disk="2G",
                estimate="9 min measured for the 54 runs; bench/run durability adds 16 "
                         "recovery runs (6-8 min measured)", notes=DURABILITY_NOTES),
+    Experiment("durability-spare", "issue 45 item 1: the durability experiment's fsync-bound "
+               "rows with nvstack's defaults beside `--fsync-requests spare` (the kernel told once "
+               "not to send fsync requests) and ext4 alone, on hdd-7200 and ssd in one run",
+               ["ext4-ordered", "nvstack-ext4-defaults", "nvstack-ext4-spare"],
+               DURABILITY_FSYNC, baseline="ext4-ordered",
+               overrides={"seconds": 5.0}, reps=1, memory="1G", nvram="256M", scale=1.0,
+               device="hdd-7200,ssd", disk="2G",
+               estimate="about 6 min for the 36 runs",
+               notes=DURABILITY_NOTES[:2] + [
+                   "nvstack-ext4-spare = nvstack-ext4-defaults with `--fsync-requests spare`: "
+                   "the same durability (every operation durable when it returns, the lower "
+                   "file system's changes outside NVRAM synced by their own operation), one "
+                   "FUSE request less per durability call, no passthrough (docs/design.md "
+                   "13.7)."]),
     Experiment("durability-quick", "the durability experiment shrunk for a smoke run (both "
                "devices, 1 s loops, counts x 0.1, untar of Linux's kernel/ only)",
                ["ext4-ordered", "ext4-journal", *DURABILITY_NV],
