@@ -148,7 +148,8 @@ fn header_sum(bytes: &[u8]) -> u64 {
     checksum(&[&bytes[..32]])
 }
 
-fn record_sum(grant: u64, seq: u64, offset: u64, len: u32, kind: u8, data: &[u8]) -> u64 {
+/// The checksum of a record's fields and data (public for tests that forge records).
+pub fn record_sum(grant: u64, seq: u64, offset: u64, len: u32, kind: u8, data: &[u8]) -> u64 {
     checksum(&[
         &grant.to_le_bytes(),
         &seq.to_le_bytes(),

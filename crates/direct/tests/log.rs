@@ -167,7 +167,7 @@ fn a_damaged_log_keeps_its_valid_prefix_and_says_what_is_wrong() {
         ),
         (
             "an offset past the file size limit (checksum recomputed by a forger)",
-            |a, at| forge(a, at[4], 5, i64::MAX as u64, RecordKind::Write.code_for_test(), b"xy"),
+            |a, at| forge(a, at[4], 5, i64::MAX as u64, WRITE, b"xy"),
             4,
             |d| matches!(d, Damage::FileSize { .. }),
         ),
@@ -214,17 +214,8 @@ fn a_damaged_log_keeps_its_valid_prefix_and_says_what_is_wrong() {
     assert!(matches!(scan(&[0u8; 100], GRANT, NODE), Err(LogError::TooSmall(100))));
 }
 
-trait Code {
-    fn code_for_test(self) -> u8;
-}
-impl Code for RecordKind {
-    fn code_for_test(self) -> u8 {
-        match self {
-            RecordKind::Write => 1,
-            RecordKind::Truncate => 2,
-        }
-    }
-}
+/// The on-log code of `RecordKind::Write` (the format's byte table).
+const WRITE: u8 = 1;
 
 /// A forger who knows the format: a record at `at` with a valid tag and checksum for this
 /// grant.
@@ -234,19 +225,12 @@ fn forge(a: &SimRegion, at: u64, seq: u64, offset: u64, kind: u8, data: &[u8]) {
 
 /// Record 3 rewritten with a checksum made for `grant`.
 fn forge_grant(a: &SimRegion, at: u64, grant: u64, seq: u64) {
-    forge_with(a, at, grant, seq, 200, 1, &[2u8; 60]);
+    forge_with(a, at, grant, seq, 200, WRITE, &[2u8; 60]);
 }
 
 fn forge_with(a: &SimRegion, at: u64, grant: u64, seq: u64, offset: u64, kind: u8, data: &[u8]) {
     let len = data.len() as u32;
-    let sum = nvram::checksum::checksum(&[
-        &grant.to_le_bytes(),
-        &seq.to_le_bytes(),
-        &offset.to_le_bytes(),
-        &len.to_le_bytes(),
-        &[kind],
-        data,
-    ]);
+    let sum = direct::log::record_sum(grant, seq, offset, len, kind, data);
     a.store_u64(at, direct::log::commit_tag(GRANT, seq));
     a.store_u64(at + 8, offset);
     a.write(at + 16, &len.to_le_bytes());

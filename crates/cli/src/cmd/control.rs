@@ -61,6 +61,24 @@ pub fn send(stream: &mut UnixStream, request: &str) -> std::io::Result<String> {
     Ok(reply)
 }
 
+/// Sends `request` to the mount at `mountpoint` and parses its one-document JSON reply; a
+/// reply with a non-null `error` is the error.
+pub fn ask(mountpoint: &Path, request: &str) -> crate::error::CliResult<serde_json::Value> {
+    use crate::error::CliError;
+    let (mut stream, _) = connect(mountpoint)?;
+    let reply =
+        send(&mut stream, request).map_err(|e| CliError::Other(format!("control socket: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(&reply)
+        .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}: {reply}")))?;
+    match value.get("error").filter(|e| !e.is_null()) {
+        Some(err) => Err(CliError::Other(format!(
+            "daemon: {request}: {}",
+            err.as_str().map_or_else(|| err.to_string(), str::to_owned)
+        ))),
+        None => Ok(value),
+    }
+}
+
 /// Connects to the control socket of the mount at `mountpoint` (as given by the user), with
 /// the error a user can act on.
 pub fn connect(mountpoint: &Path) -> crate::error::CliResult<(UnixStream, std::path::PathBuf)> {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::control;
-use crate::error::{CliError, CliResult};
+use crate::error::CliResult;
 
 #[derive(Debug, clap::Args)]
 pub struct StatArgs {
@@ -14,14 +14,7 @@ pub struct StatArgs {
 }
 
 pub fn run(args: &StatArgs) -> CliResult {
-    let (mut stream, _) = control::connect(&args.mountpoint)?;
-    let reply = control::send(&mut stream, "stat")
-        .map_err(|e| CliError::Other(format!("control socket: {e}")))?;
-    let value: serde_json::Value = serde_json::from_str(&reply)
-        .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}")))?;
-    if let Some(err) = value.get("error") {
-        return Err(CliError::Other(format!("daemon: {err}")));
-    }
+    let value = control::ask(&args.mountpoint, "stat")?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
         return Ok(());

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use super::control;
-use crate::error::{CliError, CliResult};
+use crate::error::CliResult;
 
 #[derive(Debug, clap::Args)]
 pub struct SyncArgs {
@@ -16,13 +16,5 @@ pub struct SyncArgs {
 }
 
 pub fn run(args: &SyncArgs) -> CliResult {
-    let (mut stream, _) = control::connect(&args.mountpoint)?;
-    let reply = control::send(&mut stream, "sync")
-        .map_err(|e| CliError::Other(format!("control socket: {e}")))?;
-    let value: serde_json::Value = serde_json::from_str(&reply)
-        .map_err(|e| CliError::Other(format!("bad reply from the daemon: {e}: {reply}")))?;
-    match value.get("error").filter(|e| !e.is_null()) {
-        Some(err) => Err(CliError::Other(format!("sync: {}", err.as_str().unwrap_or("?")))),
-        None => Ok(()),
-    }
+    control::ask(&args.mountpoint, "sync").map(drop)
 }

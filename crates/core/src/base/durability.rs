@@ -66,8 +66,8 @@ impl FsyncRequests {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Durability {
-    /// E2: lower changes are synced by the operation that made them (`FsyncRequests::Spare`).
-    eager: bool,
+    /// With `Spare`, E2: lower changes are synced by the operation that made them.
+    requests: FsyncRequests,
     epoch: AtomicU64,
     /// Unsynced lower objects by key, with the epoch of their last change (rank `Unsynced`).
     unsynced: Mutex<HashMap<(u64, u64), u64>>,
@@ -76,20 +76,20 @@ pub struct Durability {
 
 impl Durability {
     pub(crate) fn new(requests: FsyncRequests) -> Self {
-        Durability { eager: requests == FsyncRequests::Spare, ..Durability::default() }
+        Durability { requests, ..Durability::default() }
     }
 
     /// E2 holds: an operation that changes a lower object outside NVRAM syncs it before it
     /// returns, because no durability request will come for it.
     pub(crate) fn eager(&self) -> bool {
-        self.eager
+        self.requests == FsyncRequests::Spare
     }
 }
 
 impl Default for Durability {
     fn default() -> Self {
         Durability {
-            eager: false,
+            requests: FsyncRequests::Forward,
             epoch: AtomicU64::new(1),
             unsynced: Mutex::new(Rank::Unsynced, HashMap::new()),
             counters: FsyncCounters::default(),
@@ -216,11 +216,7 @@ impl<L: LowerFs> Base<L> {
             temp_calls: get(&c.temp_calls),
             lower_syncfs: get(&c.lower_syncfs),
             unsynced_objects: self.durability.unsynced.lock().len() as u64,
-            requests: if self.durability.eager {
-                FsyncRequests::Spare.name()
-            } else {
-                FsyncRequests::Forward.name()
-            },
+            requests: self.durability.requests.name(),
             spared: get(&c.spared),
             eager_syncs: get(&c.eager_syncs),
             sync_requests: get(&c.sync_requests),
