@@ -57,6 +57,10 @@ enum Command {
     /// group open for up to --group-commit-interval; in undo mode every operation is durable
     /// when it returns, but syncfs(2) of the mount does not reach passthrough files' data.
     Sync(cmd::sync::SyncArgs),
+    /// Run a command with the direct path's preload library (docs/direct-path.md): its
+    /// writes, fsyncs and fstats of files on mounts with --direct-path on are served in its own
+    /// process, durable in NVRAM, with no FUSE request.
+    Run(cmd::run::RunArgs),
     /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
     InstallMountHelper(cmd::mount_helper::InstallArgs),
     /// The block layer: a modeled disk (HDD/SSD) under a real kernel file system, power cuts.
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Stat(args) => cmd::stat::run(args),
         Command::Flush(args) => cmd::flush::run(args),
         Command::Sync(args) => cmd::sync::run(args),
+        Command::Run(args) => cmd::run::run(args),
         Command::InstallMountHelper(args) => cmd::mount_helper::install(args),
         Command::Device(command) => {
             device::run(*command.clone()).map_err(|e| error::CliError::Other(e.to_string()))

@@ -1269,6 +1269,8 @@ fn every_option() -> Vec<(&'static str, Option<&'static str>, serde_json::Value)
         ("passthrough", Some("off"), json!("off")),
         // (`spare` needs undo mode; this table's mount is `--consistency none`)
         ("fsync-requests", Some("forward"), json!("forward")),
+        // (`on` needs undo mode too)
+        ("direct-path", Some("off"), json!("off")),
         ("direct-io", Some("nvram"), json!("nvram")),
         ("keep-tempfiles", None, json!(true)),
         ("cache", Some("off"), json!("off")),

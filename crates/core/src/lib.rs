@@ -18,11 +18,14 @@
 //! - `cache/`: the NVRAM page cache (`PageCache`): dirty pages, patches, write-back.
 //! - `tempfs/`: TempFFS (`TempFs`) and its overlay (`tempfs/overlay/`).
 //! - `route/`: which path an open takes, NVRAM or kernel passthrough (`Routes`).
+//! - `direct/`: the direct path's delegations (`Delegations`): the table, the log areas, the
+//!   counters (the grant, merge and take-back compose the write path in `engine/direct.rs`).
 //! - `engine/`: [`Engine`], composing them: the operations (`engine/ops/`), start and
 //!   shutdown, the clock, durability calls, NVRAM pressure, stats.
 
 pub mod base;
 pub mod cache;
+pub mod direct;
 pub mod engine;
 pub mod journal;
 pub mod route;
@@ -38,7 +41,8 @@ pub use base::incidents::Incident;
 pub use base::share::Share;
 pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};
-pub use engine::direct::Merged;
+pub use direct::{DirectStats, LogAreas, Refusal, TakeBack};
+pub use engine::direct::{Caller, Merged, TakenBack};
 pub use engine::stats::Stats;
 pub use engine::{Engine, EngineConfig};
 pub use journal::JournalConfig;

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The rooms, lowest first: each may use only those before it. `lib.rs` may use every room.
-const ORDER: [&str; 6] = ["base", "journal", "cache", "tempfs", "route", "engine"];
+const ORDER: [&str; 7] = ["base", "journal", "cache", "tempfs", "route", "direct", "engine"];
 
 /// `a/b.rs` and `a/b/mod.rs` are module `[a, b]`; `lib.rs` is the crate root `[]`.
 fn module_of(rel: &str) -> Vec<String> {

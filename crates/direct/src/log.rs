@@ -204,15 +204,24 @@ pub fn reset(area: &dyn Region, grant: u64, node: u64, next_seq: u64) {
     write_header(area, LogHeader { grant, node, base: next_seq });
 }
 
-/// Reads the header of a log image, checking it belongs to `grant` of `node`.
-fn read_header(image: &[u8], grant: u64, node: u64) -> Result<LogHeader, LogError> {
-    if (image.len() as u64) < HEADER_BYTES + RECORD_ALIGN {
-        return Err(LogError::TooSmall(image.len() as u64));
+/// Reads and checks the header (a private copy of it), checking it belongs to `grant` of
+/// `node`.
+fn read_header(
+    len: u64,
+    read: &mut dyn FnMut(u64, &mut [u8]),
+    grant: u64,
+    node: u64,
+) -> Result<LogHeader, LogError> {
+    if len < HEADER_BYTES + RECORD_ALIGN {
+        return Err(LogError::TooSmall(len));
     }
-    if u64_at(image, 0) != MAGIC || u64_at(image, 32) != header_sum(image) {
+    let mut image = [0u8; 40];
+    read(0, &mut image);
+    if u64_at(&image, 0) != MAGIC || u64_at(&image, 32) != header_sum(&image) {
         return Err(LogError::NotALog);
     }
-    let h = LogHeader { grant: u64_at(image, 8), node: u64_at(image, 16), base: u64_at(image, 24) };
+    let h =
+        LogHeader { grant: u64_at(&image, 8), node: u64_at(&image, 16), base: u64_at(&image, 24) };
     if h.grant != grant || h.node != node {
         return Err(LogError::NotThisDelegation {
             grant,
@@ -227,27 +236,55 @@ fn read_header(image: &[u8], grant: u64, node: u64) -> Result<LogHeader, LogErro
 /// The daemon's reading of a log (DL2), on a private copy of its bytes (never on memory the
 /// library can still write).
 pub fn scan(image: &[u8], grant: u64, node: u64) -> Result<Scan, LogError> {
-    let header = read_header(image, grant, node)?;
-    let len = image.len() as u64;
-    let mut out =
-        Scan { records: Vec::new(), damage: None, end: HEADER_BYTES, next_seq: header.base };
-    let mut at = HEADER_BYTES;
+    let mut read = |off: u64, buf: &mut [u8]| {
+        buf.copy_from_slice(&image[off as usize..off as usize + buf.len()]);
+    };
+    scan_with(image.len() as u64, &mut read, grant, node, None)
+}
+
+/// The daemon's reading of a live log area that the library may still write: each piece (the
+/// header, a record's head, its data) is copied once into private memory and checked there, so
+/// what is merged is exactly what was validated. `from`: where an earlier scan of this pass
+/// ended (its `end` and `next_seq`), so that a merge reads only the records added since.
+pub fn scan_area(
+    area: &dyn Region,
+    grant: u64,
+    node: u64,
+    from: Option<(u64, u64)>,
+) -> Result<Scan, LogError> {
+    let mut read = |off: u64, buf: &mut [u8]| area.read(off, buf);
+    scan_with(area.len(), &mut read, grant, node, from)
+}
+
+fn scan_with(
+    len: u64,
+    read: &mut dyn FnMut(u64, &mut [u8]),
+    grant: u64,
+    node: u64,
+    from: Option<(u64, u64)>,
+) -> Result<Scan, LogError> {
+    let header = read_header(len, read, grant, node)?;
+    let (start, first_seq) = from.unwrap_or((HEADER_BYTES, header.base));
+    let mut out = Scan { records: Vec::new(), damage: None, end: start, next_seq: first_seq };
+    let mut at = start;
+    let mut head = [0u8; RECORD_HEAD as usize];
     while at + RECORD_HEAD <= len {
-        let p = at as usize;
         let seq = out.next_seq;
-        if u64_at(image, p) != tag(grant, seq) {
+        read(at, &mut head);
+        if u64_at(&head, 0) != tag(grant, seq) {
             break; // never written, or an earlier pass's record or data: the end
         }
-        let offset = u64_at(image, p + 8);
-        let rec_len = u32::from_le_bytes(image[p + 16..p + 20].try_into().expect("4 bytes"));
-        let code = image[p + 20];
-        let sum = u64_at(image, p + 24);
+        let offset = u64_at(&head, 8);
+        let rec_len = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes"));
+        let code = head[20];
+        let sum = u64_at(&head, 24);
         if rec_len > MAX_RECORD_DATA || at + padded(u64::from(rec_len)) > len {
             out.damage = Some(Damage::Length { at, len: rec_len });
             break;
         }
-        let data = &image[p + RECORD_HEAD as usize..p + (RECORD_HEAD as usize) + rec_len as usize];
-        if record_sum(grant, seq, offset, rec_len, code, data) != sum {
+        let mut data = vec![0u8; rec_len as usize];
+        read(at + RECORD_HEAD, &mut data);
+        if record_sum(grant, seq, offset, rec_len, code, &data) != sum {
             out.damage = Some(Damage::Checksum { at, seq });
             break;
         }
@@ -264,7 +301,7 @@ pub fn scan(image: &[u8], grant: u64, node: u64) -> Result<Scan, LogError> {
             out.damage = Some(Damage::FileSize { at, end });
             break;
         }
-        out.records.push(Record { seq, kind, offset, data: data.to_vec() });
+        out.records.push(Record { seq, kind, offset, data });
         at += padded(u64::from(rec_len));
         out.end = at;
         out.next_seq = seq + 1;
@@ -325,6 +362,11 @@ impl<'a> LogWriter<'a> {
         self.at += size;
         self.next_seq += 1;
         Ok(seq)
+    }
+
+    /// Where the next record goes and its sequence number (what [`LogWriter::resume`] takes).
+    pub fn position(&self) -> (u64, u64) {
+        (self.at, self.next_seq)
     }
 
     /// Bytes left for records.

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use engine::route::Opened;
-use engine::{Engine, Entry, FsError};
+use engine::{Engine, Entry, FsError, TakeBack, TakenBack};
 use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use lower::{Creds, LowerFs, SetAttr};
 
@@ -47,6 +47,9 @@ pub struct FuseFs<L: LowerFs> {
     /// one request. Turned to `Never` at init when the kernel cannot mmap such files
     /// (FUSE_DIRECT_IO_ALLOW_MMAP).
     direct_io: std::sync::atomic::AtomicU8,
+    /// The session's notifier (set by the daemon once the session exists): the direct path's
+    /// invalidations (`direct.rs`).
+    notifier: crate::direct::NotifierSlot,
 }
 
 /// `--direct-io`: which opens of NVRAM-resident files (temp files) bypass the kernel's page
@@ -112,7 +115,33 @@ impl<L: LowerFs> FuseFs<L> {
             max_write,
             backings: Mutex::new(HashMap::new()),
             direct_io: std::sync::atomic::AtomicU8::new(DirectIo::Never as u8),
+            notifier: crate::direct::NotifierSlot::default(),
         }
+    }
+
+    /// Where the daemon puts the session's notifier.
+    pub fn notifier_slot(&self) -> crate::direct::NotifierSlot {
+        std::sync::Arc::clone(&self.notifier)
+    }
+
+    pub(crate) fn notifier(&self) -> Option<&fuser::Notifier> {
+        self.notifier.get()
+    }
+
+    pub(crate) fn engine(&self) -> &Engine<L> {
+        &self.engine
+    }
+
+    /// The entry of a lookup or readdirplus answer: a delegated node is taken back first
+    /// (the kernel caches the attributes it gets) and its attributes read again.
+    fn settled_entry(&self, e: Entry) -> Result<Entry, FsError> {
+        if !self.engine.delegated(e.node_id) {
+            return Ok(e);
+        }
+        let t = self.engine.take_back(e.node_id, TakeBack::Lookup)?;
+        self.settle(e.node_id, t);
+        let attr = self.engine.getattr(e.node_id)?;
+        Ok(Entry { attr, ..e })
     }
 
     /// `--direct-io`: see the field.
@@ -192,6 +221,17 @@ impl<L: LowerFs> FuseFs<L> {
         flags
     }
 
+    /// A READ answered from the engine (the reply is given inside, from the worker's buffer).
+    fn read_answered(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
+        let mut reply = Some(reply);
+        let result = self.engine.read(fh.0, offset, size, |data| {
+            reply.take().expect("one reply").data(data);
+        });
+        if let (Err(e), Some(reply)) = (result, reply) {
+            reply.error(errno(&e));
+        }
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, result: Result<Entry, FsError>) {
         match result {
             Ok(e) => reply.entry_with_ttls(
@@ -251,7 +291,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.engine.lookup(parent.0, name) {
+        match self.engine.lookup(parent.0, name).and_then(|e| self.settled_entry(e)) {
             // A name that does not exist is answered as a *negative entry* (node 0) valid for
             // the entry timeout, so the kernel keeps a negative dentry and does not ask again:
             // sqlite's hot-journal check before every transaction, a shell's PATH search or
@@ -275,9 +315,21 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         self.engine.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mut ttl = self.timeouts.attr;
+        if let Some(holder) = self.engine.delegation_holder(ino.0) {
+            // The holder's own stat keeps the delegation, answered uncached (the library goes
+            // on writing); anyone else's ends it.
+            let why =
+                if fh.map(|f| f.0) == Some(holder) { TakeBack::Stat } else { TakeBack::Getattr };
+            match self.take_back(ino.0, why) {
+                Ok(TakenBack::Kept) => ttl = Duration::ZERO,
+                Ok(t) => self.settle(ino.0, t),
+                Err(e) => return reply.error(e),
+            }
+        }
         match self.engine.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.timeouts.attr, &file_attr(ino.0, &a)),
+            Ok(a) => reply.attr(&ttl, &file_attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -300,6 +352,10 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        match self.take_back(ino.0, TakeBack::Setattr) {
+            Ok(t) => self.settle(ino.0, t),
+            Err(e) => return reply.error(e),
+        }
         let set = SetAttr {
             mode,
             uid,
@@ -396,7 +452,21 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.engine.open_routed(ino.0, flags.0 & !KERNEL_FLAGS) {
+        let opened = self.engine.open_routed(ino.0, flags.0 & !KERNEL_FLAGS);
+        // DG1: a delegation is taken back after the open registered (so that a grant racing
+        // with it sees it or is seen), before the kernel has the answer.
+        if let Ok(o) = &opened
+            && self.engine.delegated(ino.0)
+        {
+            match self.take_back(ino.0, TakeBack::Open) {
+                Ok(t) => self.settle(ino.0, t),
+                Err(e) => {
+                    let _ = self.engine.release(o.fh);
+                    return reply.error(e);
+                }
+            }
+        }
+        match opened {
             Ok(o) if o.passthrough => match self.backing(ino.0, &o, &reply) {
                 Some(id) => reply.opened_passthrough(FileHandle(o.fh), PASSTHROUGH_FLAGS, &id),
                 None => reply.opened(FileHandle(o.fh), self.opened_flags(&o, flags.0)),
@@ -409,7 +479,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -417,36 +487,56 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let mut reply = Some(reply);
-        let result = self.engine.read(fh.0, offset, size, |data| {
-            reply.take().expect("one reply").data(data);
-        });
-        if let (Err(e), Some(reply)) = (result, reply) {
-            reply.error(errno(&e));
-        }
+        let taken = match self.take_back(ino.0, TakeBack::Read) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        self.read_answered(fh, offset, size, reply);
+        self.drop_pages(ino.0, taken);
+        self.settle(ino.0, taken);
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let taken = match self.take_back(ino.0, TakeBack::Write) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let mut offset = offset;
+        if flags.0 & libc::O_APPEND != 0 {
+            // An O_APPEND write of a file the library wrote (stdio's own, a child's after
+            // fork, any after the delegation ended): the kernel may have taken its offset from
+            // a size that missed the library's appends. It goes where an append goes, the end
+            // of the file (pages the kernel filled at the wrong place are dropped: `settle`).
+            match self.engine.append_offset(ino.0, offset) {
+                Ok(o) => offset = o,
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.engine.write(fh.0, offset, data, kill) {
             Ok(n) => {
                 reply.written(n as u32);
+                // After the answer: the kernel holds this write's pages locked until then.
+                self.settle(ino.0, taken);
                 // --nbw async-fg: the pages this write patched are fetched now, after the
                 // writer has its answer.
                 self.engine.after_write_answered();
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                reply.error(errno(&e));
+                self.settle(ino.0, taken);
+            }
         }
     }
 
@@ -471,6 +561,12 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.engine.delegation_holder(ino.0) == Some(fh.0) {
+            match self.take_back(ino.0, TakeBack::Release) {
+                Ok(t) => self.settle(ino.0, t),
+                Err(e) => return reply.error(e),
+            }
+        }
         match self.engine.release(fh.0) {
             Ok(passthrough) => {
                 if passthrough {
@@ -485,7 +581,7 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
@@ -494,7 +590,24 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
             // `--fsync-requests spare`: the kernel stops sending FSYNC (fc->no_fsync).
             return reply.error(crate::errno::SPARED);
         }
+        if let Err(e) = self.take_back(ino.0, TakeBack::Fsync) {
+            return reply.error(e);
+        }
         empty(reply, self.engine.fsync(fh.0, datasync));
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.direct_ioctl(req, ino.0, fh.0, cmd, in_data, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -534,6 +647,17 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     ) {
         let result = self.engine.readdirplus(fh.0, offset, &mut |entry, looked_up| {
             let full = match looked_up {
+                // A delegated file's attributes are the merged file's, not the library's
+                // latest: given uncached, so that a stat asks (and takes the delegation back;
+                // no take-back here, inside the listing's locks).
+                Some(e) if self.engine.delegated(e.node_id) => reply.add(
+                    INodeNo(e.node_id),
+                    entry.offset,
+                    &entry.name,
+                    &Duration::ZERO,
+                    &file_attr(e.node_id, &e.attr),
+                    Generation(0),
+                ),
                 Some(e) => reply.add(
                     INodeNo(e.node_id),
                     entry.offset,
@@ -675,25 +799,33 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        match self.take_back(ino.0, TakeBack::Other) {
+            Ok(t) => self.settle(ino.0, t),
+            Err(e) => return reply.error(e),
+        }
         empty(reply, self.engine.fallocate(fh.0, mode, offset, length));
     }
 
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
+        match self.take_back(ino.0, TakeBack::Other) {
+            Ok(t) => self.settle(ino.0, t),
+            Err(e) => return reply.error(e),
+        }
         match self.engine.lseek(fh.0, offset, whence) {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(errno(&e)),
@@ -703,16 +835,22 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
+        ino_out: INodeNo,
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        for ino in [ino_in.0, ino_out.0] {
+            match self.take_back(ino, TakeBack::Other) {
+                Ok(t) => self.settle(ino, t),
+                Err(e) => return reply.error(e),
+            }
+        }
         let len = len.min(u64::from(u32::MAX));
         match self.engine.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
             Ok(n) => reply.written(n as u32),

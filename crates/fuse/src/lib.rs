@@ -14,7 +14,9 @@
 //! timeout expires (set `--attr-timeout 0` for strict atime).
 
 mod attr;
+mod direct;
 mod errno;
 mod handlers;
 
+pub use direct::NotifierSlot;
 pub use handlers::{DirectIo, FuseFs, Timeouts};

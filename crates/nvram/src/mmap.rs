@@ -66,6 +66,10 @@ pub struct MmapOptions {
     pub read_only: bool,
     /// With `read_only`: take no lock, so a region in use can be inspected (racy snapshot).
     pub unlocked: bool,
+    /// A writable mapping that two processes hold by design (a delegation's log area, which
+    /// the library appends to and the daemon merges from, with their own handshake:
+    /// `direct::control`): no lock is taken.
+    pub shared: bool,
     /// What a stray store into a protected page does (`trap.rs`).
     pub trap: TrapPolicy,
     /// How `write_retained` reaches protected pages.
@@ -173,7 +177,7 @@ impl MmapRegion {
             options.read_only || !options.unlocked,
             "only read-only mappings may skip the lock"
         );
-        if !options.unlocked {
+        if !options.unlocked && !options.shared {
             lock(&file, path, if options.read_only { libc::LOCK_SH } else { libc::LOCK_EX })?;
         }
         let len = file.metadata().map_err(|e| Error::io(path, "stat", e))?.len();

@@ -240,8 +240,12 @@ fn fuse_session(
     config.n_threads = Some(threads(args) as usize);
     config.clone_fd = true;
     config.spin = Some(Arc::clone(spin));
-    fuser::Session::new(fs, mountpoint, &config)
-        .map_err(|e| CliError::Other(format!("cannot mount on {}: {e}", mountpoint.display())))
+    let slot = fs.notifier_slot();
+    let session = fuser::Session::new(fs, mountpoint, &config)
+        .map_err(|e| CliError::Other(format!("cannot mount on {}: {e}", mountpoint.display())))?;
+    // The direct path's invalidations (crates/fuse/src/direct.rs) go through the session.
+    let _ = slot.set(session.notifier());
+    Ok(session)
 }
 
 /// The mount's run directory (owner only), its control socket and pid file.

@@ -232,6 +232,17 @@ pub struct MountArgs {
     /// `forward`: every durability call is a request (docs/design.md 13.7).
     #[arg(long, value_enum, default_value = defaults().fsync_requests.name(), value_name = "forward|spare", help_heading = TRANSPORT)]
     pub fsync_requests: FsyncRequestsArg,
+    /// The direct path (docs/direct-path.md): a process that runs with the preload library
+    /// (`nvstack run -- CMD`, or LD_PRELOAD=libnvstack.so) asks for a delegation of a file it
+    /// writes, and from then on its write, pwrite, fsync, fdatasync and fstat of that file are
+    /// served in its own process, durable in a log in NVRAM beside the region
+    /// (`<nvram>.logs/`), with no FUSE request; any request of another process, or one the
+    /// library did not catch, takes the delegation back and merges the log first. Granted
+    /// only to the only open of a file on the NVRAM path. Needs `--consistency undo`. Not yet
+    /// crash-safe against the daemon itself: if the daemon dies while a delegation is held,
+    /// the library's writes since its last merge are not recovered (the next step).
+    #[arg(long, value_enum, default_value = "off", value_name = "on|off", help_heading = TRANSPORT)]
+    pub direct_path: OnOff,
     /// Which opens of files that live in NVRAM (temp files) bypass the kernel's page cache
     /// (FUSE direct IO; mmap still works). Such an open keeps no second copy of the bytes in
     /// the mount's page cache, a write(2) through it is one request (through the page cache,
@@ -490,6 +501,26 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
             mode.get_name()
         )));
     }
+    if args.direct_path == OnOff::On && args.consistency != ConsistencyArg::Undo {
+        let mode = clap::ValueEnum::to_possible_value(&args.consistency).expect("a named value");
+        return Err(CliError::Usage(format!(
+            "--direct-path on needs --consistency undo (not {}): the library acknowledges a \
+             write when its record is durable, and only undo mode's merge is durable when it \
+             returns",
+            mode.get_name()
+        )));
+    }
+    let direct_logs = if args.direct_path == OnOff::On {
+        let dir = super::logs::LogDir::open(&args.nvram).map_err(|e| {
+            CliError::Other(format!(
+                "the direct path's log directory beside {}: {e}",
+                args.nvram.display()
+            ))
+        })?;
+        Some(std::sync::Arc::new(dir) as std::sync::Arc<dyn engine::LogAreas>)
+    } else {
+        None
+    };
     // Made now, not when the command line was parsed: the held files' default reads the
     // open-file limit, which the daemon has raised since.
     let defaults = EngineConfig::default();
@@ -527,6 +558,7 @@ pub(super) fn engine_config(args: &MountArgs, layout: &nvram::Layout) -> CliResu
         xattrs: args.xattrs == OnOff::On,
         passthrough: args.passthrough == OnOff::On,
         fsync_requests: args.fsync_requests.into(),
+        direct_logs,
         ..defaults
     })
 }
@@ -688,6 +720,7 @@ mod tests {
             journal,
             passthrough,
             fsync_requests,
+            direct_logs,
         } = built;
         assert_eq!(max_handles, default.max_handles);
         assert_eq!(max_walk, default.max_walk);
@@ -695,6 +728,7 @@ mod tests {
         assert_eq!(xattrs, default.xattrs);
         assert_eq!(passthrough, default.passthrough);
         assert_eq!(fsync_requests, default.fsync_requests);
+        assert!(direct_logs.is_none() && default.direct_logs.is_none());
         assert_eq!(cache, default.cache);
         assert_eq!(temp, default.temp);
         assert_eq!(journal, default.journal);

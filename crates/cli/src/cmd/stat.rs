@@ -23,6 +23,7 @@ pub fn run(args: &StatArgs) -> CliResult {
     print_caches(&value);
     print_durability(&value);
     print_routes(&value);
+    print_direct(&value);
     print_requests(&value);
     print_incidents(&value);
     Ok(())
@@ -61,6 +62,42 @@ fn print_routes(value: &serde_json::Value) {
         r["learned_sync_flag"],
         r["learned_small_writes"],
         r["fsyncs"]
+    );
+}
+
+/// The direct path (docs/direct-path.md): delegations and what the library wrote.
+fn print_direct(value: &serde_json::Value) {
+    let d = &value["direct"];
+    if d["enabled"].as_bool() != Some(true) {
+        println!("direct path: off");
+        return;
+    }
+    let nonzero = |v: &serde_json::Value| -> String {
+        let list: Vec<String> = v
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        if list.is_empty() { "none".into() } else { list.join(", ") }
+    };
+    println!(
+        "direct path: {} delegations held, {} granted (refused: {}); taken back or merged: {}; \
+         the library's writes merged: {} ({} B) in {} merges, {} fsyncs answered by it; {} logs \
+         refused; take-backs waited {} us (longest {} us, {} at the bound)",
+        d["active"],
+        d["granted"],
+        nonzero(&d["refused_grants"]),
+        nonzero(&d["taken_back"]),
+        d["writes"],
+        d["bytes"],
+        d["merges"],
+        d["fsyncs"],
+        d["refused_logs"],
+        d["take_back_wait_us"],
+        d["take_back_wait_us_max"],
+        d["wait_timeouts"]
     );
 }
 

@@ -68,6 +68,10 @@ kinds! {
     RouteLearnFailed => "route_learn_failed",
     /// Re-keying records at journal replay met a damaged record (the mount is refused).
     RekeyFailed => "rekey_failed",
+    /// The direct path could not make a log area or merge a log (kept for the next merge).
+    DirectFailed => "direct_failed",
+    /// A delegation's log failed validation: its valid prefix merged, the delegation ended.
+    DirectRefusedLog => "direct_refused_log",
 }
 
 /// How many incidents of each kind were reported (relaxed atomics: observations).

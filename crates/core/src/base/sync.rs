@@ -13,6 +13,7 @@
 //!
 //! | rank | what it guards | may be held across lower IO |
 //! |---|---|---|
+//! | `Delegation` | one delegation of the direct path: its merges in order (`direct/`); held across the merge's writes | yes: the merge's writes |
 //! | `Checkpoint` | one metadata-journal checkpoint at a time | yes: its syncfs |
 //! | `Round` | one write-back round at a time, and its history | yes: it *is* the write-back |
 //! | `Room` | the count of write-back batches freed, which writers that found NVRAM full wait on | no |
@@ -33,6 +34,8 @@
 //! | `Unsynced` | lower objects changed and not yet synced (`base/durability.rs`) | no |
 //! | `Routes` | the route of each node with open files (`route/`) | no |
 //! | `Profile` | the route profile; its record is written and committed under it (the transaction begun before) | no |
+//! | `Delegations` | the table of delegations (`direct/`) | no |
+//! | `StaleSizes` | nodes whose kernel size may miss the library's appends (`direct/`) | no |
 //!
 //! *Short* ranks (the global ones and the undo slot) are never held across a call into the
 //! lower file system: every lower call asserts that with [`assert_may_block`]. A cold read on
@@ -44,6 +47,7 @@ use std::fmt;
 /// A lock's place in the order (see the module docs). Smaller ranks are taken first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Rank {
+    Delegation,
     Checkpoint,
     Round,
     Room,
@@ -64,6 +68,8 @@ pub enum Rank {
     Unsynced,
     Routes,
     Profile,
+    Delegations,
+    StaleSizes,
 }
 
 impl Rank {

@@ -71,6 +71,9 @@ pub struct EngineConfig {
     /// Whether the kernel sends FSYNC and FSYNCDIR (`--fsync-requests`, E2 in
     /// `base/durability.rs`); `Spare` needs undo mode.
     pub fsync_requests: crate::base::durability::FsyncRequests,
+    /// The direct path (`--direct-path on`, docs/direct-path.md): where delegations' log
+    /// areas are made; `None` refuses every grant.
+    pub direct_logs: Option<Arc<dyn crate::direct::LogAreas>>,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +88,7 @@ impl Default for EngineConfig {
             journal: crate::journal::JournalConfig::default(),
             passthrough: true,
             fsync_requests: crate::base::durability::FsyncRequests::Forward,
+            direct_logs: None,
         }
     }
 }
@@ -104,6 +108,8 @@ pub struct Engine<L: LowerFs> {
     pub(crate) xattrs: bool,
     /// The route of each open file (NVRAM path or passthrough) and the route profile.
     pub(crate) routes: crate::route::Routes,
+    /// The direct path's delegations (`direct/`).
+    pub(crate) direct: crate::direct::Delegations,
 }
 
 /// How a handle's IO reaches its lower file (see [`Engine::via`]).

@@ -55,6 +55,15 @@ impl<L: LowerFs> Engine<L> {
                 format!("{:?}", pool.consistency()).to_lowercase()
             )));
         }
+        if config.direct_logs.is_some() && pool.consistency() != txn::Consistency::Undo {
+            // The library acknowledges a write when its record is durable and the merge
+            // makes it part of the file before the log goes: only undo mode's merges are
+            // durable when they return.
+            return Err(StartError::Config(format!(
+                "--direct-path on needs --consistency undo (this mount is {})",
+                format!("{:?}", pool.consistency()).to_lowercase()
+            )));
+        }
         // The root node is borrowed from the adapter; the table holds its own reference by
         // looking the root up again ("." of the root).
         let root_key = lower.key(lower.root());
@@ -77,6 +86,7 @@ impl<L: LowerFs> Engine<L> {
             cache: PageCache::new(config.cache, cache_limits, policy),
             xattrs: config.xattrs,
             routes: crate::route::Routes::new(config.passthrough && !spare),
+            direct: crate::direct::Delegations::new(config.direct_logs),
             base: Base::new(lower, pool, config.failpoints, config.max_walk, config.fsync_requests),
         };
         // First: records of the other subsystems may name objects replay makes again.
@@ -109,6 +119,8 @@ impl<L: LowerFs> Engine<L> {
     /// Ends the engine: temp files are transformed (unless configured to stay in NVRAM),
     /// every open handle is closed, the region is marked clean.
     pub fn shutdown(self) {
+        // The library's acknowledged writes first: they are part of the files from now on.
+        self.take_back_all();
         #[cfg(debug_assertions)]
         if let Err(why) = self.check_invariants() {
             panic!("invariant broken at shutdown: {why}");

@@ -34,6 +34,8 @@ pub struct Stats {
     pub journal: crate::journal::JournalStats,
     pub nbw: crate::cache::counters::NbwStats,
     pub passthrough: crate::route::RouteStats,
+    /// The direct path (docs/direct-path.md).
+    pub direct: crate::direct::DirectStats,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -82,6 +84,7 @@ impl<L: LowerFs> Engine<L> {
         stats.nbw = self.cache.nbw_stats();
         stats.journal = self.journal.stats(pool.journal);
         stats.passthrough = self.routes.stats();
+        stats.direct = self.direct_stats();
         stats
     }
 }

@@ -232,6 +232,12 @@ impl Routes {
         Route { passthrough, keep_cache }
     }
 
+    /// How many opens of `node` are registered (DG1 of the direct path: a delegation only for
+    /// the only one).
+    pub(crate) fn opens(&self, node: u64) -> u32 {
+        self.nodes.lock().get(&node).map_or(0, |r| r.opens)
+    }
+
     /// One open of `node` closed.
     pub(crate) fn release(&self, node: u64) {
         let mut nodes = self.nodes.lock();

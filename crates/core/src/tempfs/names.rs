@@ -43,6 +43,8 @@ pub enum Open<L: LowerFs> {
         direct: bool,
         passthrough: bool,
         small_writes: std::sync::atomic::AtomicBool,
+        /// Opened for writing (a delegation is granted only to such an open).
+        writable: bool,
     },
     /// An open temp file. After a transform, `lower` is opened on first use with `flags`.
     Temp { file: Arc<TempFile>, flags: i32, lower: OnceLock<L::File> },

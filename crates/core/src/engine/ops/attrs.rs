@@ -18,7 +18,14 @@ use crate::tempfs::{self, Fate};
 
 impl<L: LowerFs> Engine<L> {
     pub fn getattr(&self, node_id: u64) -> FsResult<Attr> {
-        self.op(Op::Getattr, |_| {
+        let result = self.attr_of(node_id);
+        self.base.counters.request(Op::Getattr, result.is_ok());
+        result
+    }
+
+    /// A node's attributes, not counted as a request (the direct path's grant and merge ask).
+    pub(crate) fn attr_of(&self, node_id: u64) -> FsResult<Attr> {
+        self.attempt(|_| {
             loop {
                 match self.obj(node_id)? {
                     Obj::Lower(n) => {
@@ -51,7 +58,20 @@ impl<L: LowerFs> Engine<L> {
         set: &SetAttr,
         unprivileged: bool,
     ) -> FsResult<Attr> {
-        self.op(Op::Setattr, |tx| {
+        let result = self.setattr_uncounted(node_id, fh, set, unprivileged);
+        self.base.counters.request(Op::Setattr, result.is_ok());
+        result
+    }
+
+    /// [`Engine::setattr`] not counted as a request (a truncate record of the direct path).
+    pub(crate) fn setattr_uncounted(
+        &self,
+        node_id: u64,
+        fh: Option<u64>,
+        set: &SetAttr,
+        unprivileged: bool,
+    ) -> FsResult<Attr> {
+        self.attempt(|tx| {
             loop {
                 let node = match self.obj(node_id)? {
                     Obj::Lower(n) => n,

@@ -76,6 +76,7 @@ impl<L: LowerFs> Engine<L> {
             direct: flags & libc::O_DIRECT != 0,
             passthrough: route.passthrough,
             small_writes: AtomicBool::new(false),
+            writable: writable(flags),
         };
         let fh = self.register(node_id, open).inspect_err(|_| {
             if regular {
@@ -153,6 +154,9 @@ impl<L: LowerFs> Engine<L> {
             let passthrough = matches!(h.file, Open::Lower { passthrough: true, .. });
             if matches!(h.file, Open::Lower { regular: true, .. } | Open::Temp { .. }) {
                 self.routes.release(h.node_id);
+                if self.routes.opens(h.node_id) == 0 {
+                    self.direct.closed(h.node_id);
+                }
             }
             if Self::wrote_small(&h.file) {
                 self.learn_route(tx, h.node_id, Signal::SmallWrites);

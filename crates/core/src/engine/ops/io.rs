@@ -24,10 +24,23 @@ impl<L: LowerFs> Engine<L> {
     /// the calling worker thread and reused across requests (no allocation and zero-fill per
     /// read).
     pub fn read(&self, fh: u64, offset: u64, size: u32, reply: impl FnOnce(&[u8])) -> FsResult<()> {
+        let result = self.read_uncounted(fh, offset, size, reply);
+        self.base.counters.request(Op::Read, result.is_ok());
+        result
+    }
+
+    /// [`Engine::read`] not counted as a request (the direct path reads a file's last byte).
+    pub(crate) fn read_uncounted(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        reply: impl FnOnce(&[u8]),
+    ) -> FsResult<()> {
         thread_local! {
             static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        self.op(Op::Read, |tx| {
+        self.attempt(|tx| {
             let h = self.handle(fh)?;
             BUFFER.with_borrow_mut(|buf| {
                 if buf.len() < size as usize {
@@ -92,7 +105,7 @@ impl<L: LowerFs> Engine<L> {
         result
     }
 
-    fn write_retrying(
+    pub(crate) fn write_retrying(
         &self,
         fh: u64,
         offset: u64,
