@@ -59,7 +59,9 @@ enum Command {
     Sync(cmd::sync::SyncArgs),
     /// Run a command with the direct path's preload library (docs/direct-path.md): its
     /// writes, fsyncs and fstats of files on mounts with --direct-path on are served in its own
-    /// process, durable in NVRAM, with no FUSE request.
+    /// process, durable in NVRAM, with no FUSE request. NVSTACK_DIRECT=off turns the library
+    /// off; NVSTACK_DIRECT_AFTER=N (default 1) lets N writes of a file through FUSE before the
+    /// library asks for a delegation.
     Run(cmd::run::RunArgs),
     /// Link /sbin/mount.fuse.nvstack to this binary, for `mount -t fuse.nvstack` and fstab.
     InstallMountHelper(cmd::mount_helper::InstallArgs),

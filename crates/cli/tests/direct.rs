@@ -79,9 +79,11 @@ impl Fixture {
     }
 }
 
-/// `python3 -c SCRIPT ARGS` under the library.
+/// `python3 -c SCRIPT ARGS` under the library, asking for a delegation at the first write
+/// (`NVSTACK_DIRECT_AFTER=0`; the default, 1, is tested on its own).
 fn python(script: &str, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
+    c.env("NVSTACK_DIRECT_AFTER", "0");
     c.args(["run", "--library", library().to_str().unwrap(), "--", "python3", "-c", script]);
     c.args(args);
     c
@@ -160,6 +162,19 @@ fn appends_and_fsyncs_are_served_in_the_process_and_merged_whole() {
     assert!(s["requests"]["fsync"].as_u64().unwrap_or(0) == 0, "{}", s["requests"]);
     // The log is gone with the delegation.
     assert_eq!(std::fs::read_dir(f.logs()).unwrap().count(), 0);
+    // By default the first write of a descriptor goes through FUSE (a file written once is
+    // not worth a grant) and the library asks at the second.
+    let second = f.mnt().join("log2");
+    let out = python(APPENDER, &[second.to_str().unwrap(), "100"])
+        .env_remove("NVSTACK_DIRECT_AFTER")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "appender: {}", text(&out));
+    assert_eq!(std::fs::read(&second).unwrap(), records(0..100));
+    let s2 = f.stat();
+    assert_eq!(s2["requests"]["write"], 1, "{}", s2["requests"]);
+    assert_eq!(s2["requests"]["fsync"], 1, "{}", s2["requests"]);
+    assert_eq!(s2["direct"]["writes"], 300 + 99, "{}", s2["direct"]);
 }
 
 #[test]

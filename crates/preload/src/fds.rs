@@ -50,6 +50,8 @@ pub struct OpenFile {
     pub append: AtomicBool,
     /// The daemon refused a grant: the descriptor is served through FUSE.
     refused: AtomicBool,
+    /// Writes seen before a delegation was asked for (see [`ASK_AFTER`]).
+    writes: std::sync::atomic::AtomicU32,
     deleg: Mutex<Option<Arc<Deleg>>>,
 }
 
@@ -60,6 +62,11 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 pub static FORKED: AtomicBool = AtomicBool::new(false);
 /// `NVSTACK_DIRECT=off`.
 pub static OFF: AtomicBool = AtomicBool::new(false);
+/// Writes of a descriptor that go through FUSE before the library asks for a delegation
+/// (`NVSTACK_DIRECT_AFTER`, default 1): a grant costs a request and a log file, which a file
+/// written once and closed (a mail delivery) never earns back; a file written again is one
+/// that is written often (a log, a database's journal).
+pub static ASK_AFTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -123,6 +130,7 @@ pub fn opened(fd: c_int, flags: c_int) {
         Arc::new(OpenFile {
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             refused: AtomicBool::new(false),
+            writes: std::sync::atomic::AtomicU32::new(0),
             deleg: Mutex::new(None),
         }),
     );
@@ -144,7 +152,9 @@ impl OpenFile {
             }
             *slot = None;
         }
-        if self.refused.load(Ordering::Relaxed) {
+        if self.refused.load(Ordering::Relaxed)
+            || self.writes.fetch_add(1, Ordering::Relaxed) < ASK_AFTER.load(Ordering::Relaxed)
+        {
             return None;
         }
         let Some(d) = grant(fd) else {

@@ -14,13 +14,16 @@ use std::ffi::{c_char, c_int, c_long, c_void};
 use crate::fds;
 use crate::real;
 
-/// Runs at load: `NVSTACK_DIRECT=off`, and the fork handler.
+/// Runs at load: `NVSTACK_DIRECT=off`, `NVSTACK_DIRECT_AFTER=N`, and the fork handler.
 extern "C" fn init() {
     extern "C" fn child() {
         fds::forget_all();
     }
     if std::env::var_os("NVSTACK_DIRECT").is_some_and(|v| v == "off" || v == "0") {
         fds::OFF.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(n) = std::env::var("NVSTACK_DIRECT_AFTER").ok().and_then(|v| v.parse().ok()) {
+        fds::ASK_AFTER.store(n, std::sync::atomic::Ordering::Relaxed);
     }
     // SAFETY: registers a handler with no preconditions.
     unsafe { libc::pthread_atfork(None, None, Some(child)) };

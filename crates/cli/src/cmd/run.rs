@@ -4,6 +4,9 @@
 //! this binary (where `cargo build` and `scripts/install` put both) unless `--library` names
 //! another; it is added to `LD_PRELOAD` (kept if already there), and CMD replaces this process.
 //! A static binary, or a mount without `--direct-path on`, runs exactly as without it.
+//! The environment tunes the library: `NVSTACK_DIRECT=off` turns it off, `NVSTACK_DIRECT_AFTER=N`
+//! lets N writes of a descriptor go through FUSE before it asks for a delegation (default 1: a
+//! file written once, like a mail delivery, is not worth a grant).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
