@@ -43,6 +43,7 @@ pub use base::{Failpoints, sync};
 pub use cache::{CacheConfig, CacheLimits, Nbw, PatchLimit, Reason, WritebackPolicy};
 pub use direct::{DirectStats, LogAreas, Refusal, TakeBack};
 pub use engine::direct::{Caller, Merged, TakenBack};
+pub use engine::routing::writable;
 pub use engine::stats::Stats;
 pub use engine::{Engine, EngineConfig};
 pub use journal::JournalConfig;

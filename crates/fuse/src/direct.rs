@@ -3,11 +3,14 @@
 //!
 //! The kernel caches a file's attributes, size and pages; while a library process writes the
 //! file through its log, the kernel knows none of it. So (DG2):
+//! - with the direct path on, every open that can write a regular file on the NVRAM path is a
+//!   direct-IO open (`handlers.rs`, `opened_flags`): the holder's reads are READ requests,
+//!   which the daemon answers after a merge, never pages the kernel cached before a write the
+//!   library made; and while a file is delegated it has no other open (DG1), so no one else
+//!   reads or fills its pages;
 //! - at the grant, the node's pages and attributes are invalidated (`FUSE_NOTIFY_INVAL_INODE`),
-//!   after which any stat, read or mmap of it reaches the daemon and takes the delegation back
-//!   first (the library answers its own process's fstat);
-//! - after a kept merge that answered a READ, the node's pages are invalidated again (the
-//!   library's next writes would make them stale);
+//!   after which any stat of it reaches the daemon (the library answers its own process's
+//!   fstat);
 //! - when a delegation ends, the kernel's size is still the one it knew before the library's
 //!   appends, and some of its paths use it without asking (the offset of an O_APPEND write, an
 //!   mmap fault): the file's last byte is stored into its page cache (`FUSE_NOTIFY_STORE`,
@@ -15,8 +18,10 @@
 //!   ended it is answered - or, for a WRITE (whose pages the kernel holds locked while it waits
 //!   for the answer), right after.
 //!
-//! Notifications are sent with no engine lock held (a notification may wait for a page lock
-//! held by a request another worker is serving).
+//! Notifications are sent with no engine lock held. One that drops pages waits for every page
+//! of the node that a request in flight holds locked; none is sent after a READ (a first version
+//! did, and a sqlite loop's readahead held pages whose READs no worker was left to serve: every
+//! worker was waiting in such a notification).
 
 use std::sync::{Arc, OnceLock};
 
@@ -49,15 +54,6 @@ impl<L: LowerFs> FuseFs<L> {
             }
             // Pages too: an O_APPEND write the kernel placed by its old size filled pages at
             // the wrong offset (the daemon wrote it at the end).
-            let _ = n.inval_inode(INodeNo(ino), 0, 0);
-        }
-    }
-
-    /// After a kept merge that answered a READ: the pages the answer filled go (module docs).
-    pub(crate) fn drop_pages(&self, ino: u64, t: TakenBack) {
-        if t == TakenBack::Kept
-            && let Some(n) = self.notifier()
-        {
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
         }
     }

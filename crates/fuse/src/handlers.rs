@@ -211,8 +211,12 @@ impl<L: LowerFs> FuseFs<L> {
             DirectIo::WriteOnly => flags & libc::O_ACCMODE == libc::O_WRONLY,
             DirectIo::Nvram => true,
         };
+        // The direct path (docs/direct-path.md, DG2): an open that may be delegated keeps no
+        // page cache, so that nothing the kernel caches for its reads can miss a write the
+        // library makes (its reads are READ requests, answered after a merge).
+        let delegable = self.engine.direct_enabled() && !o.passthrough && engine::writable(flags);
         let mut flags = FopenFlags::FOPEN_NOFLUSH;
-        if o.nvram_resident && direct {
+        if (o.nvram_resident && direct) || delegable {
             flags |= FopenFlags::FOPEN_DIRECT_IO;
         } else if o.keep_cache && !o.passthrough && !self.timeouts.attr.is_zero() {
             // (a passthrough open the kernel refused keeps no page cache: T3)
@@ -267,12 +271,17 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
         );
-        // --direct-io: shared mmap of a direct-IO file needs the kernel's consent.
-        if self.direct_io() != DirectIo::Never
+        // --direct-io and the direct path: shared mmap of a direct-IO file needs the kernel's
+        // consent.
+        if (self.direct_io() != DirectIo::Never || self.engine.direct_enabled())
             && config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err()
         {
-            eprintln!("nvstack: the kernel cannot mmap direct-IO files; --direct-io is never");
+            eprintln!(
+                "nvstack: the kernel cannot mmap direct-IO files; --direct-io is never and the \
+                 direct path is off"
+            );
             self.direct_io.store(DirectIo::Never as u8, std::sync::atomic::Ordering::Relaxed);
+            self.engine.direct_unavailable();
         }
         // Passthrough (route/): the lower file system may not be stacked itself (depth 1
         // lets nvstack be the lower layer of an overlayfs). Without kernel support, every
@@ -492,7 +501,6 @@ impl<L: LowerFs> Filesystem for FuseFs<L> {
             Err(e) => return reply.error(e),
         };
         self.read_answered(fh, offset, size, reply);
-        self.drop_pages(ino.0, taken);
         self.settle(ino.0, taken);
     }
 

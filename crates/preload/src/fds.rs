@@ -50,6 +50,8 @@ pub struct OpenFile {
     pub append: AtomicBool,
     /// The daemon refused a grant: the descriptor is served through FUSE.
     refused: AtomicBool,
+    /// Mapped (mmap): the mapping sees the kernel's pages, so no delegation is asked for again.
+    mapped: AtomicBool,
     /// Writes seen before a delegation was asked for (see [`ASK_AFTER`]).
     writes: std::sync::atomic::AtomicU32,
     deleg: Mutex<Option<Arc<Deleg>>>,
@@ -130,6 +132,7 @@ pub fn opened(fd: c_int, flags: c_int) {
         Arc::new(OpenFile {
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             refused: AtomicBool::new(false),
+            mapped: AtomicBool::new(false),
             writes: std::sync::atomic::AtomicU32::new(0),
             deleg: Mutex::new(None),
         }),
@@ -153,6 +156,7 @@ impl OpenFile {
             *slot = None;
         }
         if self.refused.load(Ordering::Relaxed)
+            || self.mapped.load(Ordering::Relaxed)
             || self.writes.fetch_add(1, Ordering::Relaxed) < ASK_AFTER.load(Ordering::Relaxed)
         {
             return None;
@@ -175,8 +179,9 @@ impl OpenFile {
     }
 
     /// Ends the delegation before a call the library cannot serve beside it (mmap): the log
-    /// merged, the daemon the only writer again.
+    /// merged, the daemon the only writer again, and none asked for again on this open.
     pub fn end(&self, fd: c_int) {
+        self.mapped.store(true, Ordering::Relaxed);
         let Some(d) = lock(&self.deleg).take() else { return };
         let mut st = lock(&d.state);
         if st.dead {

@@ -195,6 +195,9 @@ pub(crate) struct Delegation {
 #[derive(Debug)]
 pub(crate) struct Delegations {
     areas: Option<Arc<dyn LogAreas>>,
+    /// Cleared when the kernel cannot serve what the direct path needs (mmap of direct-IO
+    /// files): grants are refused from then on.
+    usable: std::sync::atomic::AtomicBool,
     table: Mutex<HashMap<u64, Arc<Delegation>>>,
     /// Delegations in the table: requests on a mount with none pay one load.
     active: AtomicUsize,
@@ -211,6 +214,7 @@ impl Delegations {
     pub(crate) fn new(areas: Option<Arc<dyn LogAreas>>) -> Self {
         Delegations {
             areas,
+            usable: std::sync::atomic::AtomicBool::new(true),
             table: Mutex::new(Rank::Delegations, HashMap::new()),
             active: AtomicUsize::new(0),
             next_grant: AtomicU64::new(1),
@@ -224,7 +228,12 @@ impl Delegations {
     }
 
     pub(crate) fn enabled(&self) -> bool {
-        self.areas.is_some()
+        self.areas.is_some() && self.usable.load(Ordering::Relaxed)
+    }
+
+    /// The kernel lacks what the direct path needs: no grant from now on.
+    pub(crate) fn disable(&self) {
+        self.usable.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn next_grant(&self) -> u64 {

@@ -49,8 +49,7 @@ pub struct Caller {
 pub enum TakenBack {
     /// The node has no delegation.
     None,
-    /// The log was merged; the delegation goes on (the kernel's page cache of the node must be
-    /// dropped after the answer: the library's next writes would make it stale).
+    /// The log was merged; the delegation goes on.
     Kept,
     /// The delegation ended: the kernel's attributes of the node are stale, and so is its size
     /// (the library extended the file without the kernel). `tail` is the file's last byte and
@@ -95,6 +94,12 @@ impl<L: LowerFs> Engine<L> {
     /// Whether the direct path is on (`--direct-path on`, undo mode).
     pub fn direct_enabled(&self) -> bool {
         self.direct.enabled() && self.base.pool.consistency() == txn::Consistency::Undo
+    }
+
+    /// The kernel cannot mmap direct-IO files (the front end found at init): the direct path is
+    /// off for this mount.
+    pub fn direct_unavailable(&self) {
+        self.direct.disable();
     }
 
     /// Whether `node_id` is delegated now (one load when nothing is).

@@ -22,7 +22,7 @@ pub(crate) fn sync_flag(flags: i32) -> bool {
     flags & libc::O_DSYNC != 0
 }
 
-pub(crate) fn writable(flags: i32) -> bool {
+pub fn writable(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
